@@ -1,0 +1,51 @@
+#include "kernels/ops/matmul.hpp"
+
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/ops/op_checks.hpp"
+
+namespace atl {
+
+using detail::as_f32;
+using detail::require;
+
+Tensor linear_forward(const Tensor& x_in, const Tensor& w_in) {
+  constexpr const char* op = "linear_forward";
+  Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
+  require(w.rank() == 2 && x.rank() >= 1 && x.size(-1) == w.size(1), op,
+          "x " + x.describe() + " and w " + w.describe() + " do not match (expected x[..., in], w[out, in])");
+  const std::int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  Shape y_shape = x.shape();
+  y_shape.back() = out;
+  Tensor y = Tensor::empty(y_shape);
+  cpu::linear_forward<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, in, out);
+  return y;
+}
+
+Tensor linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy, const Tensor* dw) {
+  constexpr const char* op = "linear_backward";
+  Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
+  const std::int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  detail::require_dtype(op, "dy", dy, DType::f32);
+  require(dy.numel() == rows * out, op, "dy " + dy.describe() + " does not match x " + x.describe());
+  if (dw) {
+    detail::require_dtype(op, "dw", *dw, DType::f32);
+    require(dw->shape() == w.shape(), op, "dw " + dw->describe() + " must match w " + w.describe());
+  }
+  Tensor dx = Tensor::empty(x.shape());
+  cpu::linear_backward<float>(x.data<float>(), w.data<float>(), dy.data<float>(), dx.data<float>(),
+                              dw ? dw->data<float>() : nullptr, rows, in, out);
+  return dx;
+}
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  constexpr const char* op = "matmul";
+  Tensor a = as_f32(op, "a", a_in), b = as_f32(op, "b", b_in);
+  require(a.rank() == 2 && b.rank() == 2 && a.size(1) == b.size(0), op,
+          "expected a[M,K] @ b[K,N], got " + a.describe() + " @ " + b.describe());
+  const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  Tensor c = Tensor::empty({m, n});
+  cpu::gemm<float>(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f, c.data<float>(), n);
+  return c;
+}
+
+}  // namespace atl

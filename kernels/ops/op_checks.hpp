@@ -1,0 +1,35 @@
+// Shared argument checks for the Tensor-level ops: each error names the op, the argument and
+// what was expected, so a wrong call reads like a sentence.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+#include "kernels/tensor.hpp"
+
+namespace atl::detail {
+
+inline void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string(op) + ": " + what);
+}
+
+inline void require_cpu(const char* op, const char* arg, const Tensor& t) {
+  require(t.defined(), op, std::string(arg) + " is undefined");
+  require(t.device() == Device::cpu, op,
+          std::string(arg) + " is on a CUDA device; this op has only a CPU implementation in this build");
+}
+
+inline void require_dtype(const char* op, const char* arg, const Tensor& t, DType dtype) {
+  require_cpu(op, arg, t);
+  require(t.dtype() == dtype, op,
+          std::string(arg) + " must be " + std::string(dtype_name(dtype)) + ", got " + t.describe());
+}
+
+// fp32 view of a floating tensor: the tensor itself when f32, an upcast copy when bf16.
+inline Tensor as_f32(const char* op, const char* arg, const Tensor& t) {
+  require_cpu(op, arg, t);
+  if (t.dtype() == DType::f32) return t;
+  require(t.dtype() == DType::bf16, op, std::string(arg) + " must be f32 or bf16, got " + t.describe());
+  return t.to(DType::f32);
+}
+
+}  // namespace atl::detail

@@ -1,0 +1,68 @@
+#include "kernels/ops/optim.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "kernels/cpu/optim.hpp"
+#include "kernels/ops/op_checks.hpp"
+
+namespace atl {
+
+using detail::require;
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamWHyper& h, std::int64_t step) {
+  constexpr const char* op = "adamw_step";
+  for (const auto* t : {&param, &grad, &exp_avg, &exp_avg_sq}) detail::require_dtype(op, "tensor", *t, DType::f32);
+  require(grad.shape() == param.shape() && exp_avg.shape() == param.shape() && exp_avg_sq.shape() == param.shape(),
+          op, "param, grad and moments must share one shape; param is " + param.describe());
+  require(step >= 1, op, "step must be >= 1, got " + std::to_string(step));
+  cpu::adamw_step<float>(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                         param.numel(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
+}
+
+double grad_sum_of_squares(const Tensor& grad) {
+  detail::require_dtype("grad_sum_of_squares", "grad", grad, DType::f32);
+  return cpu::sum_of_squares<float>(grad.data<float>(), grad.numel());
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  double total = 0;
+  for (const Tensor& g : grads) total += grad_sum_of_squares(g);
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double factor = std::min(1.0, max_norm / (norm + 1e-6));
+  if (factor < 1.0) {
+    for (const Tensor& g : grads) scale_inplace(g, static_cast<float>(factor));
+  }
+  return factor;
+}
+
+void scale_inplace(const Tensor& t, float factor) {
+  detail::require_dtype("scale_inplace", "t", t, DType::f32);
+  for (float& x : t.span<float>()) x *= factor;
+}
+
+void add_inplace(const Tensor& dst, const Tensor& src) {
+  detail::require_dtype("add_inplace", "dst", dst, DType::f32);
+  detail::require_dtype("add_inplace", "src", src, DType::f32);
+  require(dst.shape() == src.shape(), "add_inplace", "dst " + dst.describe() + " and src " + src.describe());
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+}
+
+double warmup_cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total_steps, double peak_lr,
+                        double min_lr_ratio) {
+  if (warmup > 0 && step <= warmup) return peak_lr * static_cast<double>(step) / static_cast<double>(warmup);
+  const double span = static_cast<double>(std::max<std::int64_t>(total_steps - warmup, 1));
+  const double progress = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
+  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return peak_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine);
+}
+
+}  // namespace atl

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every system package atoll needs (Debian 12), then configures and builds.
+# Idempotent: a second run skips apt when everything is present and rebuilds incrementally.
+#   scripts/setup.sh            install + configure + build into ./build
+#   ATOLL_BUILD_DIR=dir scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libcaf-dev libucx-dev ucx-utils catch2 libboost-dev libyaml-cpp-dev nlohmann-json3-dev
+  libopenblas-dev libfmt-dev libspdlog-dev libcli11-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# nvcc lives outside PATH on some machines; the CUDA parts build only when it is found.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+build_dir="${ATOLL_BUILD_DIR:-build}"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$build_dir" -j "$(nproc)"

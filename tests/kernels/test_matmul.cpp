@@ -1,0 +1,56 @@
+#include <catch2/catch.hpp>
+
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/ops/matmul.hpp"
+#include "tests/support/gradcheck.hpp"
+
+using namespace atl;
+using namespace atl::testing;
+
+TEST_CASE("linear forward equals a naive triple loop", "[matmul]") {
+  const std::int64_t rows = 5, in = 7, out = 3;
+  auto x = random_vector(rows * in, 1), w = random_vector(out * in, 2);
+  std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end());
+  Tensor y = linear_forward(Tensor::from_floats({rows, in}, xf), Tensor::from_floats({out, in}, wf));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t o = 0; o < out; ++o) {
+      double ref = 0;
+      for (std::int64_t i = 0; i < in; ++i) ref += x[r * in + i] * w[o * in + i];
+      CHECK(y.data<float>()[r * out + o] == Approx(ref).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("linear backward matches finite differences in double", "[matmul][grad]") {
+  const std::int64_t rows = 4, in = 5, out = 3;
+  auto x = random_vector(rows * in, 3), w = random_vector(out * in, 4), r = random_vector(rows * out, 5);
+  auto loss = [&](const std::vector<double>& xs, const std::vector<double>& ws) {
+    std::vector<double> y(rows * out);
+    cpu::linear_forward<double>(xs.data(), ws.data(), y.data(), rows, in, out);
+    return weighted_sum(y, r);
+  };
+  std::vector<double> dx(rows * in), dw(out * in, 0.0);
+  cpu::linear_backward<double>(x.data(), w.data(), r.data(), dx.data(), dw.data(), rows, in, out);
+  CHECK(scaled_max_error(dx, numeric_gradient([&](const auto& v) { return loss(v, w); }, x)) < 1e-7);
+  CHECK(scaled_max_error(dw, numeric_gradient([&](const auto& v) { return loss(x, v); }, w)) < 1e-7);
+}
+
+TEST_CASE("linear with bf16 operands agrees with fp32 to bf16 precision", "[matmul][bf16]") {
+  const std::int64_t rows = 8, in = 64, out = 16;
+  auto x = random_vector(rows * in, 6), w = random_vector(out * in, 7, 0.1);
+  Tensor xt = Tensor::from_floats({rows, in}, std::vector<float>(x.begin(), x.end()));
+  Tensor wt = Tensor::from_floats({out, in}, std::vector<float>(w.begin(), w.end()));
+  Tensor y32 = linear_forward(xt, wt);
+  Tensor y16 = linear_forward(xt.to(DType::bf16), wt.to(DType::bf16));
+  double max_err = 0, max_ref = 0;
+  for (std::int64_t i = 0; i < y32.numel(); ++i) {
+    max_err = std::max(max_err, static_cast<double>(std::abs(y32.data<float>()[i] - y16.data<float>()[i])));
+    max_ref = std::max(max_ref, static_cast<double>(std::abs(y32.data<float>()[i])));
+  }
+  CHECK(max_err / max_ref < 2e-2);
+  CHECK(max_err > 0);  // the bf16 path really rounded its operands
+}
+
+TEST_CASE("linear rejects mismatched shapes with a message", "[matmul]") {
+  CHECK_THROWS_WITH(linear_forward(Tensor::zeros({2, 3}), Tensor::zeros({4, 5})), Catch::Contains("linear_forward"));
+}
