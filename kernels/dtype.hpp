@@ -1,7 +1,7 @@
 // Element types and the bf16 format. bf16 is stored as uint16_t (the top half of an IEEE
 // float32); conversion rounds to nearest, ties to even, and keeps NaN a (quiet) NaN.
 #pragma once
-#include <bit>
+
 #include <cstdint>
 #include <cstddef>
 #include <string_view>
@@ -43,7 +43,7 @@ struct bf16 {
 #endif
 
 ATOLL_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
     return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // NaN stays NaN (quieted)
   }
@@ -53,7 +53,7 @@ ATOLL_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) {
 }
 
 ATOLL_HOST_DEVICE constexpr float bf16_bits_to_float(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+  return __builtin_bit_cast(float, static_cast<std::uint32_t>(b) << 16);  // builtin: nvcc in C++17 has no std::bit_cast
 }
 
 constexpr bf16 to_bf16(float f) { return bf16{float_to_bf16_bits(f)}; }

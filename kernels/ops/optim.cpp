@@ -42,20 +42,6 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_
   return factor;
 }
 
-void scale_inplace(const Tensor& t, float factor) {
-  detail::require_dtype("scale_inplace", "t", t, DType::f32);
-  for (float& x : t.span<float>()) x *= factor;
-}
-
-void add_inplace(const Tensor& dst, const Tensor& src) {
-  detail::require_dtype("add_inplace", "dst", dst, DType::f32);
-  detail::require_dtype("add_inplace", "src", src, DType::f32);
-  require(dst.shape() == src.shape(), "add_inplace", "dst " + dst.describe() + " and src " + src.describe());
-  float* d = dst.data<float>();
-  const float* s = src.data<float>();
-  for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
-}
-
 double warmup_cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total_steps, double peak_lr,
                         double min_lr_ratio) {
   if (warmup > 0 && step <= warmup) return peak_lr * static_cast<double>(step) / static_cast<double>(warmup);

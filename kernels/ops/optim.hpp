@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/ops/elementwise.hpp"
 #include "kernels/tensor.hpp"
 
 namespace atl {
@@ -27,9 +28,6 @@ double global_grad_norm(const std::vector<Tensor>& grads);
 // Scales every gradient by min(1, max_norm / (norm + 1e-6)) when max_norm > 0 (PyTorch
 // clip_grad_norm_); returns the factor applied.
 double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_norm);
-void scale_inplace(const Tensor& t, float factor);
-// dst += src (f32, same shape).
-void add_inplace(const Tensor& dst, const Tensor& src);
 
 // Linear warmup over `warmup` steps to peak_lr, then cosine decay to min_lr_ratio * peak_lr at
 // total_steps. step counts from 1.

@@ -1,0 +1,572 @@
+// GQA attention over packed rows: a brute-force reference (explicit mask matrix, sink as an extra
+// zero-value column), finite-difference gradients in double for q, k, v and sinks, the sink LSE
+// form, document isolation, sliding windows, rows starting inside a document, queries with no
+// visible key, the GQA head mapping, position validation and bf16-vs-fp32 agreement.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cpu/attention.hpp"
+#include "kernels/ops/attention.hpp"
+#include "tests/support/gradcheck.hpp"
+
+using namespace atl;
+using atl::testing::numeric_gradient;
+using atl::testing::random_vector;
+using atl::testing::scaled_max_error;
+using atl::testing::weighted_sum;
+
+namespace {
+
+// Two packed rows of S = 9. Row 0: docs [0..3], [4..6], [7..8]; tokens 7 and 8 are padding, so
+// query 7 (a document start whose only key is itself) sees no key. Row 1 starts inside a document
+// (pos[0] = 3), has a second document from token 3 and an invalid key at token 1.
+struct AttnCase {
+  std::int64_t B = 2, S = 9, Hq = 4, Hkv = 2, D = 4;
+  std::vector<std::int64_t> pos{0, 1, 2, 3, 0, 1, 2, 0, 1, /*row 1*/ 3, 4, 5, 0, 1, 2, 3, 4, 5};
+  std::vector<int> valid{1, 1, 1, 1, 1, 1, 1, 0, 0, /*row 1*/ 1, 0, 1, 1, 1, 1, 1, 1, 1};
+  std::int64_t window = 0;
+  double scale = 0.5;  // D^-0.5
+  bool use_sinks = false;
+  std::vector<double> q, k, v, sinks;
+
+  std::size_t q_size() const { return static_cast<std::size_t>(B * S * Hq * D); }
+  std::size_t kv_size() const { return static_cast<std::size_t>(B * S * Hkv * D); }
+  std::size_t lse_size() const { return static_cast<std::size_t>(B * Hq * S); }
+};
+
+AttnCase make_case(std::int64_t window, bool use_sinks, std::uint64_t seed) {
+  AttnCase c;
+  c.window = window;
+  c.use_sinks = use_sinks;
+  c.q = random_vector(c.q_size(), seed, 1.0, "q");
+  c.k = random_vector(c.kv_size(), seed, 1.0, "k");
+  c.v = random_vector(c.kv_size(), seed, 1.0, "v");
+  c.sinks = random_vector(static_cast<std::size_t>(c.Hq), seed, 1.0, "sinks");
+  return c;
+}
+
+Tensor f32_tensor(Shape shape, const std::vector<double>& values) {
+  Tensor t = Tensor::empty(std::move(shape), DType::f32);
+  for (std::size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = static_cast<float>(values[i]);
+  return t;
+}
+
+std::vector<double> to_doubles(const Tensor& t) {
+  std::vector<double> out(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = t.data<float>()[i];
+  return out;
+}
+
+Tensor positions_tensor(const AttnCase& c) {
+  Tensor t = Tensor::empty({c.B, c.S}, DType::i64);
+  for (std::size_t i = 0; i < c.pos.size(); ++i) t.data<std::int64_t>()[i] = c.pos[i];
+  return t;
+}
+
+Tensor valid_tensor(const AttnCase& c) {
+  Tensor t = Tensor::empty({c.B, c.S}, DType::boolean);
+  for (std::size_t i = 0; i < c.valid.size(); ++i) t.data<bool>()[i] = c.valid[i] != 0;
+  return t;
+}
+
+struct TensorCase {
+  Tensor q, k, v, positions, valid, sinks;
+  AttentionOptions options;
+};
+
+TensorCase tensors(const AttnCase& c) {
+  TensorCase t;
+  t.q = f32_tensor({c.B, c.S, c.Hq, c.D}, c.q);
+  t.k = f32_tensor({c.B, c.S, c.Hkv, c.D}, c.k);
+  t.v = f32_tensor({c.B, c.S, c.Hkv, c.D}, c.v);
+  t.positions = positions_tensor(c);
+  t.valid = valid_tensor(c);
+  if (c.use_sinks) t.sinks = f32_tensor({c.Hq}, c.sinks);
+  t.options.window = c.window;
+  t.options.scale = static_cast<float>(c.scale);
+  return t;
+}
+
+cpu::AttentionShape shape_of(const AttnCase& c) { return {c.B, c.S, c.Hq, c.Hkv, c.D}; }
+
+// The kernel in double on the case's inputs (replaced by the given vectors).
+struct DoubleRun {
+  std::vector<double> out, lse;
+};
+DoubleRun run_double(const AttnCase& c, const std::vector<double>& q, const std::vector<double>& k,
+                     const std::vector<double>& v, const std::vector<double>& sinks) {
+  const Tensor positions = positions_tensor(c), valid = valid_tensor(c);
+  cpu::SinkLogits<double> sink_logits;
+  if (c.use_sinks) sink_logits.values = sinks.data();
+  DoubleRun r{std::vector<double>(c.q_size()), std::vector<double>(c.lse_size())};
+  cpu::attention_forward<double>(q.data(), k.data(), v.data(), positions.data<std::int64_t>(), valid.data<bool>(),
+                                 sink_logits, r.out.data(), r.lse.data(), shape_of(c), c.window, c.scale);
+  return r;
+}
+
+// Independent reference: explicit [S, S] mask from the spec's formula, the sink as one more
+// score column whose value vector is zero, a plain max-subtracted softmax over the row.
+DoubleRun reference_attention(const AttnCase& c) {
+  DoubleRun r{std::vector<double>(c.q_size(), 0.0), std::vector<double>(c.lse_size(), 0.0)};
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    std::vector<std::vector<bool>> mask(static_cast<std::size_t>(c.S), std::vector<bool>(static_cast<std::size_t>(c.S)));
+    for (std::int64_t t = 0; t < c.S; ++t) {
+      for (std::int64_t j = 0; j < c.S; ++j) {
+        const std::int64_t pt = c.pos[static_cast<std::size_t>(b * c.S + t)];
+        mask[t][j] = c.valid[static_cast<std::size_t>(b * c.S + j)] != 0 && t - pt <= j && j <= t &&
+                     (c.window == 0 || t - j < c.window);
+      }
+    }
+    for (std::int64_t h = 0; h < c.Hq; ++h) {
+      const std::int64_t hk = h / (c.Hq / c.Hkv);
+      for (std::int64_t t = 0; t < c.S; ++t) {
+        std::vector<double> logits(static_cast<std::size_t>(c.S + 1), neg_inf);
+        bool any = false;
+        for (std::int64_t j = 0; j < c.S; ++j) {
+          if (!mask[t][j]) continue;
+          any = true;
+          double dot = 0;
+          for (std::int64_t d = 0; d < c.D; ++d) {
+            dot += c.q[static_cast<std::size_t>(((b * c.S + t) * c.Hq + h) * c.D + d)] *
+                   c.k[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + hk) * c.D + d)];
+          }
+          logits[static_cast<std::size_t>(j)] = c.scale * dot;
+        }
+        if (c.use_sinks) logits[static_cast<std::size_t>(c.S)] = c.sinks[static_cast<std::size_t>(h)];
+        double& lse = r.lse[static_cast<std::size_t>((b * c.Hq + h) * c.S + t)];
+        if (!any) {
+          lse = c.use_sinks ? c.sinks[static_cast<std::size_t>(h)] : neg_inf;
+          continue;  // output stays 0
+        }
+        double m = neg_inf;
+        for (double s : logits) m = std::max(m, s);
+        double z = 0;
+        for (double s : logits) z += std::exp(s - m);
+        lse = m + std::log(z);
+        for (std::int64_t j = 0; j <= c.S; ++j) {
+          const double p = std::exp(logits[static_cast<std::size_t>(j)] - m) / z;
+          for (std::int64_t d = 0; d < c.D; ++d) {
+            const double value =
+                j == c.S ? 0.0 : c.v[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + hk) * c.D + d)];
+            r.out[static_cast<std::size_t>(((b * c.S + t) * c.Hq + h) * c.D + d)] += p * value;
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) && a[i] == b[i]) continue;  // -inf lse of a query with neither key nor sink
+    m = std::max(m, std::abs(a[i] - b[i]));
+  }
+  return m;
+}
+
+double max_abs(const std::vector<double>& a) {
+  double m = 0;
+  for (double x : a) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// Index of q/out element (b, t, h, d) and of k/v element (b, j, hk, d).
+std::size_t q_index(const AttnCase& c, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
+  return static_cast<std::size_t>(((b * c.S + t) * c.Hq + h) * c.D + d);
+}
+std::size_t kv_index(const AttnCase& c, std::int64_t b, std::int64_t j, std::int64_t hk, std::int64_t d) {
+  return static_cast<std::size_t>(((b * c.S + j) * c.Hkv + hk) * c.D + d);
+}
+
+}  // namespace
+
+TEST_CASE("attention: forward matches a brute-force masked-softmax reference", "[attention]") {
+  for (const std::int64_t window : {0, 3}) {
+    for (const bool use_sinks : {false, true}) {
+      INFO("window " << window << ", sinks " << use_sinks);
+      const AttnCase c = make_case(window, use_sinks, 21);
+      const TensorCase t = tensors(c);
+      const AttentionForward f = attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options);
+      const DoubleRun ref = reference_attention(c);
+      CHECK(max_abs_diff(to_doubles(f.out), ref.out) < 1e-5);
+      CHECK(max_abs_diff(to_doubles(f.lse), ref.lse) < 1e-5);
+      const DoubleRun exact = run_double(c, c.q, c.k, c.v, c.sinks);
+      CHECK(max_abs_diff(exact.out, ref.out) < 1e-12);
+      CHECK(max_abs_diff(exact.lse, ref.lse) < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("attention: gradients of q, k, v and sinks match finite differences in double", "[attention]") {
+  for (const std::int64_t window : {0, 3}) {
+    for (const bool use_sinks : {false, true}) {
+      INFO("window " << window << ", sinks " << use_sinks);
+      const AttnCase c = make_case(window, use_sinks, 22);
+      const auto r = random_vector(c.q_size(), 23, 1.0, "dout");
+      const DoubleRun f = run_double(c, c.q, c.k, c.v, c.sinks);
+      const Tensor positions = positions_tensor(c), valid = valid_tensor(c);
+      std::vector<double> dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
+      std::vector<double> dsinks(static_cast<std::size_t>(c.Hq), 0.0);
+      cpu::SinkLogits<double> sink_logits;
+      if (use_sinks) {
+        sink_logits.values = c.sinks.data();
+        sink_logits.grads = dsinks.data();
+      }
+      cpu::attention_backward<double>(r.data(), c.q.data(), c.k.data(), c.v.data(), f.lse.data(),
+                                      positions.data<std::int64_t>(), valid.data<bool>(), sink_logits, dq.data(),
+                                      dk.data(), dv.data(), shape_of(c), c.window, c.scale);
+      auto loss_q = [&](const std::vector<double>& x) { return weighted_sum(run_double(c, x, c.k, c.v, c.sinks).out, r); };
+      auto loss_k = [&](const std::vector<double>& x) { return weighted_sum(run_double(c, c.q, x, c.v, c.sinks).out, r); };
+      auto loss_v = [&](const std::vector<double>& x) { return weighted_sum(run_double(c, c.q, c.k, x, c.sinks).out, r); };
+      auto loss_s = [&](const std::vector<double>& x) { return weighted_sum(run_double(c, c.q, c.k, c.v, x).out, r); };
+      CHECK(scaled_max_error(dq, numeric_gradient(loss_q, c.q)) < 1e-6);
+      CHECK(scaled_max_error(dk, numeric_gradient(loss_k, c.k)) < 1e-6);
+      CHECK(scaled_max_error(dv, numeric_gradient(loss_v, c.v)) < 1e-6);
+      if (use_sinks) {
+        CHECK(scaled_max_error(dsinks, numeric_gradient(loss_s, c.sinks)) < 1e-6);
+        CHECK(max_abs(dsinks) > 1e-3);  // the check is not vacuous
+      }
+      // Query (row 0, t = 7) sees no key: its q gradient is exactly zero.
+      for (std::int64_t h = 0; h < c.Hq; ++h) {
+        for (std::int64_t d = 0; d < c.D; ++d) CHECK(dq[q_index(c, 0, 7, h, d)] == 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("attention: the f32 Tensor backward agrees with the double kernel", "[attention]") {
+  const AttnCase c = make_case(3, true, 24);
+  const TensorCase t = tensors(c);
+  const auto r = random_vector(c.q_size(), 25, 1.0, "dout");
+  const AttentionForward f = attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options);
+  Tensor dsinks = Tensor::zeros({c.Hq});
+  const AttentionGrads g = attention_backward(f32_tensor({c.B, c.S, c.Hq, c.D}, r), t.q, t.k, t.v, f, t.positions,
+                                              t.valid, t.sinks, &dsinks, t.options);
+  const DoubleRun fd = run_double(c, c.q, c.k, c.v, c.sinks);
+  std::vector<double> dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size()), ds(static_cast<std::size_t>(c.Hq), 0.0);
+  cpu::SinkLogits<double> sink_logits;
+  sink_logits.values = c.sinks.data();
+  sink_logits.grads = ds.data();
+  cpu::attention_backward<double>(r.data(), c.q.data(), c.k.data(), c.v.data(), fd.lse.data(),
+                                  t.positions.data<std::int64_t>(), t.valid.data<bool>(), sink_logits, dq.data(),
+                                  dk.data(), dv.data(), shape_of(c), c.window, c.scale);
+  CHECK(max_abs_diff(to_doubles(g.dq), dq) < 1e-5);
+  CHECK(max_abs_diff(to_doubles(g.dk), dk) < 1e-5);
+  CHECK(max_abs_diff(to_doubles(g.dv), dv) < 1e-5);
+  CHECK(max_abs_diff(to_doubles(dsinks), ds) < 1e-5);
+  // dsinks accumulates: a second backward doubles it.
+  attention_backward(f32_tensor({c.B, c.S, c.Hq, c.D}, r), t.q, t.k, t.v, f, t.positions, t.valid, t.sinks, &dsinks,
+                     t.options);
+  for (std::int64_t h = 0; h < c.Hq; ++h) CHECK(dsinks.data<float>()[h] == Approx(2 * ds[h]).margin(1e-5));
+}
+
+TEST_CASE("attention: a sink of -1e30 equals plain softmax", "[attention]") {
+  AttnCase c = make_case(0, false, 26);
+  const TensorCase plain = tensors(c);
+  c.use_sinks = true;
+  c.sinks.assign(static_cast<std::size_t>(c.Hq), -1e30);
+  const TensorCase sunk = tensors(c);
+  const AttentionForward a = attention_forward(plain.q, plain.k, plain.v, plain.positions, plain.valid, plain.sinks,
+                                               plain.options);
+  const AttentionForward b = attention_forward(sunk.q, sunk.k, sunk.v, sunk.positions, sunk.valid, sunk.sinks,
+                                               sunk.options);
+  CHECK(max_abs_diff(to_doubles(a.out), to_doubles(b.out)) == 0.0);
+  // lse agrees wherever a key is visible (a keyless query's lse is the sink itself: -1e30 vs -inf).
+  for (std::int64_t i = 0; i < a.lse.numel(); ++i) {
+    if (std::isfinite(a.lse.data<float>()[i])) CHECK(a.lse.data<float>()[i] == b.lse.data<float>()[i]);
+  }
+  const Tensor dout = f32_tensor({c.B, c.S, c.Hq, c.D}, random_vector(c.q_size(), 27));
+  Tensor dsinks = Tensor::zeros({c.Hq});
+  const AttentionGrads ga = attention_backward(dout, plain.q, plain.k, plain.v, a, plain.positions, plain.valid,
+                                               plain.sinks, nullptr, plain.options);
+  const AttentionGrads gb = attention_backward(dout, sunk.q, sunk.k, sunk.v, b, sunk.positions, sunk.valid,
+                                               sunk.sinks, &dsinks, sunk.options);
+  CHECK(max_abs_diff(to_doubles(ga.dq), to_doubles(gb.dq)) == 0.0);
+  CHECK(max_abs_diff(to_doubles(ga.dk), to_doubles(gb.dk)) == 0.0);
+  CHECK(max_abs_diff(to_doubles(ga.dv), to_doubles(gb.dv)) == 0.0);
+  CHECK(max_abs(to_doubles(dsinks)) == 0.0);
+}
+
+TEST_CASE("attention: sink output equals the no-sink output times sigmoid(lse - sink) (LSE form)", "[attention]") {
+  AttnCase c = make_case(0, true, 28);
+  const TensorCase with_sink = tensors(c);
+  c.use_sinks = false;
+  const TensorCase without = tensors(c);
+  const AttentionForward s = attention_forward(with_sink.q, with_sink.k, with_sink.v, with_sink.positions,
+                                               with_sink.valid, with_sink.sinks, with_sink.options);
+  const AttentionForward n = attention_forward(without.q, without.k, without.v, without.positions, without.valid,
+                                               without.sinks, without.options);
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    for (std::int64_t h = 0; h < c.Hq; ++h) {
+      const double sink = with_sink.sinks.data<float>()[h];
+      for (std::int64_t t = 0; t < c.S; ++t) {
+        const double lse = n.lse.data<float>()[(b * c.Hq + h) * c.S + t];
+        const double lse_sink = s.lse.data<float>()[(b * c.Hq + h) * c.S + t];
+        if (std::isinf(lse)) {  // no visible key: both outputs are 0
+          CHECK(lse_sink == static_cast<float>(sink));
+          continue;
+        }
+        CHECK(lse_sink == Approx(std::max(lse, sink) + std::log1p(std::exp(-std::abs(lse - sink)))).margin(1e-5));
+        const double gate = 1.0 / (1.0 + std::exp(sink - lse));
+        for (std::int64_t d = 0; d < c.D; ++d) {
+          const std::size_t i = q_index(c, b, t, h, d);
+          CHECK(s.out.data<float>()[i] == Approx(n.out.data<float>()[i] * gate).margin(1e-6));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention: documents packed in a row do not see each other", "[attention]") {
+  // Row 0 has documents [0..3] (A) and [4..8] (B), all valid.
+  AttnCase c = make_case(0, true, 29);
+  c.B = 1;
+  c.pos = {0, 1, 2, 3, 0, 1, 2, 3, 4};
+  c.valid.assign(9, 1);
+  c.q.resize(c.q_size());
+  c.k.resize(c.kv_size());
+  c.v.resize(c.kv_size());
+  const TensorCase base = tensors(c);
+  const AttentionForward f = attention_forward(base.q, base.k, base.v, base.positions, base.valid, base.sinks,
+                                               base.options);
+  AttnCase changed = c;
+  const auto noise = random_vector(c.q_size(), 30);
+  for (std::int64_t t = 0; t < 4; ++t) {
+    for (std::int64_t i = 0; i < c.Hq * c.D; ++i) changed.q[static_cast<std::size_t>(t * c.Hq * c.D + i)] += noise[static_cast<std::size_t>(i)];
+    for (std::int64_t i = 0; i < c.Hkv * c.D; ++i) {
+      changed.k[static_cast<std::size_t>(t * c.Hkv * c.D + i)] += 3 * noise[static_cast<std::size_t>(i + 1)];
+      changed.v[static_cast<std::size_t>(t * c.Hkv * c.D + i)] -= 2 * noise[static_cast<std::size_t>(i + 2)];
+    }
+  }
+  const TensorCase other = tensors(changed);
+  const AttentionForward g = attention_forward(other.q, other.k, other.v, other.positions, other.valid, other.sinks,
+                                               other.options);
+  const std::int64_t row = c.Hq * c.D;
+  double a_change = 0;
+  for (std::int64_t i = 0; i < 4 * row; ++i) a_change += std::abs(f.out.data<float>()[i] - g.out.data<float>()[i]);
+  CHECK(a_change > 1e-3);  // doc A itself did change
+  for (std::int64_t i = 4 * row; i < 9 * row; ++i) CHECK(f.out.data<float>()[i] == g.out.data<float>()[i]);
+  // Gradients flowing from doc B's outputs never reach doc A's k and v.
+  std::vector<double> dout_b = random_vector(c.q_size(), 31);
+  for (std::int64_t i = 0; i < 4 * row; ++i) dout_b[static_cast<std::size_t>(i)] = 0;
+  const AttentionGrads grads = attention_backward(f32_tensor({1, 9, c.Hq, c.D}, dout_b), base.q, base.k, base.v, f,
+                                                  base.positions, base.valid, base.sinks, nullptr, base.options);
+  for (std::int64_t i = 0; i < 4 * c.Hkv * c.D; ++i) {
+    CHECK(grads.dk.data<float>()[i] == 0.0f);
+    CHECK(grads.dv.data<float>()[i] == 0.0f);
+  }
+}
+
+TEST_CASE("attention: a sliding window of w sees keys t-w+1 .. t, the current token included", "[attention]") {
+  AttnCase c = make_case(1, false, 32);
+  c.B = 1;
+  c.pos = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  c.valid.assign(9, 1);
+  c.q.resize(c.q_size());
+  c.k.resize(c.kv_size());
+  c.v.resize(c.kv_size());
+  {
+    // window 1: every query sees only itself, so the output is its own value vector.
+    const TensorCase t = tensors(c);
+    const AttentionForward f = attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options);
+    for (std::int64_t s = 0; s < c.S; ++s) {
+      for (std::int64_t h = 0; h < c.Hq; ++h) {
+        for (std::int64_t d = 0; d < c.D; ++d) {
+          CHECK(f.out.data<float>()[q_index(c, 0, s, h, d)] == t.v.data<float>()[kv_index(c, 0, s, h / 2, d)]);
+        }
+      }
+    }
+  }
+  // window 3 at query 6: key 3 (distance 3) is outside, key 4 (distance 2) inside.
+  c.window = 3;
+  const TensorCase t = tensors(c);
+  const AttentionForward f = attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options);
+  auto out_at_6_after_bumping_key = [&](std::int64_t j) {
+    const Tensor k2 = t.k.clone();
+    for (std::int64_t i = 0; i < c.Hkv * c.D; ++i) k2.data<float>()[j * c.Hkv * c.D + i] += 1.0f;
+    const AttentionForward g = attention_forward(t.q, k2, t.v, t.positions, t.valid, t.sinks, t.options);
+    double diff = 0;
+    for (std::int64_t i = 0; i < c.Hq * c.D; ++i) {
+      diff += std::abs(g.out.data<float>()[6 * c.Hq * c.D + i] - f.out.data<float>()[6 * c.Hq * c.D + i]);
+    }
+    return diff;
+  };
+  CHECK(out_at_6_after_bumping_key(3) == 0.0);
+  CHECK(out_at_6_after_bumping_key(4) > 1e-4);
+  CHECK(max_abs_diff(to_doubles(f.out), reference_attention(c).out) < 1e-5);
+}
+
+TEST_CASE("attention: a row starting inside a document sees keys from the row start", "[attention]") {
+  // One document throughout; starting at position 5 or 0 gives the same visible sets inside the row.
+  AttnCase c = make_case(0, true, 33);
+  c.B = 1;
+  c.valid.assign(9, 1);
+  c.q.resize(c.q_size());
+  c.k.resize(c.kv_size());
+  c.v.resize(c.kv_size());
+  c.pos = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  const TensorCase inside = tensors(c);
+  c.pos = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  const TensorCase fresh = tensors(c);
+  const AttentionForward a = attention_forward(inside.q, inside.k, inside.v, inside.positions, inside.valid,
+                                               inside.sinks, inside.options);
+  const AttentionForward b = attention_forward(fresh.q, fresh.k, fresh.v, fresh.positions, fresh.valid, fresh.sinks,
+                                               fresh.options);
+  CHECK(max_abs_diff(to_doubles(a.out), to_doubles(b.out)) == 0.0);
+  // Query 0 at position 5 sees only key 0: its output is the sink-weighted value of key 0.
+  for (std::int64_t h = 0; h < c.Hq; ++h) {
+    double s = 0;
+    for (std::int64_t d = 0; d < c.D; ++d) s += c.scale * c.q[q_index(c, 0, 0, h, d)] * c.k[kv_index(c, 0, 0, h / 2, d)];
+    const double p = 1.0 / (1.0 + std::exp(c.sinks[static_cast<std::size_t>(h)] - s));
+    for (std::int64_t d = 0; d < c.D; ++d) {
+      CHECK(a.out.data<float>()[q_index(c, 0, 0, h, d)] == Approx(p * c.v[kv_index(c, 0, 0, h / 2, d)]).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("attention: a query with no visible key outputs 0 and passes no gradient", "[attention]") {
+  AttnCase c = make_case(0, true, 34);
+  c.B = 1;
+  c.S = 3;
+  c.pos = {0, 1, 0};
+  c.valid = {0, 1, 1};  // query 0 sees only key 0, which is padding
+  c.q.resize(c.q_size());
+  c.k.resize(c.kv_size());
+  c.v.resize(c.kv_size());
+  const TensorCase t = tensors(c);
+  const AttentionForward f = attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options);
+  const Tensor dout = f32_tensor({1, 3, c.Hq, c.D}, random_vector(c.q_size(), 35));
+  Tensor dsinks = Tensor::zeros({c.Hq});
+  const AttentionGrads g = attention_backward(dout, t.q, t.k, t.v, f, t.positions, t.valid, t.sinks, &dsinks,
+                                              t.options);
+  for (std::int64_t h = 0; h < c.Hq; ++h) {
+    CHECK(f.lse.data<float>()[h * c.S] == t.sinks.data<float>()[h]);
+    for (std::int64_t d = 0; d < c.D; ++d) {
+      CHECK(f.out.data<float>()[q_index(c, 0, 0, h, d)] == 0.0f);
+      CHECK(g.dq.data<float>()[q_index(c, 0, 0, h, d)] == 0.0f);
+    }
+  }
+  for (std::int64_t i = 0; i < c.Hkv * c.D; ++i) {  // key 0 is invalid: nobody reads it
+    CHECK(g.dk.data<float>()[i] == 0.0f);
+    CHECK(g.dv.data<float>()[i] == 0.0f);
+  }
+  // All tokens padding: everything is 0, without sinks too (lse -inf, no NaN anywhere).
+  c.valid = {0, 0, 0};
+  for (const bool use_sinks : {false, true}) {
+    c.use_sinks = use_sinks;
+    const TensorCase p = tensors(c);
+    const AttentionForward pf = attention_forward(p.q, p.k, p.v, p.positions, p.valid, p.sinks, p.options);
+    Tensor ds = Tensor::zeros({c.Hq});
+    const AttentionGrads pg = attention_backward(dout, p.q, p.k, p.v, pf, p.positions, p.valid, p.sinks, &ds,
+                                                 p.options);
+    CHECK(max_abs(to_doubles(pf.out)) == 0.0);
+    CHECK(max_abs(to_doubles(pg.dq)) == 0.0);
+    CHECK(max_abs(to_doubles(pg.dk)) == 0.0);
+    CHECK(max_abs(to_doubles(pg.dv)) == 0.0);
+    CHECK(max_abs(to_doubles(ds)) == 0.0);
+  }
+}
+
+TEST_CASE("attention: query head h reads KV head h / (Hq/Hkv)", "[attention]") {
+  const AttnCase c = make_case(0, true, 36);  // Hq = 4, Hkv = 2
+  AttnCase expanded = c;  // the same problem with every KV head repeated for its query heads
+  expanded.Hkv = c.Hq;
+  expanded.k.assign(expanded.kv_size(), 0.0);
+  expanded.v.assign(expanded.kv_size(), 0.0);
+  AttnCase wrong = expanded;  // interleaved mapping h % Hkv, which must differ
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    for (std::int64_t j = 0; j < c.S; ++j) {
+      for (std::int64_t h = 0; h < c.Hq; ++h) {
+        for (std::int64_t d = 0; d < c.D; ++d) {
+          expanded.k[kv_index(expanded, b, j, h, d)] = c.k[kv_index(c, b, j, h / 2, d)];
+          expanded.v[kv_index(expanded, b, j, h, d)] = c.v[kv_index(c, b, j, h / 2, d)];
+          wrong.k[kv_index(wrong, b, j, h, d)] = c.k[kv_index(c, b, j, h % 2, d)];
+          wrong.v[kv_index(wrong, b, j, h, d)] = c.v[kv_index(c, b, j, h % 2, d)];
+        }
+      }
+    }
+  }
+  const auto gqa = run_double(c, c.q, c.k, c.v, c.sinks).out;
+  CHECK(max_abs_diff(gqa, run_double(expanded, expanded.q, expanded.k, expanded.v, expanded.sinks).out) < 1e-14);
+  CHECK(max_abs_diff(gqa, run_double(wrong, wrong.q, wrong.k, wrong.v, wrong.sinks).out) > 1e-2);
+  // dk of a shared KV head is the sum over its query heads of the expanded problem's dk.
+  const TensorCase tg = tensors(c), te = tensors(expanded);
+  const Tensor dout = f32_tensor({c.B, c.S, c.Hq, c.D}, random_vector(c.q_size(), 37));
+  const AttentionForward fg = attention_forward(tg.q, tg.k, tg.v, tg.positions, tg.valid, tg.sinks, tg.options);
+  const AttentionForward fe = attention_forward(te.q, te.k, te.v, te.positions, te.valid, te.sinks, te.options);
+  const AttentionGrads gg = attention_backward(dout, tg.q, tg.k, tg.v, fg, tg.positions, tg.valid, tg.sinks, nullptr,
+                                               tg.options);
+  const AttentionGrads ge = attention_backward(dout, te.q, te.k, te.v, fe, te.positions, te.valid, te.sinks, nullptr,
+                                               te.options);
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    for (std::int64_t j = 0; j < c.S; ++j) {
+      for (std::int64_t hk = 0; hk < c.Hkv; ++hk) {
+        for (std::int64_t d = 0; d < c.D; ++d) {
+          const double sum = ge.dk.data<float>()[kv_index(expanded, b, j, 2 * hk, d)] +
+                             ge.dk.data<float>()[kv_index(expanded, b, j, 2 * hk + 1, d)];
+          CHECK(gg.dk.data<float>()[kv_index(c, b, j, hk, d)] == Approx(sum).margin(1e-5));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention: validate_positions enforces +1 steps or resets to 0", "[attention]") {
+  auto rows = [](std::int64_t b, std::int64_t s, std::vector<std::int64_t> values) {
+    Tensor t = Tensor::empty({b, s}, DType::i64);
+    for (std::size_t i = 0; i < values.size(); ++i) t.data<std::int64_t>()[i] = values[i];
+    return t;
+  };
+  CHECK_NOTHROW(validate_positions(rows(2, 5, {0, 1, 2, 0, 1, /*row 1*/ 7, 8, 0, 0, 1})));
+  CHECK_THROWS_WITH(validate_positions(rows(2, 3, {0, 1, 2, /*row 1*/ 0, 1, 3})),
+                    Catch::Matchers::Contains("row 1, col 2") && Catch::Matchers::Contains("position 3 follows 1"));
+  CHECK_THROWS_AS(validate_positions(rows(1, 4, {0, 1, 2, 1})), std::invalid_argument);
+  CHECK_THROWS_AS(validate_positions(rows(1, 3, {0, -1, 0})), std::invalid_argument);
+  // attention itself rejects negative positions.
+  AttnCase c = make_case(0, false, 38);
+  c.pos[3] = -1;
+  const TensorCase t = tensors(c);
+  CHECK_THROWS_WITH(attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options),
+                    Catch::Matchers::Contains("negative position"));
+}
+
+TEST_CASE("attention: rejects inconsistent shapes", "[attention]") {
+  const AttnCase c = make_case(0, false, 39);
+  const TensorCase t = tensors(c);
+  CHECK_THROWS_AS(attention_forward(t.q, Tensor::zeros({2, 9, 3, 4}), Tensor::zeros({2, 9, 3, 4}), t.positions,
+                                    t.valid, t.sinks, t.options),
+                  std::invalid_argument);  // Hq = 4 not a multiple of Hkv = 3
+  CHECK_THROWS_AS(attention_forward(t.q, t.k, t.v, t.positions, t.valid, Tensor::zeros({3}), t.options),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(attention_forward(t.q, t.k, t.v, t.positions, Tensor::zeros({2, 9}), t.sinks, t.options),
+                  std::invalid_argument);  // valid must be bool
+}
+
+TEST_CASE("attention: bf16-rounded inputs agree with fp32 within 2e-2 relative", "[attention]") {
+  const AttnCase c = make_case(3, true, 40);
+  const TensorCase t = tensors(c);
+  auto rounded = [](const Tensor& x) { return x.to(DType::bf16).to(DType::f32); };
+  const Tensor dout = f32_tensor({c.B, c.S, c.Hq, c.D}, random_vector(c.q_size(), 41));
+  const AttentionForward f = attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options);
+  const Tensor qb = rounded(t.q), kb = rounded(t.k), vb = rounded(t.v);
+  const AttentionForward fb = attention_forward(qb, kb, vb, t.positions, t.valid, t.sinks, t.options);
+  const AttentionGrads g = attention_backward(dout, t.q, t.k, t.v, f, t.positions, t.valid, t.sinks, nullptr,
+                                              t.options);
+  const AttentionGrads gb = attention_backward(rounded(dout), qb, kb, vb, fb, t.positions, t.valid, t.sinks, nullptr,
+                                               t.options);
+  auto relative = [](const Tensor& a, const Tensor& b) {
+    return max_abs_diff(to_doubles(a), to_doubles(b)) / max_abs(to_doubles(a));
+  };
+  CHECK(relative(f.out, fb.out) < 2e-2);
+  CHECK(relative(g.dq, gb.dq) < 2e-2);
+  CHECK(relative(g.dk, gb.dk) < 2e-2);
+  CHECK(relative(g.dv, gb.dv) < 2e-2);
+}

@@ -1,0 +1,101 @@
+// Beam output gate y = o * sigmoid(gate + bias[head]): finite-difference gradients in double,
+// head broadcast of the bias, saturation, d_bias accumulation and bf16-vs-fp32 agreement.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cpu/gate.hpp"
+#include "kernels/ops/gate.hpp"
+#include "tests/support/gradcheck.hpp"
+
+using namespace atl;
+using atl::testing::numeric_gradient;
+using atl::testing::random_vector;
+using atl::testing::scaled_max_error;
+using atl::testing::weighted_sum;
+
+namespace {
+
+Tensor gate_test_tensor(Shape shape, const std::vector<double>& values) {
+  Tensor t = Tensor::empty(std::move(shape), DType::f32);
+  for (std::size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = static_cast<float>(values[i]);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("output gate: gradients of o, gate and bias match finite differences in double", "[gate]") {
+  const std::int64_t rows = 3, heads = 2, dim = 3;
+  const std::size_t n = static_cast<std::size_t>(rows * heads * dim);
+  const auto o = random_vector(n, 11);
+  const auto gate = random_vector(n, 12, 2.0);
+  const auto bias = random_vector(static_cast<std::size_t>(heads), 13);
+  const auto r = random_vector(n, 14);
+  auto forward = [&](const std::vector<double>& os, const std::vector<double>& gs, const std::vector<double>& bs) {
+    std::vector<double> y(n);
+    cpu::output_gate_forward<double>(os.data(), gs.data(), bs.data(), y.data(), rows, heads, dim);
+    return weighted_sum(y, r);
+  };
+  std::vector<double> d_o(n), d_gate(n), d_bias(static_cast<std::size_t>(heads), 0.0);
+  cpu::output_gate_backward<double>(r.data(), o.data(), gate.data(), bias.data(), d_o.data(), d_gate.data(),
+                                    d_bias.data(), rows, heads, dim);
+  CHECK(scaled_max_error(d_o, numeric_gradient([&](const auto& x) { return forward(x, gate, bias); }, o)) < 1e-6);
+  CHECK(scaled_max_error(d_gate, numeric_gradient([&](const auto& x) { return forward(o, x, bias); }, gate)) < 1e-6);
+  CHECK(scaled_max_error(d_bias, numeric_gradient([&](const auto& x) { return forward(o, gate, x); }, bias)) < 1e-6);
+}
+
+TEST_CASE("output gate: bias broadcasts per head and the sigmoid saturates without overflow", "[gate]") {
+  // 1 row, 2 heads of D = 2; head 0 bias 0 with gate 0 -> factor 1/2; head 1 bias -1000 / +1000.
+  const Tensor o = Tensor::from_floats({1, 4}, std::vector<float>{2.0f, -4.0f, 3.0f, 5.0f});
+  const Tensor gate = Tensor::from_floats({1, 4}, std::vector<float>{0.0f, 0.0f, 0.0f, 2000.0f});
+  const Tensor bias = Tensor::from_floats({2}, std::vector<float>{0.0f, -1000.0f});
+  const Tensor y = output_gate_forward(o, gate, bias);
+  CHECK(y.data<float>()[0] == 1.0f);
+  CHECK(y.data<float>()[1] == -2.0f);
+  CHECK(y.data<float>()[2] == 0.0f);  // sigmoid(-1000) underflows to 0, not NaN
+  CHECK(y.data<float>()[3] == 5.0f);  // sigmoid(+1000) is 1
+}
+
+TEST_CASE("output gate: d_bias accumulates into the caller's tensor", "[gate]") {
+  const Tensor o = gate_test_tensor({2, 3, 4}, random_vector(24, 15));  // [B, S, Hq*D], Hq = 2
+  const Tensor gate = gate_test_tensor({2, 3, 4}, random_vector(24, 16));
+  const Tensor bias = gate_test_tensor({2}, {0.1, -0.2});
+  const Tensor dy = gate_test_tensor({2, 3, 4}, random_vector(24, 17));
+  Tensor d_bias = Tensor::zeros({2});
+  const OutputGateGrads g = output_gate_backward(dy, o, gate, bias, &d_bias);
+  double head0 = 0, head1 = 0;
+  for (std::int64_t i = 0; i < 24; ++i) ((i % 4) < 2 ? head0 : head1) += g.d_gate.data<float>()[i];
+  CHECK(d_bias.data<float>()[0] == Approx(head0).margin(1e-6));
+  CHECK(d_bias.data<float>()[1] == Approx(head1).margin(1e-6));
+  output_gate_backward(dy, o, gate, bias, &d_bias);
+  CHECK(d_bias.data<float>()[0] == Approx(2 * head0).margin(1e-6));
+  CHECK(d_bias.data<float>()[1] == Approx(2 * head1).margin(1e-6));
+}
+
+TEST_CASE("output gate: bf16-rounded inputs agree with fp32 within 2e-2 relative", "[gate]") {
+  const Tensor o = gate_test_tensor({6, 8}, random_vector(48, 18));
+  const Tensor gate = gate_test_tensor({6, 8}, random_vector(48, 19));
+  const Tensor bias = gate_test_tensor({2}, {0.3, -0.5});
+  auto rounded = [](const Tensor& t) { return t.to(DType::bf16).to(DType::f32); };
+  const Tensor y = output_gate_forward(o, gate, bias);
+  const Tensor y_bf16 = output_gate_forward(rounded(o), rounded(gate), bias);
+  double err = 0, scale = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    err = std::max(err, std::abs(static_cast<double>(y.data<float>()[i]) - y_bf16.data<float>()[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(y.data<float>()[i])));
+  }
+  REQUIRE(err / scale < 2e-2);
+}
+
+TEST_CASE("output gate: rejects mismatched shapes", "[gate]") {
+  const Tensor bias = Tensor::zeros({3});
+  CHECK_THROWS_AS(output_gate_forward(Tensor::zeros({2, 4}), Tensor::zeros({2, 4}), bias), std::invalid_argument);
+  CHECK_THROWS_AS(output_gate_forward(Tensor::zeros({2, 6}), Tensor::zeros({2, 3}), bias), std::invalid_argument);
+  Tensor wrong_bias_grad = Tensor::zeros({2});
+  CHECK_THROWS_AS(output_gate_backward(Tensor::zeros({2, 6}), Tensor::zeros({2, 6}), Tensor::zeros({2, 6}), bias,
+                                       &wrong_bias_grad),
+                  std::invalid_argument);
+}
