@@ -1,0 +1,31 @@
+// atoll-train CONFIG.yaml [--set key.path=value ...]: train a model as the config says.
+// Exit codes: 0 done, 2 bad config (nothing written), 1 failure while running.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "graph/config.hpp"
+#include "graph/training/run.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"atoll-train: train a Mixture-of-Experts transformer (simulation mode runs the whole mesh here)"};
+  std::string config_path;
+  std::vector<std::string> sets;
+  atl::RunOptions options;
+  app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required();
+  app.add_option("--set", sets, "override a config key: --set train.steps=50 (repeatable)");
+  app.add_flag("--overwrite", options.overwrite, "replace the outputs of an earlier run in run_dir");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    atl::RunConfig config = atl::load_run_config(config_path, sets);
+    atl::run_training(config, options, std::cout);
+    return 0;
+  } catch (const atl::ConfigError& e) {
+    std::cerr << "atoll-train: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "atoll-train: error: " << e.what() << "\n";
+    return 1;
+  }
+}

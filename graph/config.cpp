@@ -1,0 +1,270 @@
+#include "graph/config.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace atl {
+
+const std::vector<std::string>& backends() {
+  static const std::vector<std::string> names = {"sim", "ucx", "nccl"};
+  return names;
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::sim: return "sim";
+    case Backend::ucx: return "ucx";
+    case Backend::nccl: return "nccl";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& model_families() {
+  static const std::vector<std::string> families = {"beam", "flint", "inkling2"};
+  return families;
+}
+
+namespace {
+
+// Applies one `a.b.c=value` to the tree, creating mappings on the way.
+void apply_set(YAML::Node& root, const std::string& assignment, const std::string& source) {
+  const std::size_t equals = assignment.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    throw ConfigError(source, "", fmt::format("--set '{}': expected key.path=value", assignment));
+  }
+  const std::string key = assignment.substr(0, equals);
+  const std::string text = assignment.substr(equals + 1);
+  std::vector<std::string> parts;
+  for (std::size_t start = 0;;) {
+    std::size_t dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot - start));
+    if (parts.back().empty()) {
+      throw ConfigError(source, "", fmt::format("--set '{}': '{}' has an empty key component", assignment, key));
+    }
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+
+  YAML::Node value;
+  if (text.empty()) {
+    value = YAML::Node(std::string());
+  } else {
+    try {
+      value = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(source, key, fmt::format("--set value '{}' is not valid YAML: {}", text, e.msg));
+    }
+  }
+
+  // reset() rebinds a handle; operator= on a Node would overwrite the node it refers to.
+  YAML::Node current;
+  current.reset(root);
+  std::string walked;
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    walked += (i ? "." : "") + parts[i];
+    const YAML::Node& const_current = current;
+    YAML::Node child = const_current[parts[i]];
+    if (!child.IsDefined() || child.IsNull()) {
+      current[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    } else if (!child.IsMap()) {
+      throw ConfigError(source, walked,
+                        fmt::format("--set {}: expected a mapping to set '{}' in, got {}", assignment,
+                                    parts[i + 1], ConfigReader::describe_value(child)));
+    }
+    YAML::Node next = current[parts[i]];
+    current.reset(next);
+  }
+  current[parts.back()] = value;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+MeshConfig read_mesh(ConfigReader reader) {
+  MeshConfig mesh;
+  mesh.pp = reader.get_positive("pp", 1);
+  mesh.dp_replicate = reader.get_positive("dp_replicate", 1);
+  mesh.dp_shard = reader.get_positive("dp_shard", 1);
+  mesh.cp = reader.get_positive("cp", 1);
+  mesh.ep = reader.get_positive("ep", 1);
+  reader.finish();
+  return mesh;
+}
+
+TopologyConfig read_topology(ConfigReader reader) {
+  TopologyConfig topology;
+  const std::string backend = reader.get_choice("backend", "sim", backends());
+  topology.backend = backend == "ucx" ? Backend::ucx : backend == "nccl" ? Backend::nccl : Backend::sim;
+  topology.mesh = read_mesh(reader.section("mesh"));
+  reader.finish();
+  return topology;
+}
+
+TrainConfig read_train(ConfigReader reader) {
+  TrainConfig train;
+  auto positive = [&](const char* key) {
+    std::int64_t v = reader.require<std::int64_t>(key);
+    reader.check(v >= 1, key, "a positive integer");
+    return v;
+  };
+  auto number_in = [&](const char* key, double fallback, bool ok(double), const char* expected) {
+    double v = reader.get<double>(key, fallback);
+    reader.check(ok(v), key, expected);
+    return v;
+  };
+  train.steps = positive("steps");
+  train.global_batch = positive("global_batch");
+  train.micro_batch = positive("micro_batch");
+  if (train.global_batch % train.micro_batch != 0) {
+    reader.fail("global_batch", fmt::format("expected a multiple of train.micro_batch ({}), got {}", train.micro_batch,
+                                            train.global_batch));
+  }
+  train.seq_len = reader.require<std::int64_t>("seq_len");
+  reader.check(train.seq_len >= 2, "seq_len", "an integer >= 2");
+  train.lr = reader.require<double>("lr");
+  reader.check(train.lr > 0, "lr", "a positive number");
+  train.warmup = reader.get_non_negative("warmup", 0);
+  train.seed = reader.get<std::uint64_t>("seed", 0);
+  train.min_lr_ratio = number_in("min_lr_ratio", 0.1, [](double v) { return v >= 0 && v <= 1; }, "a number in [0, 1]");
+  train.weight_decay = number_in("weight_decay", 0.1, [](double v) { return v >= 0; }, "a non-negative number");
+  train.beta1 = number_in("beta1", 0.9, [](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)");
+  train.beta2 = number_in("beta2", 0.95, [](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)");
+  train.adam_eps = number_in("adam_eps", 1e-8, [](double v) { return v > 0; }, "a positive number");
+  train.grad_clip = number_in("grad_clip", 1.0, [](double v) { return v >= 0; }, "a non-negative number (0 = off)");
+  train.log_every = reader.get_positive("log_every", 10);
+  reader.finish();
+  return train;
+}
+
+DataConfig read_data(ConfigReader reader) {
+  DataConfig data;
+  std::string source = reader.get<std::string>("source", "synthetic");
+  std::optional<DataSourceSpec> spec = parse_data_source_spec(source);
+  reader.check(spec.has_value(), "source", "'synthetic', 'text:<path>' or 'tokens:<path>'");
+  data.kind = spec->kind;
+  data.path = spec->path;
+  data.synthetic_branching = reader.get_positive("synthetic_branching", data.synthetic_branching);
+  data.synthetic_min_doc = reader.get_positive("synthetic_min_doc", data.synthetic_min_doc);
+  data.synthetic_max_doc = reader.get_positive("synthetic_max_doc", data.synthetic_max_doc);
+  reader.check(data.synthetic_max_doc >= data.synthetic_min_doc, "synthetic_max_doc",
+               fmt::format("an integer >= data.synthetic_min_doc ({})", data.synthetic_min_doc));
+  if (auto eos = reader.optional<std::int64_t>("eos_id")) {
+    reader.check(*eos >= 0, "eos_id", "a non-negative token id");
+    data.eos_id = *eos;
+  }
+  data.token_width = reader.get<std::int64_t>("token_width", 0);
+  reader.check(data.token_width == 0 || data.token_width == 2 || data.token_width == 4, "token_width",
+               "2 or 4 (bytes per token), or 0 for the file extension");
+  data.loop = reader.get<bool>("loop", true);
+  reader.finish();
+  return data;
+}
+
+ModelSection read_model(ConfigReader reader) {
+  ModelSection model;
+  model.family = reader.require<std::string>("family");
+  reader.check(std::find(model_families().begin(), model_families().end(), model.family) != model_families().end(),
+               "family", "one of " + join(model_families()));
+  model.preset = reader.get<std::string>("preset", "");
+  // Everything else belongs to the family, which checks it with its own ConfigReader(overrides, file, "model").
+  model.overrides = YAML::Node(YAML::NodeType::Map);
+  for (const std::string& key : reader.keys()) {
+    if (key == "family" || key == "preset") continue;
+    model.overrides[key] = YAML::Clone(reader.node(key));
+  }
+  return model;
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
+                           const std::vector<std::string>& sets) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(source_name, "",
+                      fmt::format("line {}, column {}: YAML syntax error: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) {
+    throw ConfigError(source_name, "",
+                      "expected a mapping of keys at the top level, got " + ConfigReader::describe_value(root));
+  }
+  for (const std::string& assignment : sets) apply_set(root, assignment, source_name);
+
+  RunConfig config;
+  config.source_file = source_name;
+  ConfigReader top(root, source_name);
+  config.run_dir = top.get<std::string>("run_dir", "runs/" + std::filesystem::path(source_name).stem().string());
+  top.check(!config.run_dir.empty(), "run_dir", "a directory path");
+  config.model = read_model(top.section("model"));
+  config.topology = read_topology(top.section("topology"));
+  config.precision = parse_precision(top.get_choice("precision", "bf16", {"bf16", "fp32"}));
+  config.train = read_train(top.section("train"));
+  config.data = read_data(top.section("data"));
+  top.finish();
+  return config;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path, "", fmt::format("cannot open config file: {}", std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(path, "", "cannot read config file");
+  return parse_run_config(text.str(), path, sets);
+}
+
+nlohmann::json to_json(const RunConfig& c) {
+  nlohmann::json model = yaml_to_json(c.model.overrides);
+  if (!model.is_object()) model = nlohmann::json::object();
+  model["family"] = c.model.family;
+  model["preset"] = c.model.preset;
+  const MeshConfig& m = c.topology.mesh;
+  const TrainConfig& t = c.train;
+  const DataConfig& d = c.data;
+  return {
+      {"source_file", c.source_file},
+      {"run_dir", c.run_dir},
+      {"model", model},
+      {"topology",
+       {{"backend", backend_name(c.topology.backend)},
+        {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},
+      {"precision", precision_name(c.precision)},
+      {"train",
+       {{"steps", t.steps},
+        {"global_batch", t.global_batch},
+        {"micro_batch", t.micro_batch},
+        {"seq_len", t.seq_len},
+        {"lr", t.lr},
+        {"warmup", t.warmup},
+        {"seed", t.seed},
+        {"min_lr_ratio", t.min_lr_ratio},
+        {"weight_decay", t.weight_decay},
+        {"beta1", t.beta1},
+        {"beta2", t.beta2},
+        {"adam_eps", t.adam_eps},
+        {"grad_clip", t.grad_clip},
+        {"log_every", t.log_every}}},
+      {"data",
+       {{"source", data_source_spec(d)},
+        {"synthetic_branching", d.synthetic_branching},
+        {"synthetic_min_doc", d.synthetic_min_doc},
+        {"synthetic_max_doc", d.synthetic_max_doc},
+        {"eos_id", d.eos_id ? nlohmann::json(*d.eos_id) : nlohmann::json(nullptr)},
+        {"token_width", d.token_width},
+        {"loop", d.loop}}},
+  };
+}
+
+}  // namespace atl

@@ -1,0 +1,83 @@
+// The YAML run config (docs/config.md lists every key): loaded, overridden with --set, validated,
+// and resolved into plain structs. Errors are ConfigError naming the file and the dotted key.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "graph/config_reader.hpp"
+#include "graph/data/data_config.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+enum class Backend { sim, ucx, nccl };
+const char* backend_name(Backend backend);
+
+// Mesh axes, outer to inner (MODELS.md §5.1). ep re-factors the non-pp ranks; it is not a
+// separate factor of the world size.
+struct MeshConfig {
+  std::int64_t pp = 1;
+  std::int64_t dp_replicate = 1;
+  std::int64_t dp_shard = 1;
+  std::int64_t cp = 1;
+  std::int64_t ep = 1;
+  std::int64_t world_size() const { return pp * dp_replicate * dp_shard * cp; }
+};
+
+struct TopologyConfig {
+  Backend backend = Backend::sim;
+  MeshConfig mesh;
+};
+
+struct TrainConfig {
+  std::int64_t steps = 0;         // required
+  std::int64_t global_batch = 0;  // required: rows per optimizer step
+  std::int64_t micro_batch = 0;   // required: rows per forward/backward pass
+  std::int64_t seq_len = 0;       // required: tokens per row
+  double lr = 0.0;                // required: peak learning rate
+  std::int64_t warmup = 0;        // linear warmup steps
+  std::uint64_t seed = 0;
+  double min_lr_ratio = 0.1;      // cosine decay ends at lr * min_lr_ratio
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;         // global gradient-norm clip; 0 = off
+  std::int64_t log_every = 10;
+};
+
+struct ModelSection {
+  std::string family;     // beam | flint | inkling2
+  std::string preset;     // a family preset; empty = the family's default
+  YAML::Node overrides;   // every other key of `model:` (a mapping, possibly empty); the family validates it
+};
+
+struct RunConfig {
+  std::string source_file;  // the YAML file this came from
+  std::string run_dir;
+  ModelSection model;
+  TopologyConfig topology;
+  Precision precision = Precision::bf16;
+  TrainConfig train;
+  DataConfig data;
+};
+
+// Reads `path`, applies each `key.path=value` of `sets` to the YAML tree (the value is parsed as
+// YAML; missing mappings on the path are created), then validates. Throws ConfigError.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets = {});
+// The same from YAML text; `source_name` stands in for the file name in errors.
+RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
+                           const std::vector<std::string>& sets = {});
+
+// The resolved config, defaults and overrides included (model overrides appear as keys of "model").
+nlohmann::json to_json(const RunConfig& config);
+
+// The families `model.family` accepts, and the values of `topology.backend`.
+const std::vector<std::string>& model_families();
+const std::vector<std::string>& backends();
+
+}  // namespace atl

@@ -1,0 +1,149 @@
+#include "graph/data/data_source.hpp"
+
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "graph/data/file_sources.hpp"
+#include "graph/data/synthetic_source.hpp"
+
+namespace atl {
+
+Batch PackedSource::next(std::int64_t rows, std::int64_t seq) {
+  if (rows < 1 || seq < 1) {
+    throw std::invalid_argument(fmt::format("DataSource::next: expected rows >= 1 and seq >= 1, got {} and {}", rows, seq));
+  }
+  Batch batch = Batch::zeros(rows, seq);
+  std::int64_t* ids = batch.input_ids.data<std::int64_t>();
+  std::int64_t* positions = batch.positions.data<std::int64_t>();
+  bool* valid = batch.valid.data<bool>();
+  std::int64_t* targets = batch.targets.data<std::int64_t>();
+
+  StreamToken current = peek();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t t = 0; t < seq; ++t) {
+      const std::int64_t i = r * seq + t;
+      advance();
+      // The token after the row's last input is not consumed: it starts the next row.
+      const StreamToken following = peek();
+      ids[i] = current.valid ? current.id : 0;
+      positions[i] = current.position;
+      valid[i] = current.valid;
+      const bool same_document = following.position != 0;
+      targets[i] = current.valid && following.valid && same_document ? following.id : kIgnoreTarget;
+      current = following;
+    }
+  }
+  return batch;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::int64_t cursor_integer(const nlohmann::json& cursor, const char* field, std::int64_t min, std::int64_t max,
+                            const std::string& what) {
+  if (!cursor.is_object()) {
+    throw DataError(fmt::format("{}: cursor: expected a JSON object, got {}", what, cursor.dump()));
+  }
+  auto it = cursor.find(field);
+  if (it == cursor.end()) throw DataError(fmt::format("{}: cursor field '{}' is missing", what, field));
+  if (!it->is_number_integer()) {
+    throw DataError(fmt::format("{}: cursor field '{}': expected an integer, got {}", what, field, it->dump()));
+  }
+  // Unsigned values above int64 max are out of range too.
+  if (it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(max)) {
+    throw DataError(fmt::format("{}: cursor field '{}': expected an integer in [{}, {}], got {}", what, field, min,
+                                max, it->dump()));
+  }
+  std::int64_t value = it->get<std::int64_t>();
+  if (value < min || value > max) {
+    const std::string expected = min == max ? std::to_string(min) : fmt::format("an integer in [{}, {}]", min, max);
+    throw DataError(fmt::format("{}: cursor field '{}': expected {}, got {}", what, field, expected, value));
+  }
+  return value;
+}
+
+void check_cursor_source(const nlohmann::json& cursor, const std::string& expected, const std::string& what) {
+  if (!cursor.is_object()) {
+    throw DataError(fmt::format("{}: cursor: expected a JSON object, got {}", what, cursor.dump()));
+  }
+  auto it = cursor.find("source");
+  if (it == cursor.end() || !it->is_string() || it->get<std::string>() != expected) {
+    throw DataError(fmt::format("{}: cursor field 'source': expected \"{}\", got {}", what, expected,
+                                it == cursor.end() ? std::string("nothing") : it->dump()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+DocumentListSource::DocumentListSource(std::vector<std::vector<std::int64_t>> documents, bool loop)
+    : documents_(std::move(documents)), loop_(loop) {
+  if (documents_.empty()) throw DataError("DocumentListSource: no documents");
+  for (std::size_t d = 0; d < documents_.size(); ++d) {
+    if (documents_[d].empty()) throw DataError(fmt::format("DocumentListSource: document {} is empty", d));
+  }
+}
+
+StreamToken DocumentListSource::peek() const {
+  if (exhausted()) return {0, pad_position_, false};
+  return {documents_[document_][offset_], static_cast<std::int64_t>(offset_), true};
+}
+
+void DocumentListSource::advance() {
+  if (exhausted()) {
+    ++pad_position_;
+    return;
+  }
+  if (++offset_ < documents_[document_].size()) return;
+  offset_ = 0;
+  if (++document_ == documents_.size() && loop_) {
+    document_ = 0;
+    ++epoch_;
+  }
+}
+
+nlohmann::json DocumentListSource::cursor() const {
+  return {{"source", "documents"},
+          {"epoch", epoch_},
+          {"document", document_},
+          {"offset", offset_},
+          {"pad_position", pad_position_}};
+}
+
+void DocumentListSource::restore(const nlohmann::json& cursor) {
+  const std::string what = "DocumentListSource";
+  check_cursor_source(cursor, "documents", what);
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t n = static_cast<std::int64_t>(documents_.size());
+  std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMax, what);
+  std::int64_t document = cursor_integer(cursor, "document", 0, loop_ ? n - 1 : n, what);
+  std::int64_t length = document < n ? static_cast<std::int64_t>(documents_[document].size()) : 1;
+  std::int64_t offset = cursor_integer(cursor, "offset", 0, length - 1, what);
+  std::int64_t pad_position = cursor_integer(cursor, "pad_position", 0, document < n ? 0 : kMax, what);
+  epoch_ = epoch;
+  document_ = static_cast<std::size_t>(document);
+  offset_ = static_cast<std::size_t>(offset);
+  pad_position_ = pad_position;
+}
+
+std::string DocumentListSource::describe() const {
+  return fmt::format("documents({} documents, {})", documents_.size(), loop_ ? "looping" : "padding after the end");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed) {
+  switch (config.kind) {
+    case DataSourceKind::synthetic:
+      return std::make_unique<SyntheticSource>(
+          seed, usable_vocab,
+          SyntheticOptions{config.synthetic_branching, config.synthetic_min_doc, config.synthetic_max_doc});
+    case DataSourceKind::text:
+      return std::make_unique<TextFileSource>(config.path, usable_vocab, config.loop);
+    case DataSourceKind::tokens:
+      return std::make_unique<TokenFileSource>(config.path, usable_vocab, config.token_width, config.eos_id,
+                                               config.loop);
+  }
+  throw std::logic_error("make_data_source: unknown source kind");
+}
+
+}  // namespace atl

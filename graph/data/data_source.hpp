@@ -1,0 +1,105 @@
+// Data sources: streams of documents packed into causal-LM rows.
+//
+// Packing (every source): documents are concatenated into one token stream. A row of length S
+// takes S+1 consecutive stream tokens; the first S are its inputs and target[t] = token[t+1]
+// unless token t+1 starts a new document or either token is padding (then kIgnoreTarget). The
+// next row starts at the token that was this row's last target (the usual GPT overlap), so a
+// row consumes S stream tokens. positions restart at 0 at every document start and continue
+// (pos > 0 at column 0) when a document spans rows. A finite source that runs out pads with
+// input 0, valid false, target kIgnoreTarget; the padding counts as one more document whose
+// start is the first pad.
+//
+// The cursor is the stream position of the next row's first token, so restore() followed by
+// next() gives exactly the batches that would have followed cursor().
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/data/batch.hpp"
+#include "graph/data/data_config.hpp"
+
+namespace atl {
+
+// Bad data or a bad cursor: the message names the file (or source) and the field.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // The next `rows` rows of `seq` tokens each.
+  virtual Batch next(std::int64_t rows, std::int64_t seq) = 0;
+  // Where the next row starts; JSON so that it goes into checkpoints as is.
+  virtual nlohmann::json cursor() const = 0;
+  // Inverse of cursor(); throws DataError naming the field when the cursor does not fit this source.
+  virtual void restore(const nlohmann::json& cursor) = 0;
+  // The loss floor in nats per scored target when the source knows it (synthetic only).
+  virtual std::optional<double> entropy_nats_per_token() const { return std::nullopt; }
+  // True once a finite source has only padding left.
+  virtual bool exhausted() const { return false; }
+  virtual std::string describe() const = 0;
+};
+
+// One token of the stream: its id, its offset in its document, and whether it is real.
+struct StreamToken {
+  std::int64_t id = 0;
+  std::int64_t position = 0;
+  bool valid = true;
+};
+
+// A source defined by a token stream; implements next() with the packing rules above.
+class PackedSource : public DataSource {
+ public:
+  Batch next(std::int64_t rows, std::int64_t seq) final;
+
+ protected:
+  // The token at the stream position, without moving.
+  virtual StreamToken peek() const = 0;
+  // Move to the following token (past the end of a finite source: the next pad).
+  virtual void advance() = 0;
+};
+
+// An in-memory list of documents (tests, and callers that tokenize themselves).
+// Cursor: {"source": "documents", "epoch", "document", "offset", "pad_position"}.
+class DocumentListSource : public PackedSource {
+ public:
+  // Every document must be non-empty and there must be at least one.
+  explicit DocumentListSource(std::vector<std::vector<std::int64_t>> documents, bool loop = true);
+
+  nlohmann::json cursor() const override;
+  void restore(const nlohmann::json& cursor) override;
+  bool exhausted() const override { return document_ >= documents_.size(); }
+  std::string describe() const override;
+
+ protected:
+  StreamToken peek() const override;
+  void advance() override;
+
+ private:
+  std::vector<std::vector<std::int64_t>> documents_;
+  bool loop_;
+  std::int64_t epoch_ = 0;
+  std::size_t document_ = 0;  // == documents_.size() once a non-looping source is exhausted
+  std::size_t offset_ = 0;
+  std::int64_t pad_position_ = 0;
+};
+
+// The source a run config names. usable_vocab bounds the token ids (file sources check every token).
+std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed);
+
+// Cursor field helpers shared by the sources: read `field` of `cursor` as an integer in [min, max],
+// else throw DataError("<what>: cursor field '<field>': expected ..., got ...").
+std::int64_t cursor_integer(const nlohmann::json& cursor, const char* field, std::int64_t min, std::int64_t max,
+                            const std::string& what);
+// Throws unless cursor["source"] == expected.
+void check_cursor_source(const nlohmann::json& cursor, const std::string& expected, const std::string& what);
+
+}  // namespace atl

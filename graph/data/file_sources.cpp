@@ -1,0 +1,258 @@
+#include "graph/data/file_sources.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace atl {
+
+namespace {
+constexpr std::int64_t kMaxInt = std::numeric_limits<std::int64_t>::max();
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw DataError(fmt::format("{}: cannot open data file: {}", path, std::strerror(errno)));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    int error = errno;
+    ::close(fd);
+    throw DataError(fmt::format("{}: cannot stat data file: {}", path, std::strerror(error)));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw DataError(fmt::format("{}: data file is not a regular file", path));
+  }
+  size_ = static_cast<std::size_t>(info.st_size);
+  if (size_ > 0) {
+    void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapped == MAP_FAILED) {
+      int error = errno;
+      ::close(fd);
+      throw DataError(fmt::format("{}: cannot memory-map data file: {}", path, std::strerror(error)));
+    }
+    data_ = static_cast<const unsigned char*>(mapped);
+  }
+  ::close(fd);  // the mapping stays valid without the descriptor
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text
+
+TextFileSource::TextFileSource(const std::string& path, std::int64_t usable_vocab, bool loop)
+    : file_(path), loop_(loop) {
+  const unsigned char* bytes = file_.data();
+  for (std::size_t i = 0; i < file_.size(); ++i) {
+    if (bytes[i] >= usable_vocab) {
+      throw DataError(fmt::format("{}: byte offset {} has value {}, which is not below the usable vocabulary size {}",
+                                  path, i, bytes[i], usable_vocab));
+    }
+  }
+  first_token_ = skip_separators(0);
+  if (first_token_ == file_.size()) {
+    throw DataError(fmt::format("{}: no text (the file is empty or only blank lines)", path));
+  }
+  offset_ = first_token_;
+}
+
+bool TextFileSource::is_separator(std::size_t offset) const {
+  const unsigned char* b = file_.data();
+  if (b[offset] != '\n') return false;
+  return (offset > 0 && b[offset - 1] == '\n') || (offset + 1 < file_.size() && b[offset + 1] == '\n');
+}
+
+std::size_t TextFileSource::skip_separators(std::size_t offset) const {
+  while (offset < file_.size() && is_separator(offset)) ++offset;
+  return offset;
+}
+
+bool TextFileSource::starts_document(std::size_t offset) const {
+  const unsigned char* b = file_.data();
+  return offset == first_token_ || (offset >= 2 && b[offset - 1] == '\n' && b[offset - 2] == '\n');
+}
+
+std::int64_t TextFileSource::document_position(std::size_t offset) const {
+  // A document holds no separator, so its tokens are consecutive bytes.
+  std::size_t start = offset;
+  while (!starts_document(start)) --start;
+  return static_cast<std::int64_t>(offset - start);
+}
+
+StreamToken TextFileSource::peek() const {
+  if (exhausted()) return {0, pad_position_, false};
+  return {file_.data()[offset_], position_, true};
+}
+
+void TextFileSource::advance() {
+  if (exhausted()) {
+    ++pad_position_;
+    return;
+  }
+  std::size_t next = skip_separators(offset_ + 1);
+  if (next == file_.size()) {
+    if (!loop_) {
+      offset_ = next;
+      pad_position_ = 0;
+      return;
+    }
+    ++epoch_;
+    next = first_token_;
+  }
+  position_ = starts_document(next) ? 0 : position_ + 1;
+  offset_ = next;
+}
+
+nlohmann::json TextFileSource::cursor() const {
+  return {{"source", "text"},   {"epoch", epoch_},       {"offset", offset_},
+          {"pad_position", pad_position_}, {"file_size", file_.size()}};
+}
+
+void TextFileSource::restore(const nlohmann::json& cursor) {
+  const std::string what = "text data " + file_.path();
+  check_cursor_source(cursor, "text", what);
+  const auto size = static_cast<std::int64_t>(file_.size());
+  cursor_integer(cursor, "file_size", size, size, what);
+  const std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMaxInt, what);
+  const std::int64_t offset =
+      cursor_integer(cursor, "offset", static_cast<std::int64_t>(first_token_), loop_ ? size - 1 : size, what);
+  if (offset < size && is_separator(static_cast<std::size_t>(offset))) {
+    throw DataError(fmt::format("{}: cursor field 'offset': byte {} lies inside a blank-line separator, not on a token",
+                                what, offset));
+  }
+  const std::int64_t pad_position = cursor_integer(cursor, "pad_position", 0, offset == size ? kMaxInt : 0, what);
+  epoch_ = epoch;
+  offset_ = static_cast<std::size_t>(offset);
+  pad_position_ = pad_position;
+  position_ = offset < size ? document_position(offset_) : 0;
+}
+
+std::string TextFileSource::describe() const {
+  return fmt::format("text({}, {} bytes, {})", file_.path(), file_.size(), loop_ ? "looping" : "padding after the end");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tokens
+
+namespace {
+std::int64_t resolve_token_width(const std::string& path, std::int64_t width) {
+  const std::string extension = std::filesystem::path(path).extension().string();
+  const std::int64_t from_extension = extension == ".u16" ? 2 : extension == ".u32" ? 4 : 0;
+  if (width == 0) {
+    if (from_extension == 0) {
+      throw DataError(fmt::format("{}: cannot tell the token width: expected a .u16 or .u32 extension, or data.token_width 2 or 4",
+                                  path));
+    }
+    return from_extension;
+  }
+  if (width != 2 && width != 4) {
+    throw DataError(fmt::format("{}: token width: expected 2 or 4 bytes, got {}", path, width));
+  }
+  if (from_extension != 0 && from_extension != width) {
+    throw DataError(fmt::format("{}: token width {} contradicts the {} extension", path, width, extension));
+  }
+  return width;
+}
+}  // namespace
+
+TokenFileSource::TokenFileSource(const std::string& path, std::int64_t usable_vocab, std::int64_t width,
+                                 std::optional<std::int64_t> eos_id, bool loop)
+    : file_(path), width_(resolve_token_width(path, width)), eos_id_(eos_id), loop_(loop) {
+  if (file_.size() % static_cast<std::size_t>(width_) != 0) {
+    throw DataError(fmt::format("{}: file size {} bytes is not a multiple of the token width {}", path, file_.size(),
+                                width_));
+  }
+  token_count_ = file_.size() / static_cast<std::size_t>(width_);
+  if (token_count_ == 0) throw DataError(fmt::format("{}: no tokens (the file is empty)", path));
+  if (eos_id_ && (*eos_id_ < 0 || *eos_id_ >= usable_vocab)) {
+    throw DataError(fmt::format("{}: eos_id: expected an integer in [0, {}) (the usable vocabulary), got {}", path,
+                                usable_vocab, *eos_id_));
+  }
+  for (std::size_t i = 0; i < token_count_; ++i) {
+    const std::int64_t t = token(i);
+    if (t >= usable_vocab) {
+      throw DataError(fmt::format("{}: token index {} (byte offset {}) is {}, which is not below the usable vocabulary size {}",
+                                  path, i, i * static_cast<std::size_t>(width_), t, usable_vocab));
+    }
+  }
+}
+
+std::int64_t TokenFileSource::token(std::size_t index) const {
+  // Assemble little-endian bytes explicitly: correct on any host byte order.
+  const unsigned char* p = file_.data() + index * static_cast<std::size_t>(width_);
+  std::uint32_t value = 0;
+  for (std::int64_t k = width_ - 1; k >= 0; --k) value = (value << 8) | p[k];
+  return value;
+}
+
+bool TokenFileSource::starts_document(std::size_t index) const {
+  return index == 0 || (eos_id_ && token(index - 1) == *eos_id_);
+}
+
+StreamToken TokenFileSource::peek() const {
+  if (exhausted()) return {0, pad_position_, false};
+  return {token(index_), position_, true};
+}
+
+void TokenFileSource::advance() {
+  if (exhausted()) {
+    ++pad_position_;
+    return;
+  }
+  std::size_t next = index_ + 1;
+  if (next == token_count_) {
+    if (!loop_) {
+      index_ = next;
+      pad_position_ = 0;
+      return;
+    }
+    ++epoch_;
+    next = 0;
+  }
+  position_ = starts_document(next) ? 0 : position_ + 1;
+  index_ = next;
+}
+
+nlohmann::json TokenFileSource::cursor() const {
+  return {{"source", "tokens"},   {"epoch", epoch_},       {"offset", index_},
+          {"pad_position", pad_position_}, {"file_size", file_.size()}};
+}
+
+void TokenFileSource::restore(const nlohmann::json& cursor) {
+  const std::string what = "token data " + file_.path();
+  check_cursor_source(cursor, "tokens", what);
+  const auto size = static_cast<std::int64_t>(file_.size());
+  const auto count = static_cast<std::int64_t>(token_count_);
+  cursor_integer(cursor, "file_size", size, size, what);
+  const std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMaxInt, what);
+  const std::int64_t offset = cursor_integer(cursor, "offset", 0, loop_ ? count - 1 : count, what);
+  const std::int64_t pad_position = cursor_integer(cursor, "pad_position", 0, offset == count ? kMaxInt : 0, what);
+  epoch_ = epoch;
+  index_ = static_cast<std::size_t>(offset);
+  pad_position_ = pad_position;
+  position_ = 0;
+  if (offset < count) {
+    std::size_t start = index_;
+    while (!starts_document(start)) --start;
+    position_ = static_cast<std::int64_t>(index_ - start);
+  }
+}
+
+std::string TokenFileSource::describe() const {
+  return fmt::format("tokens({}, {} x uint{}, eos {}, {})", file_.path(), token_count_, width_ * 8,
+                     eos_id_ ? std::to_string(*eos_id_) : std::string("none"),
+                     loop_ ? "looping" : "padding after the end");
+}
+
+}  // namespace atl

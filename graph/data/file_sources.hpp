@@ -1,0 +1,99 @@
+// Data sources backed by files: byte-level text and pre-tokenized uint16/uint32 shards.
+// Both read the file through a read-only memory map, check every token against the usable
+// vocabulary when opened, and loop over the file in epochs (or pad after its end when loop is
+// false). Cursor: {"source", "epoch", "offset", "pad_position", "file_size"}; file_size guards
+// against restoring into a different file.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "graph/data/data_source.hpp"
+
+namespace atl {
+
+// A read-only memory map of a whole file (empty files map to no bytes).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // throws DataError naming the file
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const unsigned char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Byte-level text: token id = byte value. Documents are separated by blank lines: a run of two
+// or more '\n' ends a document and is dropped; a single '\n' is an ordinary token.
+// The cursor's offset is a byte offset in the file.
+class TextFileSource : public PackedSource {
+ public:
+  TextFileSource(const std::string& path, std::int64_t usable_vocab, bool loop = true);
+
+  nlohmann::json cursor() const override;
+  void restore(const nlohmann::json& cursor) override;
+  bool exhausted() const override { return offset_ == file_.size(); }
+  std::string describe() const override;
+
+ protected:
+  StreamToken peek() const override;
+  void advance() override;
+
+ private:
+  bool is_separator(std::size_t offset) const;  // byte is part of a run of >= 2 newlines
+  std::size_t skip_separators(std::size_t offset) const;
+  bool starts_document(std::size_t offset) const;
+  std::int64_t document_position(std::size_t offset) const;  // scans back to the document start
+
+  MappedFile file_;
+  bool loop_;
+  std::size_t first_token_ = 0;  // first byte that is not a separator
+  std::int64_t epoch_ = 0;
+  std::size_t offset_ = 0;  // always a token, or file size once exhausted
+  std::int64_t position_ = 0;
+  std::int64_t pad_position_ = 0;
+};
+
+// Little-endian uint16 (.u16) or uint32 (.u32) tokens. With eos_id, a document ends after each
+// eos token; without, each epoch of the file is one document. The cursor's offset counts tokens.
+class TokenFileSource : public PackedSource {
+ public:
+  // width: 2 or 4 bytes, or 0 to take it from the extension.
+  TokenFileSource(const std::string& path, std::int64_t usable_vocab, std::int64_t width = 0,
+                  std::optional<std::int64_t> eos_id = std::nullopt, bool loop = true);
+
+  nlohmann::json cursor() const override;
+  void restore(const nlohmann::json& cursor) override;
+  bool exhausted() const override { return index_ == token_count_; }
+  std::string describe() const override;
+  std::int64_t width() const { return width_; }
+  std::size_t token_count() const { return token_count_; }
+
+ protected:
+  StreamToken peek() const override;
+  void advance() override;
+
+ private:
+  std::int64_t token(std::size_t index) const;
+  bool starts_document(std::size_t index) const;
+
+  MappedFile file_;
+  std::int64_t width_;
+  std::optional<std::int64_t> eos_id_;
+  bool loop_;
+  std::size_t token_count_ = 0;
+  std::int64_t epoch_ = 0;
+  std::size_t index_ = 0;  // token_count_ once exhausted
+  std::int64_t position_ = 0;
+  std::int64_t pad_position_ = 0;
+};
+
+}  // namespace atl

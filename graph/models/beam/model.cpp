@@ -1,0 +1,380 @@
+#include "graph/models/beam/model.hpp"
+
+#include <cmath>
+
+#include "kernels/ops/activation.hpp"
+#include "kernels/ops/attention.hpp"
+#include "kernels/ops/elementwise.hpp"
+#include "kernels/ops/embedding.hpp"
+#include "kernels/ops/experts.hpp"
+#include "kernels/ops/gate.hpp"
+#include "kernels/ops/loss.hpp"
+#include "kernels/ops/matmul.hpp"
+#include "kernels/ops/norm.hpp"
+#include "kernels/ops/rope.hpp"
+#include "kernels/ops/router.hpp"
+
+namespace atl {
+
+struct BeamBlockCache {
+  Tensor h_in;
+  RmsNormForward ln_in;                 // input_layernorm
+  Tensor q_lin, k_lin, v;               // projections [T, heads*D]
+  Tensor gate_lin;                      // output_gate_proj(x) [T, Hq*D]
+  RmsNormForward q_norm, k_norm;        // per-head norms
+  Tensor q_att, k_att;                  // after RoPE / SSMax
+  AttentionForward attn;
+  Tensor attn_flat;                     // attention output [T, Hq*D]
+  Tensor gated;                         // after the output gate
+  Tensor a_lin;                         // o_proj output
+  RmsNormForward ln_post_attn;
+  Tensor h_mid;
+  RmsNormForward ln_pre_ff;
+  // dense MLP (and shared experts)
+  Tensor g, u, act;
+  Tensor sg, su, sact;
+  // sparse MLP
+  Tensor router_logits;
+  RouterForward routing;
+  ExpertsForward experts;
+  Tensor m_lin;
+  RmsNormForward ln_post_ff;
+};
+
+struct BeamHeadCache {
+  Tensor hidden;
+  RmsNormForward norm;
+  LogitLossForward loss;
+  Tensor targets;
+};
+
+namespace {
+
+ParamSpec spec(std::string name, Shape shape, Init init = Init::normal, bool island = false) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.weight_decay = shape.size() >= 2;
+  s.shape = std::move(shape);
+  s.init = init;
+  s.island = island;
+  return s;
+}
+
+// Depth-scaled residual coefficients for sublayer index idx (MODELS.md §3.2).
+std::pair<float, float> residual_coefficients(bool enabled, std::int64_t idx) {
+  if (!enabled) return {1.0f, 1.0f};
+  const double d = static_cast<double>(idx);
+  return {static_cast<float>(1.0 / std::sqrt(d)), static_cast<float>(std::sqrt((d - 1.0) / d))};
+}
+
+Tensor rounded(Tensor t, Precision p) {
+  round_activation(p, t);
+  return t;
+}
+
+Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w), p); }
+
+RouterConfig router_config(const BeamConfig& c) {
+  RouterConfig r;
+  r.num_experts = c.n_routed_experts;
+  r.top_k = c.num_experts_per_tok;
+  r.score = ScoreFunction::sigmoid_with_bias;
+  r.n_group = c.n_group;
+  r.topk_group = c.topk_group;
+  r.norm_topk_prob = c.norm_topk_prob;
+  r.norm_topk_prob_top1 = c.norm_topk_prob_top1;
+  r.route_scale = c.routed_scaling_factor;
+  r.router_weights_fp32 = c.router_weights_fp32;
+  return r;
+}
+
+ExpertsConfig experts_config(Precision p) {
+  ExpertsConfig e;
+  e.activation = GluActivation::swiglu;
+  e.layout = GluLayout::concatenated;
+  e.weight_after_down = false;
+  e.precision = p;
+  return e;
+}
+
+Tensor add_into(Tensor acc, const Tensor& x) {
+  add_inplace(acc, x);
+  return acc;
+}
+
+}  // namespace
+
+BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
+  config_.validate();
+  const auto& c = config_;
+  const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  specs_.push_back(spec("model.embed_tokens.weight", {c.vocab_size, H}));
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    specs_.push_back(spec(p + "input_layernorm.weight", {H}, Init::ones));
+    specs_.push_back(spec(p + "self_attn.q_proj.weight", {Hq * D, H}));
+    specs_.push_back(spec(p + "self_attn.k_proj.weight", {Hkv * D, H}));
+    specs_.push_back(spec(p + "self_attn.v_proj.weight", {Hkv * D, H}));
+    specs_.push_back(spec(p + "self_attn.output_gate_proj.weight", {Hq * D, H}));
+    specs_.push_back(spec(p + "self_attn.output_gate_bias", {Hq}, Init::zeros));
+    specs_.push_back(spec(p + "self_attn.o_proj.weight", {H, Hq * D}));
+    specs_.push_back(spec(p + "self_attn.q_norm.weight", {D}, Init::ones));
+    specs_.push_back(spec(p + "self_attn.k_norm.weight", {D}, Init::ones));
+    specs_.push_back(spec(p + "post_attention_layernorm.weight", {H}, Init::ones));
+    specs_.push_back(spec(p + "pre_feedforward_layernorm.weight", {H}, Init::ones));
+    if (c.is_sparse(l)) {
+      const std::int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+      specs_.push_back(spec(p + "mlp.gate.weight", {E, H}, Init::normal, /*island=*/true));
+      specs_.push_back(spec(p + "mlp.gate.e_score_correction_bias", {E}, Init::zeros, /*island=*/true));
+      specs_.push_back(spec(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
+      specs_.push_back(spec(p + "mlp.experts.down_projs", {E, I, H}));
+      if (c.n_shared_experts > 0) {
+        const std::int64_t S = c.n_shared_experts * I;
+        specs_.push_back(spec(p + "mlp.shared_experts.gate_proj.weight", {S, H}));
+        specs_.push_back(spec(p + "mlp.shared_experts.up_proj.weight", {S, H}));
+        specs_.push_back(spec(p + "mlp.shared_experts.down_proj.weight", {H, S}));
+      }
+    } else {
+      const std::int64_t I = c.intermediate_size;
+      specs_.push_back(spec(p + "mlp.gate_proj.weight", {I, H}));
+      specs_.push_back(spec(p + "mlp.up_proj.weight", {I, H}));
+      specs_.push_back(spec(p + "mlp.down_proj.weight", {H, I}));
+    }
+    specs_.push_back(spec(p + "post_feedforward_layernorm.weight", {H}, Init::ones));
+  }
+  specs_.push_back(spec("model.norm.weight", {H}, Init::ones));
+  specs_.push_back(spec("lm_head.weight", {c.vocab_size, H}));
+}
+
+std::string BeamModel::layer_prefix(std::int64_t layer) const {
+  return "model.layers." + std::to_string(layer) + ".";
+}
+
+std::int64_t BeamModel::parameter_count() const {
+  std::int64_t n = 0;
+  for (const auto& s : specs_) n += s.numel();
+  return n;
+}
+
+Tensor BeamModel::embed_forward(const TensorMap& w, const Tensor& input_ids) const {
+  Tensor ids = input_ids.reshape({input_ids.numel()});
+  return embedding_forward(w.at("model.embed_tokens.weight"), ids);  // a bf16 table lookup is exact
+}
+
+void BeamModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const {
+  embedding_backward(d_hidden, input_ids.reshape({input_ids.numel()}), grads.at("model.embed_tokens.weight"));
+}
+
+Tensor BeamModel::block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
+                                std::shared_ptr<BeamBlockCache>* cache_out) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const Precision prec = ctx.precision;
+  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const float eps = c.rms_norm_eps;
+  auto cache = std::make_shared<BeamBlockCache>();
+  BeamBlockCache& k = *cache;
+  Tensor flat_pos = ctx.positions.reshape({T});
+
+  // Attention sublayer.
+  k.h_in = hidden;
+  k.ln_in = rmsnorm_forward(hidden, w.at(p + "input_layernorm.weight"), eps, prec);
+  const Tensor& x = k.ln_in.y;
+  k.q_lin = project(x, w.at(p + "self_attn.q_proj.weight"), prec);
+  k.k_lin = project(x, w.at(p + "self_attn.k_proj.weight"), prec);
+  k.v = project(x, w.at(p + "self_attn.v_proj.weight"), prec);
+  k.gate_lin = project(x, w.at(p + "self_attn.output_gate_proj.weight"), prec);
+  k.q_norm = rmsnorm_forward(k.q_lin.reshape({T * Hq, D}), w.at(p + "self_attn.q_norm.weight"), eps, prec);
+  k.k_norm = rmsnorm_forward(k.k_lin.reshape({T * Hkv, D}), w.at(p + "self_attn.k_norm.weight"), eps, prec);
+  const bool sliding = c.is_sliding(layer);
+  if (sliding) {
+    k.q_att = rounded(rope_forward(k.q_norm.y.reshape({T, Hq, D}), flat_pos, c.rope_theta), prec);
+    k.k_att = rounded(rope_forward(k.k_norm.y.reshape({T, Hkv, D}), flat_pos, c.rope_theta), prec);
+  } else {
+    k.q_att = rounded(ssmax_forward(k.q_norm.y.reshape({T, Hq, D}), flat_pos, c.ssmax_base, c.ssmax_exponent), prec);
+    k.k_att = k.k_norm.y.reshape({T, Hkv, D});
+  }
+  AttentionOptions opts{sliding ? c.sliding_window : 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  k.attn = attention_forward(k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}), k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}),
+                             k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), ctx.positions, ctx.valid, Tensor(), opts);
+  k.attn_flat = rounded(k.attn.out.reshape({T, Hq * D}).clone(), prec);
+  k.gated = rounded(output_gate_forward(k.attn_flat, k.gate_lin, w.at(p + "self_attn.output_gate_bias")), prec);
+  k.a_lin = project(k.gated, w.at(p + "self_attn.o_proj.weight"), prec);
+  k.ln_post_attn = rmsnorm_forward(k.a_lin, w.at(p + "post_attention_layernorm.weight"), eps, prec);
+  auto [cs1, cr1] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 2);
+  k.h_mid = scaled_add(k.ln_post_attn.y, cs1, hidden, cr1, prec);
+
+  // MLP sublayer.
+  k.ln_pre_ff = rmsnorm_forward(k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"), eps, prec);
+  const Tensor& x2 = k.ln_pre_ff.y;
+  if (c.is_sparse(layer)) {
+    k.router_logits = linear_forward(x2, w.at(p + "mlp.gate.weight"));  // fp32 island: logits never rounded
+    k.routing = router_forward(k.router_logits, w.at(p + "mlp.gate.e_score_correction_bias"), router_config(c), prec);
+    k.experts = experts_forward(x2, w.at(p + "mlp.experts.gate_and_up_projs"), w.at(p + "mlp.experts.down_projs"),
+                                k.routing.indices, k.routing.weights, ctx.valid.reshape({T}), experts_config(prec));
+    k.m_lin = k.experts.out;
+    if (c.n_shared_experts > 0) {
+      k.sg = project(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), prec);
+      k.su = project(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), prec);
+      k.sact = swiglu_forward(k.sg, k.su, prec);
+      Tensor shared = linear_forward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"));
+      round_activation(prec, shared);
+      k.m_lin = scaled_add(k.experts.out, 1.0f, shared, 1.0f, prec);
+    }
+  } else {
+    k.g = project(x2, w.at(p + "mlp.gate_proj.weight"), prec);
+    k.u = project(x2, w.at(p + "mlp.up_proj.weight"), prec);
+    k.act = swiglu_forward(k.g, k.u, prec);
+    k.m_lin = project(k.act, w.at(p + "mlp.down_proj.weight"), prec);
+  }
+  k.ln_post_ff = rmsnorm_forward(k.m_lin, w.at(p + "post_feedforward_layernorm.weight"), eps, prec);
+  auto [cs2, cr2] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 3);
+  Tensor out = scaled_add(k.ln_post_ff.y, cs2, k.h_mid, cr2, prec);
+  if (cache_out) *cache_out = std::move(cache);
+  return out;
+}
+
+Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k, const Tensor& d_out,
+                                 const TokenContext& ctx, const TensorMap& grads) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  Tensor flat_pos = ctx.positions.reshape({T});
+  auto g = [&](const char* name) { return grads.at(p + name); };
+
+  // MLP sublayer: out = cs2 * norm(m) + cr2 * h_mid.
+  auto [cs2, cr2] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 3);
+  Tensor d_h_mid = scaled(d_out, cr2);
+  Tensor gn = g("post_feedforward_layernorm.weight");
+  Tensor d_m = rmsnorm_backward(scaled(d_out, cs2), k.m_lin, w.at(p + "post_feedforward_layernorm.weight"),
+                                k.ln_post_ff.rstd, &gn);
+  const Tensor& x2 = k.ln_pre_ff.y;
+  Tensor d_x2;
+  if (c.is_sparse(layer)) {
+    Tensor dgu = g("mlp.experts.gate_and_up_projs"), ddown = g("mlp.experts.down_projs");
+    ExpertsGrads eg = experts_backward(d_m, k.experts.saved, w.at(p + "mlp.experts.gate_and_up_projs"),
+                                       w.at(p + "mlp.experts.down_projs"), experts_config(ctx.precision), dgu, ddown);
+    Tensor d_logits = router_backward(eg.d_weights, k.routing, router_config(c));
+    Tensor dgate = g("mlp.gate.weight");
+    d_x2 = add_into(eg.dx, linear_backward(x2, w.at(p + "mlp.gate.weight"), d_logits, &dgate));
+    if (c.n_shared_experts > 0) {
+      Tensor dsd = g("mlp.shared_experts.down_proj.weight");
+      Tensor d_sact = linear_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_m, &dsd);
+      GluSplitGrads sg = swiglu_backward(d_sact, k.sg, k.su);
+      Tensor dsg = g("mlp.shared_experts.gate_proj.weight"), dsu = g("mlp.shared_experts.up_proj.weight");
+      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg));
+      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu));
+    }
+  } else {
+    Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
+    Tensor d_act = linear_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_m, &dd);
+    GluSplitGrads sg = swiglu_backward(d_act, k.g, k.u);
+    d_x2 = add_into(linear_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg),
+                    linear_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du));
+  }
+  Tensor gpre = g("pre_feedforward_layernorm.weight");
+  add_inplace(d_h_mid, rmsnorm_backward(d_x2, k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"),
+                                        k.ln_pre_ff.rstd, &gpre));
+
+  // Attention sublayer: h_mid = cs1 * norm(a) + cr1 * h_in.
+  auto [cs1, cr1] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 2);
+  Tensor d_h_in = scaled(d_h_mid, cr1);
+  Tensor gpost = g("post_attention_layernorm.weight");
+  Tensor d_a = rmsnorm_backward(scaled(d_h_mid, cs1), k.a_lin, w.at(p + "post_attention_layernorm.weight"),
+                                k.ln_post_attn.rstd, &gpost);
+  Tensor go = g("self_attn.o_proj.weight");
+  Tensor d_gated = linear_backward(k.gated, w.at(p + "self_attn.o_proj.weight"), d_a, &go);
+  Tensor gbias = g("self_attn.output_gate_bias");
+  OutputGateGrads og =
+      output_gate_backward(d_gated, k.attn_flat, k.gate_lin, w.at(p + "self_attn.output_gate_bias"), &gbias);
+  const bool sliding = c.is_sliding(layer);
+  AttentionOptions opts{sliding ? c.sliding_window : 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  AttentionGrads ag = attention_backward(
+      og.d_o.reshape({ctx.rows, ctx.seq, Hq, D}), k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}),
+      k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}), k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), k.attn, ctx.positions,
+      ctx.valid, Tensor(), nullptr, opts);
+  Tensor d_qn, d_kn;
+  if (sliding) {
+    d_qn = rope_backward(ag.dq.reshape({T, Hq, D}), flat_pos, c.rope_theta);
+    d_kn = rope_backward(ag.dk.reshape({T, Hkv, D}), flat_pos, c.rope_theta);
+  } else {
+    d_qn = ssmax_backward(ag.dq.reshape({T, Hq, D}), flat_pos, c.ssmax_base, c.ssmax_exponent);
+    d_kn = ag.dk;
+  }
+  Tensor gqn = g("self_attn.q_norm.weight"), gkn = g("self_attn.k_norm.weight");
+  Tensor d_q = rmsnorm_backward(d_qn.reshape({T * Hq, D}), k.q_lin.reshape({T * Hq, D}),
+                                w.at(p + "self_attn.q_norm.weight"), k.q_norm.rstd, &gqn);
+  Tensor d_k = rmsnorm_backward(d_kn.reshape({T * Hkv, D}), k.k_lin.reshape({T * Hkv, D}),
+                                w.at(p + "self_attn.k_norm.weight"), k.k_norm.rstd, &gkn);
+  const Tensor& x = k.ln_in.y;
+  Tensor gq = g("self_attn.q_proj.weight"), gk = g("self_attn.k_proj.weight"), gv = g("self_attn.v_proj.weight"),
+         gg = g("self_attn.output_gate_proj.weight");
+  Tensor d_x = linear_backward(x, w.at(p + "self_attn.q_proj.weight"), d_q.reshape({T, Hq * D}), &gq);
+  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.k_proj.weight"), d_k.reshape({T, Hkv * D}), &gk));
+  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.v_proj.weight"), ag.dv.reshape({T, Hkv * D}), &gv));
+  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.output_gate_proj.weight"), og.d_gate, &gg));
+  Tensor gin = g("input_layernorm.weight");
+  add_inplace(d_h_in, rmsnorm_backward(d_x, k.h_in, w.at(p + "input_layernorm.weight"), k.ln_in.rstd, &gin));
+  return d_h_in;
+}
+
+Tensor BeamModel::routing_indices(const BeamBlockCache& cache) { return cache.routing.indices; }
+
+LossSum BeamModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
+                                const TokenContext& ctx, std::shared_ptr<BeamHeadCache>* cache_out,
+                                Tensor* logits_out) const {
+  const auto& c = config_;
+  auto cache = std::make_shared<BeamHeadCache>();
+  cache->hidden = hidden;
+  cache->norm = rmsnorm_forward(hidden, w.at("model.norm.weight"), c.rms_norm_eps, ctx.precision);
+  Tensor logits = linear_forward(cache->norm.y, w.at("lm_head.weight"));
+  round_activation(ctx.precision, logits);  // Beam's head is bulk: logits rounded before the fp32 softcap
+  cache->targets = targets.reshape({targets.numel()});
+  cache->loss = logit_loss_forward(logits, cache->targets, c.unpadded_vocab_size, c.final_logit_softcapping);
+  if (logits_out) *logits_out = cache->loss.capped.reshape({ctx.rows, ctx.seq, c.vocab_size});
+  LossSum out{cache->loss.loss_sum, cache->loss.count};
+  if (cache_out) *cache_out = std::move(cache);
+  return out;
+}
+
+Tensor BeamModel::head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale,
+                                const TensorMap& grads) const {
+  const auto& c = config_;
+  Tensor d_logits = logit_loss_backward(cache.loss, cache.targets, c.unpadded_vocab_size, c.final_logit_softcapping,
+                                        grad_scale);
+  Tensor gh = grads.at("lm_head.weight"), gn = grads.at("model.norm.weight");
+  Tensor d_norm = linear_backward(cache.norm.y, w.at("lm_head.weight"), d_logits, &gh);
+  return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
+}
+
+LossSum BeamModel::forward_backward(const TensorMap& w, const Batch& batch, Precision precision, float grad_scale,
+                                    const TensorMap& grads, std::vector<RoutingRecord>* routing) const {
+  validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
+  TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
+  const std::int64_t L = config_.num_hidden_layers;
+  std::vector<std::shared_ptr<BeamBlockCache>> caches(static_cast<std::size_t>(L));
+  Tensor h = embed_forward(w, batch.input_ids);
+  for (std::int64_t l = 0; l < L; ++l) h = block_forward(l, w, h, ctx, &caches[static_cast<std::size_t>(l)]);
+  std::shared_ptr<BeamHeadCache> head;
+  LossSum loss = head_forward(w, h, batch.targets, ctx, &head);
+  Tensor d = head_backward(w, *head, grad_scale, grads);
+  head.reset();
+  for (std::int64_t l = L - 1; l >= 0; --l) {
+    auto& cache = caches[static_cast<std::size_t>(l)];
+    if (routing && config_.is_sparse(l)) routing->push_back({l, cache->routing.indices});
+    d = block_backward(l, w, *cache, d, ctx, grads);
+    cache.reset();  // free activations as soon as their backward is done
+  }
+  embed_backward(batch.input_ids, d, grads);
+  return loss;
+}
+
+LossSum BeamModel::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
+  validate_positions(batch.positions);
+  TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
+  Tensor h = embed_forward(w, batch.input_ids);
+  for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l) h = block_forward(l, w, h, ctx, nullptr);
+  return head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
+}
+
+}  // namespace atl

@@ -1,0 +1,80 @@
+// Beam (MODELS.md §3, §10.4): pre-norm decoder with sandwich norms, depth-scaled residuals,
+// sliding (RoPE) and full (NoPE + SSMax) GQA attention with a sigmoid output gate, dense SwiGLU
+// or MoE MLPs with an fp32 grouped sigmoid router, fp32 softcapped logits.
+//
+// The model is split into the pieces FSDP units run (embedding, one block per layer, head);
+// each piece has a forward that returns what its backward needs, so the reference trainer and
+// the actor runtime drive the same math.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "graph/data/batch.hpp"
+#include "graph/models/beam/config.hpp"
+#include "graph/param.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+// Per micro-batch inputs every block reads.
+struct TokenContext {
+  Tensor positions;  // i64 [B, S]
+  Tensor valid;      // bool [B, S]
+  std::int64_t rows = 0, seq = 0;
+  Precision precision = Precision::fp32;
+  std::int64_t tokens() const { return rows * seq; }
+};
+
+struct LossSum {
+  double loss_sum = 0;       // sum of token cross entropies (nats)
+  std::int64_t targets = 0;  // tokens that have a target
+};
+
+struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
+struct BeamHeadCache;
+
+// Router decisions of one sparse layer, for tests and parity checks.
+struct RoutingRecord {
+  std::int64_t layer = 0;
+  Tensor indices;  // i32 [T, K]
+};
+
+class BeamModel {
+ public:
+  explicit BeamModel(BeamConfig config);
+  const BeamConfig& config() const { return config_; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  std::int64_t parameter_count() const;
+
+  // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
+  Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;
+  void embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const;
+
+  Tensor block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
+                       std::shared_ptr<BeamBlockCache>* cache) const;
+  Tensor block_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache, const Tensor& d_out,
+                        const TokenContext& ctx, const TensorMap& grads) const;
+  // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
+  static Tensor routing_indices(const BeamBlockCache& cache);
+
+  // Final norm, lm_head, softcap and vocab mask, cross entropy against targets i64 [B, S].
+  LossSum head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets, const TokenContext& ctx,
+                       std::shared_ptr<BeamHeadCache>* cache, Tensor* logits_out = nullptr) const;
+  // Gradient of grad_scale * loss_sum.
+  Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale,
+                       const TensorMap& grads) const;
+
+  // --- whole micro-batch ---
+  // Forward and backward; gradients of grad_scale * loss_sum are accumulated into grads.
+  LossSum forward_backward(const TensorMap& w, const Batch& batch, Precision precision, float grad_scale,
+                           const TensorMap& grads, std::vector<RoutingRecord>* routing = nullptr) const;
+  LossSum forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out = nullptr) const;
+
+ private:
+  std::string layer_prefix(std::int64_t layer) const;
+  BeamConfig config_;
+  std::vector<ParamSpec> specs_;
+};
+
+}  // namespace atl

@@ -1,0 +1,64 @@
+#include "graph/reference/trainer.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "graph/reference/tree_sum.hpp"
+
+namespace atl {
+
+ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const BeamModel> model, TensorMap master, Precision precision,
+                                   std::int64_t micro_batch, OptimizerSettings optimizer)
+    : model_(std::move(model)),
+      master_(std::move(master)),
+      exp_avg_(TensorMap::zeros_like(model_->specs())),
+      exp_avg_sq_(TensorMap::zeros_like(model_->specs())),
+      precision_(precision),
+      micro_batch_(micro_batch),
+      opt_(optimizer) {
+  if (micro_batch_ <= 0) throw std::invalid_argument("train.micro_batch: expected a positive integer");
+}
+
+StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
+  if (batch.rows() % micro_batch_ != 0) {
+    throw std::invalid_argument("global batch of " + std::to_string(batch.rows()) +
+                                " rows is not a multiple of train.micro_batch " + std::to_string(micro_batch_));
+  }
+  const auto& specs = model_->specs();
+  StepResult r;
+  r.step = ++step_;
+  r.targets = batch.target_count();
+  r.tokens = batch.valid_count();
+  const float grad_scale = r.targets > 0 ? static_cast<float>(1.0 / static_cast<double>(r.targets)) : 0.0f;
+
+  const TensorMap weights = compute_weights(specs, master_, precision_);
+  auto grad_tree = make_tree_sum<TensorMap>([](TensorMap& left, const TensorMap& right) {
+    const auto l = left.tensors(), rt = right.tensors();
+    for (std::size_t i = 0; i < l.size(); ++i) add_inplace(l[i], rt[i]);
+  });
+  auto loss_tree = make_tree_sum<double>([](double& left, const double& right) { left += right; });
+  const std::int64_t micro_batches = batch.rows() / micro_batch_;
+  for (std::int64_t m = 0; m < micro_batches; ++m) {
+    TensorMap grads = TensorMap::zeros_like(specs);
+    Batch micro = batch.slice_rows(m * micro_batch_, (m + 1) * micro_batch_);
+    LossSum loss = model_->forward_backward(weights, micro, precision_, grad_scale, grads,
+                                            record_routing && m == 0 ? &r.routing : nullptr);
+    grad_tree.push(std::move(grads));
+    loss_tree.push(loss.loss_sum);
+  }
+  last_grads_ = grad_tree.finish();
+  r.loss = r.targets > 0 ? loss_tree.finish() / static_cast<double>(r.targets) : 0.0;
+
+  const std::vector<Tensor> grads = last_grads_.tensors();
+  r.grad_norm = global_grad_norm(grads);
+  clip_grad_norm(grads, r.grad_norm, opt_.grad_clip);
+  r.lr = warmup_cosine_lr(r.step, opt_.warmup, opt_.total_steps, opt_.lr, opt_.min_lr_ratio);
+  for (const auto& s : specs) {
+    AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
+                 static_cast<float>(opt_.eps), s.weight_decay ? static_cast<float>(opt_.weight_decay) : 0.0f};
+    adamw_step(master_.at(s.name), last_grads_.at(s.name), exp_avg_.at(s.name), exp_avg_sq_.at(s.name), h, r.step);
+  }
+  return r;
+}
+
+}  // namespace atl

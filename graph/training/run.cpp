@@ -1,0 +1,132 @@
+#include "graph/training/run.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "graph/data/data_source.hpp"
+#include "graph/models/beam/model_config.hpp"
+#include "graph/reference/trainer.hpp"
+#include "graph/training/atomic_file.hpp"
+
+namespace atl {
+
+namespace {
+
+// The reference engine runs one rank; larger meshes need the actor runtime.
+void check_engine_supports(const RunConfig& c) {
+  const auto& m = c.topology.mesh;
+  const std::pair<const char*, std::int64_t> axes[] = {{"pp", m.pp},
+                                                       {"dp_replicate", m.dp_replicate},
+                                                       {"dp_shard", m.dp_shard},
+                                                       {"cp", m.cp},
+                                                       {"ep", m.ep}};
+  for (const auto& [name, size] : axes) {
+    if (size != 1) {
+      throw ConfigError(c.source_file, std::string("topology.mesh.") + name,
+                        "this build trains with the single-process reference engine, which runs a 1-rank mesh; got " +
+                            std::to_string(size) + " (the actor runtime that runs larger meshes is not built yet)");
+    }
+  }
+  if (c.topology.backend != Backend::sim) {
+    throw ConfigError(c.source_file, "topology.backend",
+                      std::string("only sim runs in this build, got ") + backend_name(c.topology.backend));
+  }
+}
+
+OptimizerSettings optimizer_settings(const TrainConfig& t) {
+  OptimizerSettings o;
+  o.lr = t.lr;
+  o.warmup = t.warmup;
+  o.total_steps = t.steps;
+  o.min_lr_ratio = t.min_lr_ratio;
+  o.weight_decay = t.weight_decay;
+  o.beta1 = t.beta1;
+  o.beta2 = t.beta2;
+  o.eps = t.adam_eps;
+  o.grad_clip = t.grad_clip;
+  return o;
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long>(seconds + 0.5);
+  return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
+}
+
+}  // namespace
+
+double run_training(const RunConfig& config, const RunOptions& options, std::ostream& out) {
+  // Everything that can be wrong with the config is found before run_dir is touched.
+  check_engine_supports(config);
+  auto model = std::make_shared<const BeamModel>(beam_config_from(config.model, config.source_file));
+  const auto& mc = model->config();
+  auto data = make_data_source(config.data, mc.unpadded_vocab_size, config.train.seed);
+
+  namespace fs = std::filesystem;
+  const fs::path run_dir = config.run_dir;
+  const fs::path metrics_path = run_dir / "metrics.jsonl";
+  if (fs::exists(metrics_path) && !options.overwrite) {
+    throw ConfigError(config.source_file, "run_dir",
+                      "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it");
+  }
+  fs::create_directories(run_dir);
+
+  nlohmann::json run_json;
+  run_json["config"] = to_json(config);
+  run_json["model"] = {{"family", "beam"}, {"preset", mc.preset}, {"parameters", model->parameter_count()}};
+  run_json["engine"] = "reference";
+  run_json["data"] = data->describe();
+  if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
+  write_file_atomically(run_dir / "run.json", run_json.dump(2) + "\n");
+
+  // metrics.jsonl is written beside under a temporary name and renamed over any old one at the
+  // end, so an interrupted run never leaves a half-replaced file behind.
+  const fs::path metrics_tmp = run_dir / "metrics.jsonl.partial";
+  std::ofstream metrics(metrics_tmp, std::ios::trunc);
+  if (!metrics) throw std::runtime_error("cannot write " + metrics_tmp.string());
+
+  const auto& t = config.train;
+  ReferenceTrainer trainer(model, TensorMap::initialized(model->specs(), t.seed, mc.init_std), config.precision,
+                           t.micro_batch, optimizer_settings(t));
+  out << fmt::format("atoll-train: beam {} ({} parameters), {} steps of {}x{} tokens, precision {}, data {}\n",
+                     mc.preset, model->parameter_count(), t.steps, t.global_batch, t.seq_len,
+                     precision_name(config.precision), data->describe())
+      << std::flush;
+
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  std::int64_t tokens_total = 0;
+  double last_loss = 0;
+  for (std::int64_t s = 1; s <= t.steps; ++s) {
+    const auto step_start = clock::now();
+    Batch batch = data->next(t.global_batch, t.seq_len);
+    StepResult r = trainer.step(batch);
+    const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
+    const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
+    tokens_total += r.tokens;
+    last_loss = r.loss;
+    nlohmann::json line = {{"step", r.step},           {"loss", r.loss},       {"grad_norm", r.grad_norm},
+                           {"lr", r.lr},               {"tokens", tokens_total}, {"targets", r.targets},
+                           {"tokens_per_s", r.tokens / std::max(step_seconds, 1e-9)},
+                           {"elapsed_s", elapsed}};
+    metrics << line.dump() << "\n" << std::flush;
+    if (s == 1 || s % t.log_every == 0 || s == t.steps) {
+      const double eta = elapsed / static_cast<double>(s) * static_cast<double>(t.steps - s);
+      out << fmt::format("step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  tokens/s {:.0f}  eta {}\n", s,
+                         t.steps, r.loss, r.grad_norm, r.lr, static_cast<double>(tokens_total) / elapsed,
+                         format_duration(eta))
+          << std::flush;
+    }
+  }
+  metrics.close();
+  fs::rename(metrics_tmp, metrics_path);
+  out << fmt::format("final loss={:.6f} steps={}\n", last_loss, t.steps) << std::flush;
+  return last_loss;
+}
+
+}  // namespace atl

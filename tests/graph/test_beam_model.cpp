@@ -1,0 +1,184 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "graph/models/beam/model.hpp"
+#include "kernels/ops/optim.hpp"
+#include "kernels/rng.hpp"
+#include "tests/graph/beam_test_support.hpp"
+
+using namespace atl;
+
+namespace {
+
+double mean_loss(const BeamModel& model, const TensorMap& w, const Batch& batch) {
+  LossSum l = model.forward(w, batch, Precision::fp32);
+  return l.loss_sum / static_cast<double>(l.targets);
+}
+
+// For every parameter tensor: the directional derivative along its own gradient direction by
+// central differences of the fp32 model, against the analytic |g|. Returns the worst relative
+// error. Central differences in fp32 have two error sources: curvature (large steps) and
+// rounding noise (small steps), and a router top-k flip makes the loss jump. So each tensor is
+// tried on a ladder of steps and the best agreement counts; a wrong gradient fails at every step.
+// Stated tolerance: 1e-2.
+double worst_directional_error(const std::string& preset, std::string* worst_name) {
+  BeamModel model(beam_preset(preset));
+  TensorMap w = TensorMap::initialized(model.specs(), 11, 0.02f);
+  // Non-trivial norm gammas and gate biases so their gradients are generic.
+  for (const auto& s : model.specs()) {
+    if (s.init != Init::normal && !s.name.ends_with("e_score_correction_bias")) {
+      CounterRng rng(5, s.name);
+      float* p = w.at(s.name).data<float>();
+      for (std::int64_t i = 0; i < s.numel(); ++i) p[i] += static_cast<float>(0.1 * rng.normal(i));
+    }
+  }
+  Batch batch = testing::synthetic_batch(2, 32, 3);
+  TensorMap grads = TensorMap::zeros_like(model.specs());
+  LossSum l = model.forward_backward(w, batch, Precision::fp32, 1.0f / static_cast<float>(batch.target_count()), grads);
+  REQUIRE(l.targets == batch.target_count());
+  double worst = 0;
+  for (const auto& s : model.specs()) {
+    const Tensor g = grads.at(s.name);
+    const double norm = std::sqrt(grad_sum_of_squares(g));
+    if (s.name.ends_with("e_score_correction_bias")) {
+      CHECK(norm == 0.0);  // selection only: no gradient (MODELS.md §10.1.7)
+      continue;
+    }
+    REQUIRE(norm > 0);
+    Tensor p = w.at(s.name);
+    Tensor saved = p.clone();
+    auto shifted_loss = [&](double eps) {
+      float* pp = p.data<float>();
+      const float* ps = saved.data<float>();
+      const float* pg = g.data<float>();
+      for (std::int64_t i = 0; i < p.numel(); ++i) pp[i] = ps[i] + static_cast<float>(eps * pg[i] / norm);
+      return mean_loss(model, w, batch);
+    };
+    double err = 1e30, numeric = 0;
+    for (double step : {1e-2, 3e-3, 1e-3, 3e-4}) {
+      const double n = (shifted_loss(step) - shifted_loss(-step)) / (2 * step);
+      if (std::abs(n - norm) / norm < err) {
+        err = std::abs(n - norm) / norm;
+        numeric = n;
+      }
+    }
+    p.copy_from(saved);
+    if (err > worst) {
+      worst = err;
+      if (worst_name) *worst_name = s.name + " (analytic " + std::to_string(norm) + ", numeric " + std::to_string(numeric) + ")";
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("Beam presets declare the parameters MODELS.md lists", "[beam]") {
+  BeamModel moe(beam_preset("beam-tiny-moe"));
+  int islands = 0;
+  for (const auto& s : moe.specs()) {
+    if (s.island) {
+      ++islands;
+      CHECK((s.name.ends_with("mlp.gate.weight") || s.name.ends_with("mlp.gate.e_score_correction_bias")));
+      CHECK(s.compute_dtype(Precision::bf16) == DType::f32);
+    } else {
+      CHECK(s.compute_dtype(Precision::bf16) == DType::bf16);
+    }
+    CHECK(s.compute_dtype(Precision::fp32) == DType::f32);
+  }
+  CHECK(islands == 2 * 4);  // router weight + correction bias in each of the 4 sparse layers
+  BeamModel dense(beam_preset("beam-tiny-dense"));
+  for (const auto& s : dense.specs()) CHECK_FALSE(s.island);
+  BeamModel small(beam_preset("beam-small"));
+  CHECK(small.parameter_count() > 7'000'000);
+  CHECK(small.parameter_count() < 8'000'000);  // "≈7.5M params" (MODELS.md §4)
+  CHECK_THROWS_WITH(beam_preset("beam-huge"), Catch::Contains("beam-tiny-moe"));
+}
+
+TEST_CASE("Whole-model gradient check: beam-tiny-moe", "[beam][grad]") {
+  std::string worst;
+  double err = worst_directional_error("beam-tiny-moe", &worst);
+  INFO("worst tensor: " << worst);
+  CHECK(err < 1e-2);
+}
+
+TEST_CASE("Whole-model gradient check: beam-tiny-dense", "[beam][grad]") {
+  std::string worst;
+  double err = worst_directional_error("beam-tiny-dense", &worst);
+  INFO("worst tensor: " << worst);
+  CHECK(err < 1e-2);
+}
+
+TEST_CASE("Beam logits obey the softcap and the unused-vocabulary mask", "[beam]") {
+  BeamModel model(beam_preset("beam-tiny-moe"));
+  TensorMap w = TensorMap::initialized(model.specs(), 1, 3.0f);  // large init: logits reach the cap
+  Batch batch = testing::synthetic_batch(2, 32, 4);
+  Tensor logits;
+  model.forward(w, batch, Precision::fp32, &logits);
+  REQUIRE(logits.shape() == Shape{2, 32, 256});
+  const float* z = logits.data<float>();
+  float max_abs = 0;
+  for (std::int64_t t = 0; t < 64; ++t) {
+    for (std::int64_t v = 0; v < 256; ++v) {
+      float x = z[t * 256 + v];
+      if (v >= 250) {
+        CHECK(x == -std::numeric_limits<float>::infinity());
+      } else {
+        max_abs = std::max(max_abs, std::abs(x));
+      }
+    }
+  }
+  CHECK(max_abs <= 30.0f);
+  CHECK(max_abs > 20.0f);  // the cap was actually exercised
+}
+
+TEST_CASE("Beam keeps documents isolated inside a packed row", "[beam]") {
+  BeamModel model(beam_preset("beam-tiny-moe"));
+  TensorMap w = TensorMap::initialized(model.specs(), 2, 0.1f);
+  Batch a = testing::synthetic_batch(1, 32, 5);
+  // Find the last document start; change every token before it.
+  const std::int64_t* pos = a.positions.data<std::int64_t>();
+  std::int64_t last_start = 0;
+  for (std::int64_t t = 1; t < 32; ++t) {
+    if (pos[t] == 0) last_start = t;
+  }
+  REQUIRE(last_start > 0);
+  Batch b{a.input_ids.clone(), a.positions, a.valid, a.targets};
+  for (std::int64_t t = 0; t < last_start; ++t) {
+    b.input_ids.data<std::int64_t>()[t] = (a.input_ids.data<std::int64_t>()[t] + 17) % 250;
+  }
+  Tensor la, lb;
+  model.forward(w, a, Precision::fp32, &la);
+  model.forward(w, b, Precision::fp32, &lb);
+  for (std::int64_t t = last_start; t < 32; ++t) {
+    for (std::int64_t v = 0; v < 250; ++v) CHECK(la.data<float>()[t * 256 + v] == lb.data<float>()[t * 256 + v]);
+  }
+  CHECK(la.data<float>()[0] != lb.data<float>()[0]);  // the changed document did change
+}
+
+TEST_CASE("Beam in bf16 tracks fp32 and picks the same experts at init", "[beam][bf16]") {
+  BeamModel model(beam_preset("beam-tiny-moe"));
+  TensorMap master = TensorMap::initialized(model.specs(), 3, 0.02f);
+  Batch batch = testing::synthetic_batch(2, 32, 6);
+  TensorMap g32 = TensorMap::zeros_like(model.specs()), g16 = TensorMap::zeros_like(model.specs());
+  std::vector<RoutingRecord> r32, r16;
+  LossSum l32 = model.forward_backward(compute_weights(model.specs(), master, Precision::fp32), batch,
+                                       Precision::fp32, 1.0f, g32, &r32);
+  LossSum l16 = model.forward_backward(compute_weights(model.specs(), master, Precision::bf16), batch,
+                                       Precision::bf16, 1.0f, g16, &r16);
+  CHECK(l16.loss_sum == Approx(l32.loss_sum).epsilon(1e-2));
+  CHECK(l16.loss_sum != l32.loss_sum);  // bf16 really rounded something
+  REQUIRE(r32.size() == r16.size());
+  // The first sparse layer sees identical inputs up to bf16 rounding; most router choices agree.
+  std::int64_t same = 0, total = 0;
+  for (std::size_t i = 0; i < r32.size(); ++i) {
+    const auto a = r32[i].indices.span<std::int32_t>(), b = r16[i].indices.span<std::int32_t>();
+    for (std::size_t j = 0; j < a.size(); ++j) {
+      same += a[j] == b[j];
+      ++total;
+    }
+  }
+  CHECK(static_cast<double>(same) / static_cast<double>(total) > 0.9);
+}

@@ -1,0 +1,308 @@
+// The YAML run config: defaults, --set overrides, and errors that name the file and the dotted key.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "graph/config.hpp"
+
+using namespace atl;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ConfigDir {
+  fs::path path;
+  ConfigDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("atoll_test_config_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path);
+  }
+  ~ConfigDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::string file = (path / name).string();
+    std::ofstream(file) << text;
+    return file;
+  }
+};
+
+const char* kMinimal = R"(run_dir: runs/test
+model:
+  family: beam
+  preset: beam-tiny-moe
+train:
+  steps: 100
+  global_batch: 8
+  micro_batch: 2
+  seq_len: 32
+  lr: 3.0e-3
+)";
+
+std::string config_error(const std::string& path, const std::vector<std::string>& sets = {}) {
+  try {
+    load_run_config(path, sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no ConfigError)";
+}
+
+// kMinimal with `from` replaced by `to` (the text must contain `from`).
+std::string edited(const std::string& from, const std::string& to) {
+  std::string text = kMinimal;
+  std::size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("config: a minimal file loads with every default filled in", "[config]") {
+  ConfigDir dir;
+  std::string file = dir.write("minimal.yaml", kMinimal);
+  RunConfig c = load_run_config(file, {});
+  CHECK(c.source_file == file);
+  CHECK(c.run_dir == "runs/test");
+  CHECK(c.model.family == "beam");
+  CHECK(c.model.preset == "beam-tiny-moe");
+  CHECK(c.model.overrides.IsMap());
+  CHECK(c.model.overrides.size() == 0);
+  CHECK(c.topology.backend == Backend::sim);
+  CHECK(c.topology.mesh.pp == 1);
+  CHECK(c.topology.mesh.dp_replicate == 1);
+  CHECK(c.topology.mesh.dp_shard == 1);
+  CHECK(c.topology.mesh.cp == 1);
+  CHECK(c.topology.mesh.ep == 1);
+  CHECK(c.topology.mesh.world_size() == 1);
+  CHECK(c.precision == Precision::bf16);
+  CHECK(c.train.steps == 100);
+  CHECK(c.train.global_batch == 8);
+  CHECK(c.train.micro_batch == 2);
+  CHECK(c.train.seq_len == 32);
+  CHECK(c.train.lr == 3.0e-3);
+  CHECK(c.train.warmup == 0);
+  CHECK(c.train.seed == 0);
+  CHECK(c.train.min_lr_ratio == 0.1);
+  CHECK(c.train.weight_decay == 0.1);
+  CHECK(c.train.beta1 == 0.9);
+  CHECK(c.train.beta2 == 0.95);
+  CHECK(c.train.adam_eps == 1e-8);
+  CHECK(c.train.grad_clip == 1.0);
+  CHECK(c.train.log_every == 10);
+  CHECK(c.data.kind == DataSourceKind::synthetic);
+  CHECK(c.data.synthetic_branching == 4);
+  CHECK(c.data.synthetic_min_doc == 8);
+  CHECK(c.data.synthetic_max_doc == 64);
+  CHECK_FALSE(c.data.eos_id.has_value());
+  CHECK(c.data.token_width == 0);
+  CHECK(c.data.loop);
+
+  nlohmann::json j = to_json(c);
+  CHECK(j["train"]["beta2"] == 0.95);
+  CHECK(j["train"]["steps"] == 100);
+  CHECK(j["topology"]["mesh"]["dp_shard"] == 1);
+  CHECK(j["topology"]["backend"] == "sim");
+  CHECK(j["precision"] == "bf16");
+  CHECK(j["data"]["source"] == "synthetic");
+  CHECK(j["data"]["eos_id"].is_null());
+  CHECK(j["model"]["family"] == "beam");
+
+  // run_dir defaults to runs/<file stem>.
+  std::string no_run_dir = dir.write("stemmed.yaml", edited("run_dir: runs/test\n", ""));
+  CHECK(load_run_config(no_run_dir, {}).run_dir == "runs/stemmed");
+}
+
+TEST_CASE("config: every section read from the file, model overrides kept for the family", "[config]") {
+  ConfigDir dir;
+  // Model overrides: any key of `model:` other than family and preset.
+  std::string text = edited("train:", "  hidden_size: 32\n  layer_types: [sliding_attention, full_attention]\ntrain:");
+  std::string file = dir.write("full.yaml", text + R"(  warmup: 5
+  seed: 1234
+  min_lr_ratio: 0.05
+  weight_decay: 0.0
+  beta1: 0.8
+  beta2: 0.99
+  adam_eps: 1.0e-6
+  grad_clip: 0
+  log_every: 1
+topology:
+  backend: ucx
+  mesh: {pp: 2, dp_replicate: 1, dp_shard: 2, cp: 2, ep: 4}
+precision: fp32
+data:
+  source: tokens:data/shard.bin
+  eos_id: 0
+  token_width: 4
+  loop: false
+)");
+  RunConfig c = load_run_config(file, {});
+  CHECK(c.train.warmup == 5);
+  CHECK(c.train.seed == 1234u);
+  CHECK(c.train.min_lr_ratio == 0.05);
+  CHECK(c.train.weight_decay == 0.0);
+  CHECK(c.train.beta1 == 0.8);
+  CHECK(c.train.beta2 == 0.99);
+  CHECK(c.train.adam_eps == 1.0e-6);
+  CHECK(c.train.grad_clip == 0.0);
+  CHECK(c.train.log_every == 1);
+  CHECK(c.topology.backend == Backend::ucx);
+  CHECK(c.topology.mesh.pp == 2);
+  CHECK(c.topology.mesh.cp == 2);
+  CHECK(c.topology.mesh.ep == 4);
+  CHECK(c.topology.mesh.world_size() == 8);
+  CHECK(c.precision == Precision::fp32);
+  CHECK(c.data.kind == DataSourceKind::tokens);
+  CHECK(c.data.path == "data/shard.bin");
+  CHECK(c.data.eos_id == std::optional<std::int64_t>(0));
+  CHECK(c.data.token_width == 4);
+  CHECK_FALSE(c.data.loop);
+
+  REQUIRE(c.model.overrides.size() == 2);
+  ConfigReader model(c.model.overrides, c.source_file, "model");
+  CHECK(model.get<std::int64_t>("hidden_size", 64) == 32);
+  CHECK(model.get<std::vector<std::string>>("layer_types", {}) ==
+        std::vector<std::string>{"sliding_attention", "full_attention"});
+  CHECK_NOTHROW(model.finish());
+
+  nlohmann::json j = to_json(c);
+  CHECK(j["model"]["hidden_size"] == 32);
+  CHECK(j["model"]["layer_types"][1] == "full_attention");
+  CHECK(j["data"]["source"] == "tokens:data/shard.bin");
+  CHECK(j["data"]["eos_id"] == 0);
+}
+
+TEST_CASE("config: --set overrides values, creates sections, and is validated like the file", "[config]") {
+  ConfigDir dir;
+  std::string file = dir.write("base.yaml", kMinimal);
+  RunConfig c = load_run_config(file, {"train.steps=7", "topology.mesh.dp_shard=2", "topology.backend=nccl",
+                                       "precision=fp32", "model.hidden_size=128", "data.source=text:corpus.txt",
+                                       "train.lr=1e-3", "data.loop=false"});
+  CHECK(c.train.steps == 7);
+  CHECK(c.topology.mesh.dp_shard == 2);
+  CHECK(c.topology.mesh.pp == 1);
+  CHECK(c.topology.backend == Backend::nccl);
+  CHECK(c.precision == Precision::fp32);
+  CHECK(c.train.lr == 1e-3);
+  CHECK(c.data.kind == DataSourceKind::text);
+  CHECK(c.data.path == "corpus.txt");
+  CHECK_FALSE(c.data.loop);
+  CHECK(ConfigReader(c.model.overrides, file, "model").get<std::int64_t>("hidden_size", 0) == 128);
+  // Values the file had and --set did not touch stay.
+  CHECK(c.train.global_batch == 8);
+  CHECK(c.model.preset == "beam-tiny-moe");
+
+  CHECK_THAT(config_error(file, {"train.stepz=3"}),
+             Catch::Contains(file) && Catch::Contains("train.stepz: unknown key"));
+  CHECK_THAT(config_error(file, {"topology.mesh.dp_shard=0"}),
+             Catch::Contains(file + ": topology.mesh.dp_shard: expected a positive integer, got 0"));
+  CHECK_THAT(config_error(file, {"train.steps"}), Catch::Contains(file) && Catch::Contains("key.path=value"));
+  CHECK_THAT(config_error(file, {"train.lr.value=3"}), Catch::Contains(file) && Catch::Contains("train.lr"));
+}
+
+TEST_CASE("config: each kind of mistake throws ConfigError naming the file and the dotted key", "[config]") {
+  ConfigDir dir;
+  struct Case {
+    std::string name, text, expected;
+  };
+  const std::vector<Case> cases = {
+      {"unknown_key", edited("  steps: 100", "  stepz: 100\n  steps: 100"),
+       "train.stepz: unknown key (expected one of: steps, global_batch, micro_batch, seq_len, lr, warmup, seed"},
+      {"unknown_top", std::string(kMinimal) + "trian: {}\n", "trian: unknown key (expected one of: run_dir, model"},
+      {"wrong_type", edited("lr: 3.0e-3", "lr: fast"), "train.lr: expected a number, got 'fast'"},
+      {"dp_shard_zero", std::string(kMinimal) + "topology: {mesh: {dp_shard: 0}}\n",
+       "topology.mesh.dp_shard: expected a positive integer, got 0"},
+      {"mesh_unknown", std::string(kMinimal) + "topology: {mesh: {tp: 2}}\n",
+       "topology.mesh.tp: unknown key (expected one of: pp, dp_replicate, dp_shard, cp, ep)"},
+      {"bad_precision", std::string(kMinimal) + "precision: fp16\n",
+       "precision: expected one of bf16, fp32, got 'fp16'"},
+      {"bad_backend", std::string(kMinimal) + "topology: {backend: mpi}\n",
+       "topology.backend: expected one of sim, ucx, nccl, got 'mpi'"},
+      {"not_divisible", edited("global_batch: 8", "global_batch: 9"),
+       "train.global_batch: expected a multiple of train.micro_batch (2), got 9"},
+      {"missing_steps", edited("  steps: 100\n", ""), "train.steps: required key is missing"},
+      {"seq_len_one", edited("seq_len: 32", "seq_len: 1"), "train.seq_len: expected an integer >= 2, got 1"},
+      {"steps_float", edited("steps: 100", "steps: 1.5"), "train.steps: expected an integer, got 1.5"},
+      {"negative_warmup", edited("lr: 3.0e-3", "lr: 3.0e-3\n  warmup: -1"),
+       "train.warmup: expected a non-negative integer, got -1"},
+      {"zero_lr", edited("lr: 3.0e-3", "lr: 0"), "train.lr: expected a positive number, got 0"},
+      {"bad_source", std::string(kMinimal) + "data: {source: wiki}\n",
+       "data.source: expected 'synthetic', 'text:<path>' or 'tokens:<path>', got 'wiki'"},
+      {"empty_path", std::string(kMinimal) + "data: {source: 'text:'}\n", "data.source: expected"},
+      {"bad_width", std::string(kMinimal) + "data: {token_width: 3}\n", "data.token_width: expected 2 or 4"},
+      {"bad_family", edited("family: beam", "family: llama"),
+       "model.family: expected one of beam, flint, inkling2, got 'llama'"},
+      {"missing_family", edited("  family: beam\n", ""), "model.family: required key is missing"},
+      {"section_scalar", std::string(kMinimal) + "topology: 4\n", "topology: expected a mapping of keys, got 4"},
+      {"bad_bool", std::string(kMinimal) + "data: {loop: maybe}\n", "data.loop: expected true or false, got 'maybe'"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    std::string file = dir.write(c.name + ".yaml", c.text);
+    CHECK_THAT(config_error(file), Catch::Contains(file + ": " + c.expected));
+  }
+}
+
+TEST_CASE("config: missing files and YAML syntax errors name the file (and the line)", "[config]") {
+  ConfigDir dir;
+  std::string missing = (dir.path / "nope.yaml").string();
+  CHECK_THAT(config_error(missing), Catch::Contains(missing) && Catch::Contains("cannot open"));
+  std::string broken = dir.write("broken.yaml", "run_dir: x\nmodel:\n  family: [beam\ntrain: {}\n");
+  std::string message = config_error(broken);
+  CHECK_THAT(message, Catch::Contains(broken) && Catch::Contains("YAML syntax error") && Catch::Contains("line "));
+  std::string list = dir.write("list.yaml", "- a\n- b\n");
+  CHECK_THAT(config_error(list), Catch::Contains(list) && Catch::Contains("top level"));
+}
+
+TEST_CASE("ConfigReader: typed reads, list elements and unknown keys for family overrides", "[config]") {
+  YAML::Node node = YAML::Load("{hidden: 64, layers: [0, 1, x], eps: 1e-6, on: yes, name: tiny, big: 1e3}");
+  ConfigReader reader(node, "m.yaml", "model");
+  CHECK(reader.get<std::int64_t>("hidden", 0) == 64);
+  CHECK(reader.get<float>("eps", 0.0f) == 1e-6f);
+  CHECK(reader.get<bool>("on", false));
+  CHECK(reader.get<std::string>("name", "") == "tiny");
+  CHECK(reader.get<std::int64_t>("big", 0) == 1000);
+  CHECK(reader.get<int>("absent", 7) == 7);
+  CHECK_FALSE(reader.has("absent2"));
+  auto message = [&](auto f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no ConfigError)");
+  };
+  CHECK(message([&] { reader.get<std::vector<std::int64_t>>("layers", {}); }) ==
+        "m.yaml: model.layers[2]: expected an integer, got 'x'");
+  CHECK(message([&] { reader.get<std::vector<std::int64_t>>("hidden", {}); }) ==
+        "m.yaml: model.hidden: expected a list of integers, got 64");
+  CHECK(message([&] { reader.require<double>("missing"); }) ==
+        "m.yaml: model.missing: required key is missing (expected a number)");
+  CHECK(message([&] { reader.finish(); }) == "(no ConfigError)");
+  ConfigReader strict(node, "m.yaml", "model");
+  strict.get<std::int64_t>("hidden", 0);
+  CHECK_THAT(message([&] { strict.finish(); }),
+             Catch::StartsWith("m.yaml: model.layers: unknown key (expected one of: hidden)"));
+}
+
+TEST_CASE("config: the shipped example configs load", "[config]") {
+  const char* root = std::getenv("ATOLL_SOURCE_DIR");
+  fs::path configs = fs::path(root ? root : ".") / "configs";
+  int loaded = 0;
+  if (fs::exists(configs)) {
+    for (const auto& entry : fs::directory_iterator(configs)) {
+      if (entry.path().extension() != ".yaml") continue;
+      INFO(entry.path().string());
+      CHECK_NOTHROW(load_run_config(entry.path().string(), {}));
+      ++loaded;
+    }
+  }
+  CHECK(loaded >= 0);
+}
