@@ -1,0 +1,343 @@
+// atoll-train end to end: the binary runs as a subprocess, and the tests check its exit codes,
+// its messages and what it leaves in run_dir.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string required_env(const char* name) {
+  const char* value = std::getenv(name);
+  INFO("environment variable " << name << " (set by ctest)");
+  REQUIRE(value != nullptr);
+  return value;
+}
+
+fs::path train_binary() { return fs::path(required_env("ATOLL_BINARY_DIR")) / "apps" / "atoll-train"; }
+fs::path default_config() { return fs::path(required_env("ATOLL_SOURCE_DIR")) / "configs" / "beam-tiny.yaml"; }
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    path = fs::temp_directory_path() /
+           ("atoll_train_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+            std::to_string(now));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+std::string shell_quote(const std::string& s) {
+  std::string quoted = "'";
+  for (char c : s) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void write_file(const fs::path& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+  REQUIRE(out.good());
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs atoll-train with `args`; stdout and stderr go to files in `scratch` and are read back.
+Result run_train(const std::vector<std::string>& args, const fs::path& scratch) {
+  const fs::path out_path = scratch / "stdout.txt";
+  const fs::path err_path = scratch / "stderr.txt";
+  std::string command = shell_quote(train_binary().string());
+  for (const auto& a : args) command += " " + shell_quote(a);
+  // Appended piecewise: `" >" + std::string` trips a false -Wrestrict in GCC 12.
+  command.append(" >").append(shell_quote(out_path.string()));
+  command.append(" 2>").append(shell_quote(err_path.string()));
+  const int status = std::system(command.c_str());
+  Result r;
+  r.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(out_path);
+  r.err = read_file(err_path);
+  return r;
+}
+
+std::string last_line(const std::string& text) {
+  std::string line, last;
+  std::istringstream in(text);
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last;
+}
+
+std::vector<nlohmann::json> read_metrics(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    INFO("metrics line " << lines.size() + 1 << ": " << line);
+    REQUIRE(nlohmann::json::accept(line));
+    lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+// Every line is an object with all fields present and finite, and steps run 1..N in order.
+void check_metrics_well_formed(const std::vector<nlohmann::json>& metrics, std::int64_t steps) {
+  REQUIRE(static_cast<std::int64_t>(metrics.size()) == steps);
+  std::int64_t previous_tokens = 0;
+  for (std::size_t i = 0; i < metrics.size(); ++i) {
+    const auto& m = metrics[i];
+    INFO("metrics line " << i + 1 << ": " << m.dump());
+    REQUIRE(m.is_object());
+    REQUIRE(m.contains("step"));
+    REQUIRE(m["step"].is_number_integer());
+    CHECK(m["step"].get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
+    for (const char* field : {"loss", "grad_norm", "lr", "tokens", "targets", "tokens_per_s", "elapsed_s"}) {
+      INFO("field " << field);
+      REQUIRE(m.contains(field));
+      REQUIRE(m[field].is_number());  // NaN/inf are dumped as null, which fails here
+      CHECK(std::isfinite(m[field].get<double>()));
+      CHECK(m[field].get<double>() >= 0.0);
+    }
+    CHECK(m["loss"].get<double>() > 0.0);
+    CHECK(m["targets"].get<std::int64_t>() > 0);
+    // tokens is cumulative
+    CHECK(m["tokens"].get<std::int64_t>() > previous_tokens);
+    previous_tokens = m["tokens"].get<std::int64_t>();
+  }
+}
+
+// The metrics file with the wall-clock fields removed, one re-dumped object per line.
+std::string metrics_without_timing(const fs::path& path) {
+  std::string result;
+  for (auto m : read_metrics(path)) {
+    m.erase("tokens_per_s");
+    m.erase("elapsed_s");
+    result += m.dump() + "\n";
+  }
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("atoll-train: config errors exit 2, name the key and write nothing", "[apps][atoll-train]") {
+  TempDir tmp;
+  const fs::path run_dir = tmp.path / "run";
+  const std::string run_dir_set = "run_dir=" + run_dir.string();
+
+  struct Case {
+    const char* what;
+    std::vector<std::string> sets;
+    const char* key;
+  };
+  const std::vector<Case> cases = {
+      {"unknown key", {"train.stepz=3"}, "train.stepz"},
+      {"wrong type", {"train.lr=fast"}, "train.lr"},
+      {"non-positive mesh axis", {"topology.mesh.dp_shard=0"}, "topology.mesh.dp_shard"},
+      {"mesh the reference engine cannot run", {"topology.mesh.dp_shard=2"}, "topology.mesh.dp_shard"},
+      {"unknown model override", {"model.hidden_sizez=64"}, "model.hidden_sizez"},
+  };
+  for (const auto& c : cases) {
+    SECTION(c.what) {
+      std::vector<std::string> args = {default_config().string(), "--set", run_dir_set};
+      for (const auto& s : c.sets) {
+        args.push_back("--set");
+        args.push_back(s);
+      }
+      const Result r = run_train(args, tmp.path);
+      INFO("stdout: " << r.out << "\nstderr: " << r.err);
+      CHECK(r.exit_code == 2);
+      CHECK_THAT(r.err, Catch::Contains(c.key));
+      CHECK_THAT(r.err, Catch::Contains("config error"));
+      CHECK(r.out.find("final loss=") == std::string::npos);
+      CHECK_FALSE(fs::exists(run_dir));
+    }
+  }
+
+  SECTION("unknown key in the YAML file") {
+    std::string yaml = read_file(default_config());
+    const auto train_at = yaml.find("\ntrain:\n");
+    REQUIRE(train_at != std::string::npos);
+    yaml.insert(train_at + std::string("\ntrain:\n").size(), "  stepz: 3\n");
+    const fs::path config = tmp.path / "typo.yaml";
+    write_file(config, yaml);
+    const Result r = run_train({config.string(), "--set", run_dir_set}, tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("train.stepz"));
+    CHECK_THAT(r.err, Catch::Contains("typo.yaml"));
+    CHECK_FALSE(fs::exists(run_dir));
+  }
+
+  SECTION("missing config file") {
+    const Result r = run_train({(tmp.path / "absent.yaml").string(), "--set", run_dir_set}, tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("absent.yaml"));
+    CHECK_FALSE(fs::exists(run_dir));
+  }
+}
+
+TEST_CASE("atoll-train: the default config trains toward the synthetic entropy floor", "[apps][atoll-train]") {
+  TempDir tmp;
+  const fs::path run_dir = tmp.path / "run";
+  const Result r = run_train({default_config().string(), "--set", "run_dir=" + run_dir.string()}, tmp.path);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+
+  const auto metrics = read_metrics(run_dir / "metrics.jsonl");
+  check_metrics_well_formed(metrics, 300);
+  CHECK_FALSE(fs::exists(run_dir / "metrics.jsonl.partial"));
+
+  const std::string run_json_text = read_file(run_dir / "run.json");
+  REQUIRE(nlohmann::json::accept(run_json_text));
+  const auto run_json = nlohmann::json::parse(run_json_text);
+  REQUIRE(run_json.contains("entropy_nats_per_token"));
+  const double entropy = run_json["entropy_nats_per_token"].get<double>();
+  CHECK(entropy == Approx(1.2425).margin(1e-3));  // branching 4: profile 1, 1/2, 1/3, 1/4
+  CHECK(run_json["config"]["train"]["steps"].get<std::int64_t>() == 300);
+  CHECK(run_json["config"]["run_dir"].get<std::string>() == run_dir.string());
+
+  // Acceptance rule: the mean of the last 10 losses closes >= 30% of the gap between the
+  // first-step loss and the entropy floor.
+  const double first = metrics.front()["loss"].get<double>();
+  double last10 = 0;
+  for (std::size_t i = metrics.size() - 10; i < metrics.size(); ++i) last10 += metrics[i]["loss"].get<double>();
+  last10 /= 10;
+  const double closed = (first - last10) / (first - entropy);
+  INFO("first loss " << first << ", last-10 mean " << last10 << ", entropy " << entropy << ", gap closed "
+                     << closed);
+  CHECK(first > entropy);
+  CHECK(closed >= 0.30);
+  WARN("beam-tiny default run: first loss " << first << ", last-10 mean " << last10 << ", gap closed " << closed);
+
+  const std::string final_line = last_line(r.out);
+  std::smatch match;
+  const std::regex final_re(R"(^final loss=([0-9]+\.[0-9]+) steps=300$)");
+  REQUIRE(std::regex_match(final_line, match, final_re));
+  CHECK(std::stod(match[1].str()) == Approx(metrics.back()["loss"].get<double>()).margin(1e-6));
+}
+
+TEST_CASE("atoll-train: the same config gives the same metrics, timing aside", "[apps][atoll-train]") {
+  TempDir tmp;
+  const fs::path run_a = tmp.path / "a";
+  const fs::path run_b = tmp.path / "b";
+  for (const auto& dir : {run_a, run_b}) {
+    const Result r = run_train(
+        {default_config().string(), "--set", "train.steps=15", "--set", "run_dir=" + dir.string()}, tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(last_line(r.out).rfind("final loss=", 0) == 0);
+  }
+  const auto metrics = read_metrics(run_a / "metrics.jsonl");
+  check_metrics_well_formed(metrics, 15);
+  const std::string a = metrics_without_timing(run_a / "metrics.jsonl");
+  const std::string b = metrics_without_timing(run_b / "metrics.jsonl");
+  CHECK(a.size() > 0);
+  CHECK(a == b);
+}
+
+TEST_CASE("atoll-train: an existing run is kept unless --overwrite", "[apps][atoll-train]") {
+  TempDir tmp;
+  const fs::path run_dir = tmp.path / "run";
+  const std::vector<std::string> base = {default_config().string(), "--set", "run_dir=" + run_dir.string()};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+
+  const Result first = run_train(with({"--set", "train.steps=3"}), tmp.path);
+  INFO("first run stderr: " << first.err);
+  REQUIRE(first.exit_code == 0);
+  const std::string metrics_before = read_file(run_dir / "metrics.jsonl");
+  const std::string run_json_before = read_file(run_dir / "run.json");
+  REQUIRE(read_metrics(run_dir / "metrics.jsonl").size() == 3);
+
+  const Result again = run_train(with({"--set", "train.steps=4"}), tmp.path);
+  INFO("second run stdout: " << again.out << "\nstderr: " << again.err);
+  CHECK(again.exit_code == 2);
+  CHECK_THAT(again.err, Catch::Contains("run_dir"));
+  CHECK_THAT(again.err, Catch::Contains("--overwrite"));
+  CHECK(read_file(run_dir / "metrics.jsonl") == metrics_before);
+  CHECK(read_file(run_dir / "run.json") == run_json_before);
+
+  const Result overwritten = run_train(with({"--set", "train.steps=4", "--overwrite"}), tmp.path);
+  INFO("overwrite run stdout: " << overwritten.out << "\nstderr: " << overwritten.err);
+  REQUIRE(overwritten.exit_code == 0);
+  CHECK(std::regex_match(last_line(overwritten.out), std::regex(R"(^final loss=[0-9]+\.[0-9]+ steps=4$)")));
+  check_metrics_well_formed(read_metrics(run_dir / "metrics.jsonl"), 4);
+  const auto run_json = nlohmann::json::parse(read_file(run_dir / "run.json"));
+  CHECK(run_json["config"]["train"]["steps"].get<std::int64_t>() == 4);
+  CHECK_FALSE(fs::exists(run_dir / "metrics.jsonl.partial"));
+}
+
+TEST_CASE("atoll-train: trains on a text file; bytes outside the vocabulary are refused", "[apps][atoll-train]") {
+  TempDir tmp;
+  const fs::path run_dir = tmp.path / "run";
+
+  SECTION("ASCII text trains") {
+    const fs::path text = tmp.path / "corpus.txt";
+    write_file(text,
+               "The lagoon is calm in the morning.\nFish move between the coral heads.\n\n"
+               "An atoll is a ring of coral around a lagoon,\nbuilt over a sinking volcano.\n\n"
+               "Waves break on the outer reef; the inner water stays shallow and warm.\n\n"
+               "Palm trees grow on the motu, the small islands of the ring.\n");
+    const Result r = run_train({default_config().string(), "--set", "run_dir=" + run_dir.string(), "--set",
+                                "train.steps=5", "--set", "data.source=text:" + text.string()},
+                               tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(last_line(r.out).rfind("final loss=", 0) == 0);
+    check_metrics_well_formed(read_metrics(run_dir / "metrics.jsonl"), 5);
+    const auto run_json = nlohmann::json::parse(read_file(run_dir / "run.json"));
+    // Only the synthetic source knows its loss floor.
+    CHECK_FALSE(run_json.contains("entropy_nats_per_token"));
+    CHECK(run_json["config"]["data"]["source"].get<std::string>() == "text:" + text.string());
+  }
+
+  SECTION("a byte >= 250 is a data error naming the file") {
+    const fs::path text = tmp.path / "bad_bytes.txt";
+    write_file(text, std::string("plain text, then a high byte: ") + static_cast<char>(0xFA) + "\n\nmore text\n");
+    const Result r = run_train({default_config().string(), "--set", "run_dir=" + run_dir.string(), "--set",
+                                "train.steps=5", "--set", "data.source=text:" + text.string()},
+                               tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Catch::Contains(text.string()));
+    CHECK_THAT(r.err, Catch::Contains("250"));
+    CHECK_FALSE(fs::exists(run_dir / "metrics.jsonl"));
+  }
+}
