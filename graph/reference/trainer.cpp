@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "graph/reference/tree_sum.hpp"
+#include "kernels/tree_sum.hpp"
 
 namespace atl {
 

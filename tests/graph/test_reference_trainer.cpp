@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "graph/reference/trainer.hpp"
-#include "graph/reference/tree_sum.hpp"
+#include "kernels/tree_sum.hpp"
 #include "tests/graph/beam_test_support.hpp"
 
 using namespace atl;

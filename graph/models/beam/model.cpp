@@ -354,14 +354,16 @@ LossSum BeamModel::forward_backward(const TensorMap& w, const Batch& batch, Prec
   const std::int64_t L = config_.num_hidden_layers;
   std::vector<std::shared_ptr<BeamBlockCache>> caches(static_cast<std::size_t>(L));
   Tensor h = embed_forward(w, batch.input_ids);
-  for (std::int64_t l = 0; l < L; ++l) h = block_forward(l, w, h, ctx, &caches[static_cast<std::size_t>(l)]);
+  for (std::int64_t l = 0; l < L; ++l) {
+    h = block_forward(l, w, h, ctx, &caches[static_cast<std::size_t>(l)]);
+    if (routing && config_.is_sparse(l)) routing->push_back({l, caches[static_cast<std::size_t>(l)]->routing.indices});
+  }
   std::shared_ptr<BeamHeadCache> head;
   LossSum loss = head_forward(w, h, batch.targets, ctx, &head);
   Tensor d = head_backward(w, *head, grad_scale, grads);
   head.reset();
   for (std::int64_t l = L - 1; l >= 0; --l) {
     auto& cache = caches[static_cast<std::size_t>(l)];
-    if (routing && config_.is_sparse(l)) routing->push_back({l, cache->routing.indices});
     d = block_backward(l, w, *cache, d, ctx, grads);
     cache.reset();  // free activations as soon as their backward is done
   }
