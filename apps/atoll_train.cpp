@@ -1,9 +1,10 @@
 // atoll-train CONFIG.yaml [--set key.path=value ...]: train a model as the config says.
-// Exit codes: 0 done, 2 bad config (nothing written), 1 failure while running.
+// Exit codes: 0 done, 2 bad config or command line (nothing written), 1 failure while running.
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
+#include "actors/actor_engine.hpp"
 #include "graph/config.hpp"
 #include "graph/training/run.hpp"
 
@@ -15,11 +16,20 @@ int main(int argc, char** argv) {
   app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required();
   app.add_option("--set", sets, "override a config key: --set train.steps=50 (repeatable)");
   app.add_flag("--overwrite", options.overwrite, "replace the outputs of an earlier run in run_dir");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--trace", options.trace_path, "write a Chrome trace-event JSON of every actor's spans (Perfetto)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // app.exit prints help or the usage error; CLI11's own codes (100+) are outside this
+    // tool's contract, so a bad command line is reported as 2 like a bad config.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
-    atl::run_training(config, options, std::cout);
+    const atl::EngineFactory engine = config.topology.engine == atl::Engine::reference ? atl::make_reference_engine
+                                                                                      : atl::make_actor_engine;
+    atl::run_training(config, options, engine, std::cout);
     return 0;
   } catch (const atl::ConfigError& e) {
     std::cerr << "atoll-train: config error: " << e.what() << "\n";

@@ -16,6 +16,8 @@ const std::vector<std::string>& backends() {
   return names;
 }
 
+const char* engine_name(Engine engine) { return engine == Engine::reference ? "reference" : "actors"; }
+
 const char* backend_name(Backend backend) {
   switch (backend) {
     case Backend::sim: return "sim";
@@ -104,7 +106,20 @@ TopologyConfig read_topology(ConfigReader reader) {
   TopologyConfig topology;
   const std::string backend = reader.get_choice("backend", "sim", backends());
   topology.backend = backend == "ucx" ? Backend::ucx : backend == "nccl" ? Backend::nccl : Backend::sim;
+  topology.engine = reader.get_choice("engine", "actors", {"actors", "reference"}) == "reference" ? Engine::reference
+                                                                                                 : Engine::actors;
   topology.mesh = read_mesh(reader.section("mesh"));
+  if (reader.has("sim_delay_ms")) {
+    ConfigReader delays = reader.section("sim_delay_ms");
+    for (const std::string& kind :
+         {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all_v", "send", "recv"}) {
+      if (auto ms = delays.optional<double>(kind)) {
+        delays.check(*ms >= 0, kind, "a non-negative number of milliseconds");
+        topology.sim_delay_ms[kind] = *ms;
+      }
+    }
+    delays.finish();
+  }
   reader.finish();
   return topology;
 }
@@ -239,6 +254,8 @@ nlohmann::json to_json(const RunConfig& c) {
       {"model", model},
       {"topology",
        {{"backend", backend_name(c.topology.backend)},
+        {"engine", engine_name(c.topology.engine)},
+        {"sim_delay_ms", c.topology.sim_delay_ms},
         {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},
       {"precision", precision_name(c.precision)},
       {"train",

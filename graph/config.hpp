@@ -2,6 +2,7 @@
 // and resolved into plain structs. Errors are ConfigError naming the file and the dotted key.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,18 @@ struct MeshConfig {
   std::int64_t world_size() const { return pp * dp_replicate * dp_shard * cp; }
 };
 
+// Which engine runs the steps: the actor runtime (default) or the single-process reference
+// trainer (one rank only; the yardstick the runtime is tested against).
+enum class Engine { actors, reference };
+const char* engine_name(Engine engine);
+
 struct TopologyConfig {
   Backend backend = Backend::sim;
+  Engine engine = Engine::actors;
   MeshConfig mesh;
+  // sim backend only: an injected delay (milliseconds) per collective kind, e.g. {all_gather: 5},
+  // to study overlap and slow links. Numerics do not change.
+  std::map<std::string, double> sim_delay_ms;
 };
 
 struct TrainConfig {

@@ -19,13 +19,13 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const BeamModel> model, Tenso
   if (micro_batch_ <= 0) throw std::invalid_argument("train.micro_batch: expected a positive integer");
 }
 
-StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
+ReferenceStepResult ReferenceTrainer::step_recording(const Batch& batch, bool record_routing) {
   if (batch.rows() % micro_batch_ != 0) {
     throw std::invalid_argument("global batch of " + std::to_string(batch.rows()) +
                                 " rows is not a multiple of train.micro_batch " + std::to_string(micro_batch_));
   }
   const auto& specs = model_->specs();
-  StepResult r;
+  ReferenceStepResult r;
   r.step = ++step_;
   r.targets = batch.target_count();
   r.tokens = batch.valid_count();

@@ -14,37 +14,25 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/beam/model.hpp"
 #include "graph/param.hpp"
+#include "graph/training/engine.hpp"
 #include "kernels/ops/optim.hpp"
 
 namespace atl {
 
-struct OptimizerSettings {
-  double lr = 1e-3;
-  std::int64_t warmup = 0;
-  std::int64_t total_steps = 1;
-  double min_lr_ratio = 0.1;
-  double weight_decay = 0.1;
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double grad_clip = 1.0;  // 0 = off
-};
-
-struct StepResult {
-  std::int64_t step = 0;  // 1-based step just taken
-  double loss = 0;        // mean CE over the global batch's targets
-  std::int64_t targets = 0;
-  std::int64_t tokens = 0;  // valid input tokens processed
-  double grad_norm = 0;     // before clipping
-  double lr = 0;
+struct ReferenceStepResult : StepResult {
   std::vector<RoutingRecord> routing;  // first micro-batch's router choices, when requested
 };
 
-class ReferenceTrainer {
+class ReferenceTrainer : public TrainingEngine {
  public:
   ReferenceTrainer(std::shared_ptr<const BeamModel> model, TensorMap master, Precision precision,
                    std::int64_t micro_batch, OptimizerSettings optimizer);
 
+  const char* name() const override { return "reference"; }
+  StepResult step(const Batch& global_batch) override { return step_recording(global_batch, false); }
+  TensorMap master_weights() const override { return master_.clone(); }
   // One optimizer step on a global batch (rows must be a multiple of micro_batch).
-  StepResult step(const Batch& global_batch, bool record_routing = false);
+  ReferenceStepResult step_recording(const Batch& global_batch, bool record_routing);
 
   const TensorMap& master() const { return master_; }
   const TensorMap& exp_avg() const { return exp_avg_; }
@@ -52,7 +40,7 @@ class ReferenceTrainer {
   std::int64_t steps_done() const { return step_; }
   const BeamModel& model() const { return *model_; }
 
-  // The summed, unclipped gradient of the last step (for tests).
+  // The summed gradient of the last step, after clipping (for tests).
   const TensorMap& last_gradients() const { return last_grads_; }
 
  private:

@@ -18,8 +18,8 @@ namespace atl {
 
 namespace {
 
-// The reference engine runs one rank; larger meshes need the actor runtime.
-void check_engine_supports(const RunConfig& c) {
+// The reference engine runs one rank.
+void check_reference_supports(const RunConfig& c) {
   const auto& m = c.topology.mesh;
   const std::pair<const char*, std::int64_t> axes[] = {{"pp", m.pp},
                                                        {"dp_replicate", m.dp_replicate},
@@ -29,8 +29,8 @@ void check_engine_supports(const RunConfig& c) {
   for (const auto& [name, size] : axes) {
     if (size != 1) {
       throw ConfigError(c.source_file, std::string("topology.mesh.") + name,
-                        "this build trains with the single-process reference engine, which runs a 1-rank mesh; got " +
-                            std::to_string(size) + " (the actor runtime that runs larger meshes is not built yet)");
+                        "topology.engine reference runs a 1-rank mesh; got " + std::to_string(size) +
+                            " (the actor runtime, topology.engine: actors, runs larger meshes)");
     }
   }
   if (c.topology.backend != Backend::sim) {
@@ -38,6 +38,8 @@ void check_engine_supports(const RunConfig& c) {
                       std::string("only sim runs in this build, got ") + backend_name(c.topology.backend));
   }
 }
+
+}  // namespace
 
 OptimizerSettings optimizer_settings(const TrainConfig& t) {
   OptimizerSettings o;
@@ -53,6 +55,14 @@ OptimizerSettings optimizer_settings(const TrainConfig& t) {
   return o;
 }
 
+std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
+  check_reference_supports(in.config);
+  return std::make_unique<ReferenceTrainer>(in.model, std::move(in.initial_master), in.config.precision,
+                                            in.config.train.micro_batch, in.optimizer);
+}
+
+namespace {
+
 std::string format_duration(double seconds) {
   const auto s = static_cast<long>(seconds + 0.5);
   return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
@@ -60,12 +70,15 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-double run_training(const RunConfig& config, const RunOptions& options, std::ostream& out) {
+double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
+                    std::ostream& out) {
   // Everything that can be wrong with the config is found before run_dir is touched.
-  check_engine_supports(config);
   auto model = std::make_shared<const BeamModel>(beam_config_from(config.model, config.source_file));
   const auto& mc = model->config();
   auto data = make_data_source(config.data, mc.unpadded_vocab_size, config.train.seed);
+  const auto& t = config.train;
+  std::unique_ptr<TrainingEngine> engine = make_engine(EngineInputs{
+      config, model, TensorMap::initialized(model->specs(), t.seed, mc.init_std), optimizer_settings(t)});
 
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
@@ -79,7 +92,7 @@ double run_training(const RunConfig& config, const RunOptions& options, std::ost
   nlohmann::json run_json;
   run_json["config"] = to_json(config);
   run_json["model"] = {{"family", "beam"}, {"preset", mc.preset}, {"parameters", model->parameter_count()}};
-  run_json["engine"] = "reference";
+  run_json["engine"] = engine->name();
   run_json["data"] = data->describe();
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
   write_file_atomically(run_dir / "run.json", run_json.dump(2) + "\n");
@@ -90,12 +103,12 @@ double run_training(const RunConfig& config, const RunOptions& options, std::ost
   std::ofstream metrics(metrics_tmp, std::ios::trunc);
   if (!metrics) throw std::runtime_error("cannot write " + metrics_tmp.string());
 
-  const auto& t = config.train;
-  ReferenceTrainer trainer(model, TensorMap::initialized(model->specs(), t.seed, mc.init_std), config.precision,
-                           t.micro_batch, optimizer_settings(t));
-  out << fmt::format("atoll-train: beam {} ({} parameters), {} steps of {}x{} tokens, precision {}, data {}\n",
+  const auto& mesh = config.topology.mesh;
+  out << fmt::format("atoll-train: beam {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
+                     "(dp_shard {} x dp_replicate {}), data {}\n",
                      mc.preset, model->parameter_count(), t.steps, t.global_batch, t.seq_len,
-                     precision_name(config.precision), data->describe())
+                     precision_name(config.precision), engine->name(), mesh.dp_shard, mesh.dp_replicate,
+                     data->describe())
       << std::flush;
 
   using clock = std::chrono::steady_clock;
@@ -105,13 +118,14 @@ double run_training(const RunConfig& config, const RunOptions& options, std::ost
   for (std::int64_t s = 1; s <= t.steps; ++s) {
     const auto step_start = clock::now();
     Batch batch = data->next(t.global_batch, t.seq_len);
-    StepResult r = trainer.step(batch);
+    StepResult r = engine->step(batch);
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
     tokens_total += r.tokens;
     last_loss = r.loss;
     nlohmann::json line = {{"step", r.step},           {"loss", r.loss},       {"grad_norm", r.grad_norm},
                            {"lr", r.lr},               {"tokens", tokens_total}, {"targets", r.targets},
+                           {"bytes_gathered", r.bytes_gathered}, {"bytes_reduced", r.bytes_reduced},
                            {"tokens_per_s", r.tokens / std::max(step_seconds, 1e-9)},
                            {"elapsed_s", elapsed}};
     metrics << line.dump() << "\n" << std::flush;
@@ -125,6 +139,12 @@ double run_training(const RunConfig& config, const RunOptions& options, std::ost
   }
   metrics.close();
   fs::rename(metrics_tmp, metrics_path);
+  if (!options.trace_path.empty()) {
+    auto trace = engine->chrome_trace();
+    if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
+    write_file_atomically(options.trace_path, *trace);
+    out << "trace written to " << options.trace_path << "\n";
+  }
   out << fmt::format("final loss={:.6f} steps={}\n", last_loss, t.steps) << std::flush;
   return last_loss;
 }

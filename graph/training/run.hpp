@@ -1,19 +1,38 @@
 // A training run end to end: validate the config against what the engine can run, build the
 // model and data, then step, report progress and write run_dir/{run.json, metrics.jsonl}.
 #pragma once
+#include <functional>
 #include <iosfwd>
+#include <memory>
 #include <string>
 
 #include "graph/config.hpp"
+#include "graph/models/beam/model.hpp"
+#include "graph/training/engine.hpp"
 
 namespace atl {
 
 struct RunOptions {
   bool overwrite = false;  // replace the outputs of an earlier run in run_dir
+  std::string trace_path;  // write a Chrome trace-event JSON here at the end (engines that record one)
 };
+
+struct EngineInputs {
+  const RunConfig& config;
+  std::shared_ptr<const BeamModel> model;
+  TensorMap initial_master;  // fp32, full
+  OptimizerSettings optimizer;
+};
+// Builds the engine a config asks for; throws ConfigError when it cannot run the config.
+using EngineFactory = std::function<std::unique_ptr<TrainingEngine>(EngineInputs)>;
+
+// The single-process reference trainer; it runs a 1-rank mesh.
+std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs inputs);
+OptimizerSettings optimizer_settings(const TrainConfig& train);
 
 // Throws ConfigError (bad config or an engine that cannot run this mesh) before anything is
 // written to run_dir; other exceptions are runtime failures. Returns the final mean loss.
-double run_training(const RunConfig& config, const RunOptions& options, std::ostream& out);
+double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
+                    std::ostream& out);
 
 }  // namespace atl

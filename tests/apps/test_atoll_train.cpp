@@ -80,8 +80,8 @@ Result run_train(const std::vector<std::string>& args, const fs::path& scratch) 
   const fs::path out_path = scratch / "stdout.txt";
   const fs::path err_path = scratch / "stderr.txt";
   std::string command = shell_quote(train_binary().string());
-  for (const auto& a : args) command += " " + shell_quote(a);
-  // Appended piecewise: `" >" + std::string` trips a false -Wrestrict in GCC 12.
+  // Appended piecewise: `" " + std::string&&` trips a false -Wrestrict in GCC 12.
+  for (const auto& a : args) command.append(" ").append(shell_quote(a));
   command.append(" >").append(shell_quote(out_path.string()));
   command.append(" 2>").append(shell_quote(err_path.string()));
   const int status = std::system(command.c_str());
@@ -152,7 +152,7 @@ std::string metrics_without_timing(const fs::path& path) {
 
 }  // namespace
 
-TEST_CASE("atoll-train: config errors exit 2, name the key and write nothing", "[apps][atoll-train]") {
+TEST_CASE("apps: atoll-train config errors exit 2, name the key and write nothing", "[apps][atoll-train]") {
   TempDir tmp;
   const fs::path run_dir = tmp.path / "run";
   const std::string run_dir_set = "run_dir=" + run_dir.string();
@@ -166,7 +166,11 @@ TEST_CASE("atoll-train: config errors exit 2, name the key and write nothing", "
       {"unknown key", {"train.stepz=3"}, "train.stepz"},
       {"wrong type", {"train.lr=fast"}, "train.lr"},
       {"non-positive mesh axis", {"topology.mesh.dp_shard=0"}, "topology.mesh.dp_shard"},
-      {"mesh the reference engine cannot run", {"topology.mesh.dp_shard=2"}, "topology.mesh.dp_shard"},
+      {"mesh the reference engine cannot run", {"topology.engine=reference", "topology.mesh.dp_shard=2"},
+       "topology.mesh.dp_shard"},
+      {"axis the actor runtime does not implement yet", {"topology.mesh.pp=2"}, "topology.mesh.pp"},
+      {"micro-batches that do not split over the data-parallel ranks", {"topology.mesh.dp_shard=3"},
+       "train.global_batch"},
       {"unknown model override", {"model.hidden_sizez=64"}, "model.hidden_sizez"},
   };
   for (const auto& c : cases) {
@@ -210,7 +214,39 @@ TEST_CASE("atoll-train: config errors exit 2, name the key and write nothing", "
   }
 }
 
-TEST_CASE("atoll-train: the default config trains toward the synthetic entropy floor", "[apps][atoll-train]") {
+TEST_CASE("apps: atoll-train a bad command line exits 2, --help exits 0", "[apps][atoll-train]") {
+  TempDir tmp;
+  const fs::path run_dir = tmp.path / "run";
+  const std::string run_dir_set = "run_dir=" + run_dir.string();
+
+  SECTION("no config argument") {
+    const Result r = run_train({}, tmp.path);
+    INFO("stderr: " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("config"));
+  }
+  SECTION("unknown option") {
+    const Result r = run_train({default_config().string(), "--set", run_dir_set, "--stepz=3"}, tmp.path);
+    INFO("stderr: " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--stepz"));
+    CHECK_FALSE(fs::exists(run_dir));
+  }
+  SECTION("--set without key.path=value") {
+    const Result r = run_train({default_config().string(), "--set", run_dir_set, "--set", "train.steps"}, tmp.path);
+    INFO("stderr: " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("train.steps"));
+    CHECK_FALSE(fs::exists(run_dir));
+  }
+  SECTION("--help") {
+    const Result r = run_train({"--help"}, tmp.path);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("--overwrite"));
+  }
+}
+
+TEST_CASE("apps: atoll-train the default config trains toward the synthetic entropy floor", "[apps][atoll-train]") {
   TempDir tmp;
   const fs::path run_dir = tmp.path / "run";
   const Result r = run_train({default_config().string(), "--set", "run_dir=" + run_dir.string()}, tmp.path);
@@ -250,7 +286,7 @@ TEST_CASE("atoll-train: the default config trains toward the synthetic entropy f
   CHECK(std::stod(match[1].str()) == Approx(metrics.back()["loss"].get<double>()).margin(1e-6));
 }
 
-TEST_CASE("atoll-train: the same config gives the same metrics, timing aside", "[apps][atoll-train]") {
+TEST_CASE("apps: atoll-train the same config gives the same metrics, timing aside", "[apps][atoll-train]") {
   TempDir tmp;
   const fs::path run_a = tmp.path / "a";
   const fs::path run_b = tmp.path / "b";
@@ -269,7 +305,7 @@ TEST_CASE("atoll-train: the same config gives the same metrics, timing aside", "
   CHECK(a == b);
 }
 
-TEST_CASE("atoll-train: an existing run is kept unless --overwrite", "[apps][atoll-train]") {
+TEST_CASE("apps: atoll-train an existing run is kept unless --overwrite", "[apps][atoll-train]") {
   TempDir tmp;
   const fs::path run_dir = tmp.path / "run";
   const std::vector<std::string> base = {default_config().string(), "--set", "run_dir=" + run_dir.string()};
@@ -304,7 +340,7 @@ TEST_CASE("atoll-train: an existing run is kept unless --overwrite", "[apps][ato
   CHECK_FALSE(fs::exists(run_dir / "metrics.jsonl.partial"));
 }
 
-TEST_CASE("atoll-train: trains on a text file; bytes outside the vocabulary are refused", "[apps][atoll-train]") {
+TEST_CASE("apps: atoll-train trains on a text file and refuses bytes outside the vocabulary", "[apps][atoll-train]") {
   TempDir tmp;
   const fs::path run_dir = tmp.path / "run";
 

@@ -13,6 +13,7 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/beam/config.hpp"
 #include "graph/param.hpp"
+#include "graph/training/staged_model.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
@@ -40,7 +41,7 @@ struct RoutingRecord {
   Tensor indices;  // i32 [T, K]
 };
 
-class BeamModel {
+class BeamModel : public StagedModel {
  public:
   explicit BeamModel(BeamConfig config);
   const BeamConfig& config() const { return config_; }
@@ -70,6 +71,13 @@ class BeamModel {
   LossSum forward_backward(const TensorMap& w, const Batch& batch, Precision precision, float grad_scale,
                            const TensorMap& grads, std::vector<RoutingRecord>* routing = nullptr) const;
   LossSum forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out = nullptr) const;
+
+  // --- StagedModel: op 0 = embedding, op 1 + l = layer l, op L + 1 = final norm, head and loss ---
+  int op_count() const override { return static_cast<int>(config_.num_hidden_layers) + 2; }
+  OpKind op_kind(int op) const override;
+  std::int64_t op_layer(int op) const override;
+  std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
+                                       float grad_scale) const override;
 
  private:
   std::string layer_prefix(std::int64_t layer) const;

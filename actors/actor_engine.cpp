@@ -1,0 +1,191 @@
+#include "actors/actor_engine.hpp"
+
+#include <cblas.h>
+
+#include "actors/spawn.hpp"
+#include "comm/sim/sim_world.hpp"
+#include "graph/plan/flat_shards.hpp"
+
+namespace atl {
+
+namespace {
+
+SimOptions sim_options(const RunConfig& config) {
+  static const std::map<std::string, CollectiveKind> kinds = {
+      {"all_gather", CollectiveKind::all_gather}, {"reduce_scatter", CollectiveKind::reduce_scatter},
+      {"all_reduce", CollectiveKind::all_reduce}, {"broadcast", CollectiveKind::broadcast},
+      {"all_to_all_v", CollectiveKind::all_to_all_v}, {"send", CollectiveKind::send},
+      {"recv", CollectiveKind::recv}};
+  SimOptions options;
+  for (const auto& [name, ms] : config.topology.sim_delay_ms) {
+    options.delay[kinds.at(name)] = std::chrono::microseconds(static_cast<std::int64_t>(ms * 1000.0));
+  }
+  return options;
+}
+
+void check_runnable(const RunConfig& config, const Mesh& mesh) {
+  if (config.topology.backend != Backend::sim) {
+    throw ConfigError(config.source_file, "topology.backend",
+                      std::string("only sim runs in this build, got ") + backend_name(config.topology.backend));
+  }
+  const auto& t = config.train;
+  const std::int64_t micro_batches = t.global_batch / t.micro_batch;
+  if (micro_batches % mesh.dp_size() != 0) {
+    throw ConfigError(config.source_file, "train.global_batch",
+                      "expected a multiple of train.micro_batch x dp_replicate x dp_shard = " +
+                          std::to_string(t.micro_batch * mesh.dp_size()) + " so every data-parallel rank gets whole "
+                          "micro-batches, got " + std::to_string(t.global_batch));
+  }
+}
+
+}  // namespace
+
+struct ActorEngine::Impl {
+  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const BeamModel> model;
+  std::shared_ptr<CollectiveRecorder> recorder;
+  std::shared_ptr<SpanTracer> tracer;
+  std::unique_ptr<SimWorld> world;  // outlives the actor system (declared first, destroyed last)
+  std::unique_ptr<caf::actor_system_config> system_config;
+  std::unique_ptr<caf::actor_system> system;
+  std::vector<std::vector<unit_actor>> units;  // [rank][unit]
+  std::vector<stage_actor> stages;
+  std::vector<compute_actor> computes;
+  std::vector<comm_actor> comms;
+  trainer_actor trainer;
+  std::int64_t steps = 0;
+
+  ~Impl() {
+    // Stop every actor explicitly so the system's destructor does not wait on anything.
+    if (!system) return;
+    auto stop = [](const auto& handle) { caf::anon_send_exit(handle, caf::exit_reason::user_shutdown); };
+    stop(trainer);
+    for (const auto& s : stages) stop(s);
+    for (const auto& c : computes) stop(c);
+    for (const auto& rank_units : units)
+      for (const auto& u : rank_units) stop(u);
+    for (const auto& c : comms) stop(c);
+    // Drop our handles too: a detached actor's thread waits until its last reference is gone.
+    trainer = nullptr;
+    stages.clear();
+    computes.clear();
+    units.clear();
+    comms.clear();
+    system.reset();
+  }
+};
+
+ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
+  const RunConfig& config = in.config;
+  Mesh mesh(config.topology.mesh, config.source_file);
+  check_runnable(config, mesh);
+  auto& im = *impl_;
+  im.model = in.model;
+  im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), beam_sharding_rules(), mesh, config.precision));
+  const Plan& plan = *im.plan;
+  const int world = mesh.world_size();
+  if (world > 1) openblas_set_num_threads(1);  // the ranks are the parallelism (TOOLCHAIN.md pitfall 9)
+
+  im.recorder = std::make_shared<CollectiveRecorder>();
+  im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch());
+  im.world = std::make_unique<SimWorld>(world, sim_options(config), im.recorder);
+  im.system_config = std::make_unique<caf::actor_system_config>();
+  im.system = std::make_unique<caf::actor_system>(*im.system_config);
+  auto& sys = *im.system;
+
+  std::map<std::string, bool> weight_decay;
+  for (const auto& s : in.model->specs()) weight_decay[s.name] = s.weight_decay;
+
+  im.units.resize(static_cast<std::size_t>(world));
+  for (int rank = 0; rank < world; ++rank) {
+    const Group shard_group = mesh.shard_group(rank), replicate_group = mesh.replicate_group(rank);
+    comm_actor shard_comm = spawn_comm_actor(sys, im.world->communicator(shard_group, rank));
+    comm_actor replicate_comm = spawn_comm_actor(sys, im.world->communicator(replicate_group, rank));
+    im.comms.push_back(shard_comm);
+    im.comms.push_back(replicate_comm);
+    for (std::size_t u = 0; u < plan.units.size(); ++u) {
+      const UnitPlan& unit = plan.units[u];
+      UnitActorSetup setup;
+      setup.plan = im.plan;
+      setup.unit_index = u;
+      setup.rank = rank;
+      setup.shard_index = shard_group.index_of(rank);
+      setup.shard_comm = shard_comm;
+      setup.replicate_comm = replicate_comm;
+      setup.replicate_count = replicate_group.size();
+      setup.initial_shard = pack_shard(unit, in.initial_master, setup.shard_index, unit.shard_count);
+      for (const auto& p : unit.params) setup.weight_decay.push_back(weight_decay.at(p.name));
+      setup.tracer = im.tracer;
+      im.units[static_cast<std::size_t>(rank)].push_back(spawn_unit_actor(sys, std::move(setup)));
+    }
+    compute_actor compute = spawn_compute_actor(sys, rank, im.tracer);
+    im.computes.push_back(compute);
+    im.stages.push_back(spawn_stage_actor(
+        sys, StageActorSetup{im.plan, im.model, rank, im.units[static_cast<std::size_t>(rank)], compute,
+                             replicate_group.size() > 1, im.tracer}));
+  }
+  im.trainer = spawn_trainer_actor(
+      sys, TrainerActorSetup{im.plan, im.stages, config.train.micro_batch, config.precision, in.optimizer, im.tracer});
+}
+
+ActorEngine::~ActorEngine() = default;
+
+StepResult ActorEngine::step(const Batch& global_batch) {
+  auto& im = *impl_;
+  const std::size_t records_before = im.recorder->size();
+  im.recorder->set_step(++im.steps);
+  caf::scoped_actor self{*im.system};
+  StepResult result;
+  std::string error;
+  self->request(im.trainer, caf::infinite, step_atom::value, GlobalStep{global_batch})
+      .receive([&](StepResult& r) { result = r; }, [&](caf::error& e) { error = im.system->render(e); });
+  if (!error.empty()) throw std::runtime_error("actor runtime: " + error);
+  const auto records = im.recorder->records();
+  for (std::size_t i = records_before; i < records.size(); ++i) {
+    const auto& rec = records[i];
+    if (rec.kind == CollectiveKind::all_gather) result.bytes_gathered += rec.bytes;
+    if (rec.kind == CollectiveKind::reduce_scatter || rec.kind == CollectiveKind::all_reduce) {
+      result.bytes_reduced += rec.bytes;
+    }
+  }
+  return result;
+}
+
+TensorMap ActorEngine::master_weights() const {
+  auto& im = *impl_;
+  const Plan& plan = *im.plan;
+  const Mesh& mesh = plan.mesh;
+  caf::scoped_actor self{*im.system};
+  TensorMap full;
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    const UnitPlan& unit = plan.units[u];
+    Tensor gathered = Tensor::empty({unit.shard_count * unit.shard_numel});
+    const Group group = mesh.shard_group(0);
+    for (int i = 0; i < group.size(); ++i) {
+      const int rank = group.ranks[static_cast<std::size_t>(i)];
+      self->request(im.units[static_cast<std::size_t>(rank)][u], caf::infinite, master_atom::value)
+          .receive(
+              [&](const ShardTensor& s) {
+                gathered.slice_rows(i * unit.shard_numel, (i + 1) * unit.shard_numel).copy_from(s.shard);
+              },
+              [&](caf::error& e) { throw std::runtime_error("actor runtime: " + im.system->render(e)); });
+    }
+    TensorMap params = unpack_gathered(unit, gathered, unit.shard_count);
+    for (const auto& name : params.names()) full.insert(name, params.at(name));
+  }
+  // Canonical (spec) order.
+  TensorMap ordered;
+  for (const auto& s : im.model->specs()) ordered.insert(s.name, full.at(s.name));
+  return ordered;
+}
+
+std::optional<std::string> ActorEngine::chrome_trace() const { return impl_->tracer->chrome_trace_json(); }
+const Plan& ActorEngine::plan() const { return *impl_->plan; }
+std::vector<CollectiveRecord> ActorEngine::collective_records() const { return impl_->recorder->records(); }
+std::vector<Span> ActorEngine::spans() const { return impl_->tracer->spans(); }
+
+std::unique_ptr<TrainingEngine> make_actor_engine(EngineInputs inputs) {
+  return std::make_unique<ActorEngine>(std::move(inputs));
+}
+
+}  // namespace atl

@@ -1,0 +1,43 @@
+// The actor runtime behind atoll-train: executes a Plan with CAF actors — per rank a stage,
+// a compute actor, one unit actor per FSDP unit and one comm actor per process group; per job a
+// trainer. In `sim` mode every rank lives in this process and collectives go through the
+// in-process SimWorld. This header keeps CAF out of its includers.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/collective_record.hpp"
+#include "graph/plan/plan.hpp"
+#include "graph/training/run.hpp"
+
+namespace atl {
+
+struct Span;
+
+class ActorEngine : public TrainingEngine {
+ public:
+  // Plans the model on the config's mesh (ConfigError when the mesh or batch cannot run) and
+  // spawns the actors.
+  explicit ActorEngine(EngineInputs inputs);
+  ~ActorEngine() override;
+  ActorEngine(const ActorEngine&) = delete;
+  ActorEngine& operator=(const ActorEngine&) = delete;
+
+  const char* name() const override { return "actors"; }
+  StepResult step(const Batch& global_batch) override;
+  TensorMap master_weights() const override;
+  std::optional<std::string> chrome_trace() const override;
+
+  const Plan& plan() const;
+  std::vector<CollectiveRecord> collective_records() const;
+  std::vector<Span> spans() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+std::unique_ptr<TrainingEngine> make_actor_engine(EngineInputs inputs);
+
+}  // namespace atl

@@ -1,0 +1,68 @@
+// The comm actor of one process group on one rank. Requests carry sequence numbers that the
+// stage assigns in program order; the actor issues them to the Communicator strictly in that
+// order (holding early arrivals), so every rank of the group issues the same collectives in the
+// same order — what NCCL requires and what the sim backend's rendezvous checks.
+#include <map>
+
+#include "actors/spawn.hpp"
+
+namespace atl {
+
+namespace {
+
+struct CommState {
+  std::shared_ptr<Communicator> communicator;
+  std::uint64_t next_seq = 0;
+  std::map<std::uint64_t, CollectiveRequest> waiting;                       // arrived early
+  std::map<std::uint64_t, caf::typed_response_promise<done_atom>> pending;  // issued, not done
+};
+
+using comm_pointer = comm_actor::stateful_pointer<CommState>;
+
+void issue_ready(comm_pointer self) {
+  auto& st = self->state;
+  for (auto it = st.waiting.find(st.next_seq); it != st.waiting.end(); it = st.waiting.find(st.next_seq)) {
+    CollectiveRequest req = std::move(it->second);
+    st.waiting.erase(it);
+    ++st.next_seq;
+    // Completions arrive on a backend thread: turn them into a message to this actor.
+    comm_actor handle = self;
+    Completion done = [handle, seq = req.seq] { caf::anon_send(handle, completed_atom::value, seq); };
+    Communicator& c = *st.communicator;
+    switch (req.kind) {
+      case CollectiveKind::all_gather: c.all_gather(req.send, req.recv, req.tag, done); break;
+      case CollectiveKind::reduce_scatter: c.reduce_scatter(req.send, req.recv, req.tag, done); break;
+      case CollectiveKind::all_reduce: c.all_reduce(req.recv, req.tag, done); break;
+      case CollectiveKind::broadcast: c.broadcast(req.recv, 0, req.tag, done); break;
+      default:
+        throw std::logic_error(std::string("comm actor: unsupported collective ") + collective_name(req.kind));
+    }
+  }
+}
+
+comm_actor::behavior_type comm_behavior(comm_pointer self, std::shared_ptr<Communicator> communicator) {
+  self->state.communicator = std::move(communicator);
+  return {
+      [=](collect_atom, CollectiveRequest req) -> caf::result<done_atom> {
+        auto rp = self->make_response_promise<done_atom>();
+        self->state.pending.emplace(req.seq, rp);
+        self->state.waiting.emplace(req.seq, std::move(req));
+        issue_ready(self);
+        return rp;
+      },
+      [=](completed_atom, std::uint64_t seq) {
+        auto it = self->state.pending.find(seq);
+        if (it == self->state.pending.end()) return;
+        it->second.deliver(done_atom::value);
+        self->state.pending.erase(it);
+      },
+  };
+}
+
+}  // namespace
+
+comm_actor spawn_comm_actor(caf::actor_system& system, std::unique_ptr<Communicator> communicator) {
+  return system.spawn(comm_behavior, std::shared_ptr<Communicator>(std::move(communicator)));
+}
+
+}  // namespace atl

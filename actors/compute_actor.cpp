@@ -1,0 +1,33 @@
+// The compute actor of one rank: runs model pieces (kernels) one at a time. It is spawned
+// detached, on a thread of its own, so long kernels never hold up the scheduler threads that
+// unit and comm actors need to keep gathers moving (that is what lets gathers overlap compute).
+#include "actors/spawn.hpp"
+
+namespace atl {
+
+namespace {
+
+compute_actor::behavior_type compute_behavior(compute_actor::pointer self, int rank,
+                                              std::shared_ptr<SpanTracer> tracer) {
+  return {
+      [=](run_atom, const ComputeJob& job) -> caf::result<done_atom> {
+        const double start = tracer->now_us();
+        try {
+          job.work();
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(rank) + ", " + job.name + ": " + e.what());
+        }
+        tracer->add({rank, "compute", job.name, "compute", start, tracer->now_us()});
+        (void)self;
+        return done_atom::value;
+      },
+  };
+}
+
+}  // namespace
+
+compute_actor spawn_compute_actor(caf::actor_system& system, int rank, std::shared_ptr<SpanTracer> tracer) {
+  return system.spawn<caf::detached>(compute_behavior, rank, std::move(tracer));
+}
+
+}  // namespace atl

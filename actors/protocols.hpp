@@ -1,0 +1,133 @@
+// Every typed actor interface of the runtime in one place, with the messages they exchange.
+// Messages carry tensors by reference-counted storage (never copied inside a process), so they
+// are in-process types: CAF_ALLOW_UNSAFE_MESSAGE_TYPE, never serialized. Only actors/*.cpp
+// include this header (CAF headers are heavy).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/all.hpp"
+#include "comm/communicator.hpp"
+#include "graph/data/batch.hpp"
+#include "graph/param.hpp"
+#include "graph/training/engine.hpp"
+
+namespace atl {
+
+// --- messages ---
+
+// A unit's full parameters (fp32 values; bf16-valued when gathered in bf16).
+struct GatheredParams {
+  std::shared_ptr<const TensorMap> params;
+};
+
+// One micro-batch's gradient for a unit's parameters. On the last micro-batch of a step the unit
+// reduces: reduce-scatter over its shard group (sequence number shard_seq on that group's comm
+// actor), then, with HSDP, all-reduce over its replicate group (replicate_seq).
+struct UnitGrads {
+  std::shared_ptr<const TensorMap> grads;
+  bool last = false;
+  std::uint64_t shard_seq = 0;
+  std::uint64_t replicate_seq = 0;
+};
+
+// A collective for a comm actor. Requests run in sequence-number order (the stage numbers them
+// in program order, identical on every rank), whatever order they arrive in.
+struct CollectiveRequest {
+  std::uint64_t seq = 0;
+  CollectiveKind kind = CollectiveKind::all_gather;
+  Tensor send, recv;
+  std::string tag;
+};
+
+struct ComputeJob {
+  std::string name;
+  std::function<void()> work;
+};
+
+// A rank's share of one step: its micro-batches in global order.
+struct StageStep {
+  std::int64_t step = 0;
+  std::vector<Batch> micro_batches;
+  float grad_scale = 0;
+};
+
+struct StageReport {
+  std::vector<double> loss_sums;       // per micro-batch, in order
+  std::vector<double> unit_sum_squares;  // per unit (plan order): this rank's gradient shard
+};
+
+struct OptimizerStep {
+  std::int64_t step = 0;
+  float lr = 0;
+  double clip_factor = 1.0;  // applied when < 1
+  OptimizerSettings settings;
+};
+
+struct ShardTensor {
+  Tensor shard;  // f32 [shard_numel]
+};
+
+struct GlobalStep {
+  Batch batch;
+};
+
+}  // namespace atl
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GatheredParams)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::UnitGrads)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::CollectiveRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::ComputeJob)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StageStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StageReport)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::OptimizerStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::ShardTensor)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GlobalStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StepResult)
+
+namespace atl {
+
+// --- atoms (at most 10 characters) ---
+using gather_atom = caf::atom_constant<caf::atom("gather")>;
+using params_atom = caf::atom_constant<caf::atom("params")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using grads_atom = caf::atom_constant<caf::atom("grads")>;
+using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
+using optimize_atom = caf::atom_constant<caf::atom("optimize")>;
+using master_atom = caf::atom_constant<caf::atom("master")>;
+using collect_atom = caf::atom_constant<caf::atom("collect")>;
+using completed_atom = caf::atom_constant<caf::atom("completed")>;
+using run_atom = caf::atom_constant<caf::atom("run")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+
+// --- interfaces ---
+
+// One process group on one rank: runs collectives on its Communicator in sequence order.
+using comm_actor = caf::typed_actor<caf::replies_to<collect_atom, CollectiveRequest>::with<done_atom>,
+                                    caf::reacts_to<completed_atom, std::uint64_t>>;
+
+// One device: runs kernels (model pieces). Spawned detached: compute never stalls the control plane.
+using compute_actor = caf::typed_actor<caf::replies_to<run_atom, ComputeJob>::with<done_atom>>;
+
+// One FSDP unit on one rank: fp32 master shard, gradient shard, AdamW state.
+using unit_actor = caf::typed_actor<caf::reacts_to<gather_atom, std::uint64_t>,        // start a gather
+                                    caf::replies_to<params_atom>::with<GatheredParams>,  // when gathered
+                                    caf::reacts_to<release_atom>,                        // reshard
+                                    caf::reacts_to<grads_atom, UnitGrads>,               // accumulate / reduce
+                                    caf::replies_to<reduced_atom>::with<double>,         // shard sum of squares
+                                    caf::replies_to<optimize_atom, OptimizerStep>::with<done_atom>,
+                                    caf::replies_to<master_atom>::with<ShardTensor>>;
+
+// One pipeline stage on one rank (the whole model while pp = 1): runs the schedule.
+using stage_actor = caf::typed_actor<caf::replies_to<step_atom, StageStep>::with<StageReport>,
+                                     caf::replies_to<optimize_atom, OptimizerStep>::with<done_atom>>;
+
+// The job's trainer: splits the global batch, normalises the loss, computes the global gradient
+// norm in one fixed order and triggers the optimizer step.
+using trainer_actor = caf::typed_actor<caf::replies_to<step_atom, GlobalStep>::with<StepResult>>;
+
+}  // namespace atl

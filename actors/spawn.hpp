@@ -1,0 +1,53 @@
+// Spawn functions of the runtime's actors (internal to actors/; includes CAF).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "actors/protocols.hpp"
+#include "actors/trace.hpp"
+#include "comm/communicator.hpp"
+#include "graph/plan/plan.hpp"
+#include "graph/training/staged_model.hpp"
+
+namespace atl {
+
+comm_actor spawn_comm_actor(caf::actor_system& system, std::unique_ptr<Communicator> communicator);
+
+compute_actor spawn_compute_actor(caf::actor_system& system, int rank, std::shared_ptr<SpanTracer> tracer);
+
+struct UnitActorSetup {
+  std::shared_ptr<const Plan> plan;
+  std::size_t unit_index = 0;
+  int rank = 0;
+  int shard_index = 0;            // this rank's position in the unit's shard group
+  comm_actor shard_comm;          // the dp_shard group of this rank
+  comm_actor replicate_comm;      // the dp_replicate group (unused when it has one member)
+  int replicate_count = 1;
+  Tensor initial_shard;           // f32 [shard_numel]
+  std::vector<bool> weight_decay;  // per UnitParam
+  std::shared_ptr<SpanTracer> tracer;
+};
+unit_actor spawn_unit_actor(caf::actor_system& system, UnitActorSetup setup);
+
+struct StageActorSetup {
+  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const StagedModel> model;
+  int rank = 0;
+  std::vector<unit_actor> units;  // plan order
+  compute_actor compute;
+  bool replicated = false;        // dp_replicate > 1: units all-reduce after reduce-scatter
+  std::shared_ptr<SpanTracer> tracer;
+};
+stage_actor spawn_stage_actor(caf::actor_system& system, StageActorSetup setup);
+
+struct TrainerActorSetup {
+  std::shared_ptr<const Plan> plan;
+  std::vector<stage_actor> stages;  // by rank
+  std::int64_t micro_batch = 1;     // rows per micro-batch
+  Precision precision = Precision::bf16;
+  OptimizerSettings optimizer;
+  std::shared_ptr<SpanTracer> tracer;
+};
+trainer_actor spawn_trainer_actor(caf::actor_system& system, TrainerActorSetup setup);
+
+}  // namespace atl

@@ -1,0 +1,119 @@
+// The trainer actor of a job: hands each rank its block of micro-batches, then combines what
+// the ranks report in one fixed order — loss sums over the pairwise tree of global micro-batch
+// indices (exactly the reference trainer's order), the gradient norm over (unit, shard) in plan
+// order — and triggers the optimizer step with the clip factor and learning rate.
+#include <cmath>
+
+#include "actors/spawn.hpp"
+#include "kernels/ops/optim.hpp"
+#include "kernels/tree_sum.hpp"
+
+namespace atl {
+
+namespace {
+
+struct TrainerState {
+  TrainerActorSetup setup;
+  std::int64_t step = 0;
+};
+
+using trainer_pointer = trainer_actor::stateful_pointer<TrainerState>;
+
+struct StepProgress {
+  StepResult result;
+  std::vector<StageReport> reports;  // by rank
+  std::size_t remaining = 0;
+  caf::typed_response_promise<StepResult> promise;
+};
+
+void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> progress) {
+  auto& st = self->state;
+  const Plan& plan = *st.setup.plan;
+  const Mesh& mesh = plan.mesh;
+  StepResult& r = progress->result;
+
+  // Loss: micro-batches in global order are the dp indices' blocks in dp order.
+  std::vector<int> rank_of_dp(static_cast<std::size_t>(mesh.dp_size()), -1);
+  for (int rank = 0; rank < mesh.world_size(); ++rank) rank_of_dp[static_cast<std::size_t>(mesh.dp_index(rank))] = rank;
+  auto loss_tree = make_tree_sum<double>([](double& a, const double& b) { a += b; });
+  for (int rank : rank_of_dp) {
+    for (double l : progress->reports[static_cast<std::size_t>(rank)].loss_sums) loss_tree.push(l);
+  }
+  const double loss_sum = loss_tree.finish();
+  r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
+
+  // Gradient norm: every unit's shards once (replicas hold identical shards), in plan order.
+  double total = 0;
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    for (int rank = 0; rank < mesh.world_size(); ++rank) {
+      if (mesh.coord(rank).dp_replicate != 0) continue;
+      total += progress->reports[static_cast<std::size_t>(rank)].unit_sum_squares[u];
+    }
+  }
+  r.grad_norm = std::sqrt(total);
+  const OptimizerSettings& o = st.setup.optimizer;
+  const double clip = o.grad_clip > 0 ? std::min(1.0, o.grad_clip / (r.grad_norm + 1e-6)) : 1.0;
+  r.lr = warmup_cosine_lr(r.step, o.warmup, o.total_steps, o.lr, o.min_lr_ratio);
+  OptimizerStep msg{r.step, static_cast<float>(r.lr), clip, o};
+  progress->remaining = st.setup.stages.size();
+  for (const auto& stage : st.setup.stages) {
+    self->request(stage, caf::infinite, optimize_atom::value, msg)
+        .then([=](done_atom) {
+          if (--progress->remaining == 0) progress->promise.deliver(progress->result);
+        },
+              [=](caf::error& e) { progress->promise.deliver(std::move(e)); });
+  }
+}
+
+trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActorSetup setup) {
+  self->state.setup = std::move(setup);
+  return {
+      [=](step_atom, const GlobalStep& msg) -> caf::result<StepResult> {
+        auto& st = self->state;
+        const Mesh& mesh = st.setup.plan->mesh;
+        const Batch& batch = msg.batch;
+        const std::int64_t micro = st.setup.micro_batch;
+        const std::int64_t dp = mesh.dp_size();
+        if (batch.rows() % (micro * dp) != 0) {
+          return caf::make_error(caf::sec::runtime_error,
+                                 "global batch of " + std::to_string(batch.rows()) + " rows does not split into " +
+                                     std::to_string(dp) + " data-parallel ranks of micro-batches of " +
+                                     std::to_string(micro) + " rows");
+        }
+        auto progress = std::make_shared<StepProgress>();
+        StepResult& r = progress->result;
+        r.step = ++st.step;
+        r.targets = batch.target_count();
+        r.tokens = batch.valid_count();
+        st.setup.tracer->set_step(r.step);
+        const float grad_scale = r.targets > 0 ? static_cast<float>(1.0 / static_cast<double>(r.targets)) : 0.0f;
+        const std::int64_t per_rank = batch.rows() / micro / dp;
+        progress->reports.resize(st.setup.stages.size());
+        progress->remaining = st.setup.stages.size();
+        progress->promise = self->make_response_promise<StepResult>();
+        for (std::size_t rank = 0; rank < st.setup.stages.size(); ++rank) {
+          StageStep stage_step{r.step, {}, grad_scale};
+          const std::int64_t first = mesh.dp_index(static_cast<int>(rank)) * per_rank;
+          for (std::int64_t m = first; m < first + per_rank; ++m) {
+            stage_step.micro_batches.push_back(batch.slice_rows(m * micro, (m + 1) * micro));
+          }
+          self->request(st.setup.stages[rank], caf::infinite, step_atom::value, std::move(stage_step))
+              .then(
+                  [=](StageReport& report) {
+                    progress->reports[rank] = std::move(report);
+                    if (--progress->remaining == 0) combine_and_optimize(self, progress);
+                  },
+                  [=](caf::error& e) { progress->promise.deliver(std::move(e)); });
+        }
+        return progress->promise;
+      },
+  };
+}
+
+}  // namespace
+
+trainer_actor spawn_trainer_actor(caf::actor_system& system, TrainerActorSetup setup) {
+  return system.spawn(trainer_behavior, std::move(setup));
+}
+
+}  // namespace atl

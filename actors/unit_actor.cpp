@@ -1,0 +1,159 @@
+// The unit actor: one FSDP unit on one rank. It owns the unit's fp32 master shard, its
+// gradient shard and AdamW moments. gather: cast the shard to the policy's param dtype and
+// all-gather it through the shard group's comm actor; grads: add each micro-batch's gradient
+// over the fixed pairwise tree, and after the last one reduce-scatter in the reduce dtype (then
+// all-reduce over the replicate group for HSDP); optimize: AdamW on the shard.
+#include "actors/spawn.hpp"
+#include "graph/plan/flat_shards.hpp"
+#include "kernels/cpu/optim.hpp"
+#include "kernels/ops/elementwise.hpp"
+#include "kernels/tree_sum.hpp"
+
+namespace atl {
+
+namespace {
+
+void add_maps(TensorMap& left, const TensorMap& right) {
+  const auto l = left.tensors(), r = right.tensors();
+  for (std::size_t i = 0; i < l.size(); ++i) add_inplace(l[i], r[i]);
+}
+using GradTree = PairwiseTreeSum<TensorMap, decltype(&add_maps)>;
+
+enum class GatherState { sharded, gathering, gathered };
+
+struct UnitState {
+  UnitActorSetup setup;
+  const UnitPlan* unit = nullptr;
+  std::string actor_name;
+  Tensor master, exp_avg, exp_avg_sq, grad_shard;
+  GatherState gather = GatherState::sharded;
+  std::shared_ptr<const TensorMap> full;
+  std::vector<caf::typed_response_promise<GatheredParams>> waiting_params;
+  std::unique_ptr<GradTree> grad_tree;
+  bool reduced = false;
+  double sum_squares = 0;
+  std::vector<caf::typed_response_promise<double>> waiting_reduced;
+};
+
+using unit_pointer = unit_actor::stateful_pointer<UnitState>;
+
+void start_gather(unit_pointer self, std::uint64_t seq) {
+  auto& st = self->state;
+  const UnitPlan& u = *st.unit;
+  st.gather = GatherState::gathering;
+  // The shard travels in the param dtype: bf16 for bulk units in bf16 runs, fp32 for islands.
+  Tensor send = u.policy.param_dtype == DType::f32 ? st.master : st.master.to(u.policy.param_dtype);
+  Tensor recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
+  const double start = st.setup.tracer->now_us();
+  self->request(st.setup.shard_comm, caf::infinite, collect_atom::value,
+                CollectiveRequest{seq, CollectiveKind::all_gather, send, recv, u.name})
+      .then([=](done_atom) {
+        auto& s = self->state;
+        s.full = std::make_shared<const TensorMap>(unpack_gathered(*s.unit, recv, s.unit->shard_count));
+        s.gather = GatherState::gathered;
+        s.setup.tracer->add({s.setup.rank, s.actor_name, "gather", "gather", start, s.setup.tracer->now_us()});
+        for (auto& rp : s.waiting_params) rp.deliver(GatheredParams{s.full});
+        s.waiting_params.clear();
+      });
+}
+
+void finish_reduce(unit_pointer self, Tensor shard, double start) {
+  auto& st = self->state;
+  st.grad_shard = shard;
+  st.sum_squares = cpu::sum_of_squares<float>(shard.data<float>(), shard.numel());
+  st.reduced = true;
+  st.setup.tracer->add({st.setup.rank, st.actor_name, "reduce", "reduce", start, st.setup.tracer->now_us()});
+  for (auto& rp : st.waiting_reduced) rp.deliver(st.sum_squares);
+  st.waiting_reduced.clear();
+}
+
+void start_reduce(unit_pointer self, const UnitGrads& msg) {
+  auto& st = self->state;
+  const UnitPlan& u = *st.unit;
+  TensorMap summed = st.grad_tree->finish();
+  st.grad_tree.reset();
+  Tensor send = pack_for_reduce_scatter(u, summed, u.shard_count);
+  Tensor recv = Tensor::empty({u.shard_numel}, DType::f32);
+  const double start = st.setup.tracer->now_us();
+  self->request(st.setup.shard_comm, caf::infinite, collect_atom::value,
+                CollectiveRequest{msg.shard_seq, CollectiveKind::reduce_scatter, send, recv, u.name})
+      .then([=](done_atom) {
+        if (self->state.setup.replicate_count == 1) return finish_reduce(self, recv, start);
+        self->request(self->state.setup.replicate_comm, caf::infinite, collect_atom::value,
+                      CollectiveRequest{msg.replicate_seq, CollectiveKind::all_reduce, Tensor(), recv, u.name})
+            .then([=](done_atom) { finish_reduce(self, recv, start); });
+      });
+}
+
+void optimize(UnitState& st, const OptimizerStep& msg) {
+  const UnitPlan& u = *st.unit;
+  if (msg.clip_factor < 1.0) scale_inplace(st.grad_shard, static_cast<float>(msg.clip_factor));
+  const OptimizerSettings& o = msg.settings;
+  for (std::size_t i = 0; i < u.params.size(); ++i) {
+    const UnitParam& p = u.params[i];
+    const float wd = st.setup.weight_decay[i] ? static_cast<float>(o.weight_decay) : 0.0f;
+    const std::int64_t at = p.shard_offset;
+    cpu::adamw_step<float>(st.master.data<float>() + at, st.grad_shard.data<float>() + at,
+                           st.exp_avg.data<float>() + at, st.exp_avg_sq.data<float>() + at, p.shard_numel, msg.lr,
+                           static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps), wd,
+                           msg.step);
+  }
+  st.reduced = false;
+  st.grad_shard = Tensor();
+}
+
+unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup) {
+  auto& st = self->state;
+  st.unit = &setup.plan->units.at(setup.unit_index);
+  st.actor_name = "unit " + st.unit->name;
+  st.master = setup.initial_shard;
+  st.exp_avg = Tensor::zeros(st.master.shape());
+  st.exp_avg_sq = Tensor::zeros(st.master.shape());
+  st.setup = std::move(setup);
+  return {
+      [=](gather_atom, std::uint64_t seq) {
+        if (self->state.gather == GatherState::sharded) start_gather(self, seq);
+      },
+      [=](params_atom) -> caf::result<GatheredParams> {
+        auto& s = self->state;
+        if (s.gather == GatherState::gathered) return GatheredParams{s.full};
+        if (s.gather == GatherState::sharded) {
+          return caf::make_error(caf::sec::runtime_error, s.actor_name + ": params asked before a gather");
+        }
+        auto rp = self->make_response_promise<GatheredParams>();
+        s.waiting_params.push_back(rp);
+        return rp;
+      },
+      [=](release_atom) {
+        auto& s = self->state;
+        s.gather = GatherState::sharded;
+        s.full.reset();  // the stage may still hold the map until its compute ends; storage is shared
+      },
+      [=](grads_atom, const UnitGrads& msg) {
+        auto& s = self->state;
+        if (!s.grad_tree) s.grad_tree = std::make_unique<GradTree>(&add_maps);
+        s.grad_tree->push(*msg.grads);  // handles: this micro-batch's tensors are not reused
+        if (msg.last) start_reduce(self, msg);
+      },
+      [=](reduced_atom) -> caf::result<double> {
+        auto& s = self->state;
+        if (s.reduced) return s.sum_squares;
+        auto rp = self->make_response_promise<double>();
+        s.waiting_reduced.push_back(rp);
+        return rp;
+      },
+      [=](optimize_atom, const OptimizerStep& msg) -> done_atom {
+        optimize(self->state, msg);
+        return done_atom::value;
+      },
+      [=](master_atom) { return ShardTensor{self->state.master}; },
+  };
+}
+
+}  // namespace
+
+unit_actor spawn_unit_actor(caf::actor_system& system, UnitActorSetup setup) {
+  return system.spawn(unit_behavior, std::move(setup));
+}
+
+}  // namespace atl

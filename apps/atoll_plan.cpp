@@ -1,0 +1,49 @@
+// atoll-plan CONFIG.yaml [--set key.path=value ...] [--world-size N]: print the FSDP plan the
+// runtime would execute for this config: units, policies, schedules, the mesh and its groups,
+// and a per-rank memory estimate. Nothing is written.
+// Exit codes: 0 printed, 2 bad config or command line, 1 any other failure.
+#include <iostream>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "graph/config.hpp"
+#include "graph/models/beam/model.hpp"
+#include "graph/models/beam/model_config.hpp"
+#include "graph/plan/format.hpp"
+#include "graph/plan/mesh.hpp"
+#include "graph/plan/plan.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"atoll-plan: show how a run config is split into FSDP units, and what each rank holds"};
+  std::string config_path;
+  std::vector<std::string> sets;
+  std::optional<int> world_size;
+  app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required();
+  app.add_option("--set", sets, "override a config key: --set topology.mesh.dp_shard=4 (repeatable)");
+  app.add_option("--world-size", world_size, "check the mesh against the ranks a launcher will start");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // a bad command line is reported as 2 like a bad config
+  }
+
+  try {
+    const atl::RunConfig config = atl::load_run_config(config_path, sets);
+    const atl::BeamModel model(atl::beam_config_from(config.model, config.source_file));
+    const atl::Mesh mesh(config.topology.mesh, config.source_file);
+    if (world_size) mesh.check_world_size(*world_size);
+    const atl::Plan plan = atl::make_plan(model.specs(), atl::beam_sharding_rules(), mesh, config.precision);
+    std::cout << fmt::format("atoll-plan: {}: beam {} ({} parameters)\n", config.source_file, model.config().preset,
+                             model.parameter_count())
+              << atl::format_plan(plan);
+    return 0;
+  } catch (const atl::ConfigError& e) {
+    std::cerr << "atoll-plan: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "atoll-plan: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,61 @@
+// One record per rank per finished collective, for traces and tests. A CollectiveRecorder is
+// shared by every communicator of a job (and by other tracing, through its epoch) and is safe to
+// use from any thread.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "kernels/dtype.hpp"
+
+namespace atl {
+
+struct CollectiveRecord {
+  CollectiveKind kind = CollectiveKind::all_reduce;
+  std::string group;  // Group::describe(), e.g. "dp_shard[0,1]"
+  std::string axis;
+  DType dtype = DType::f32;
+  // This rank's send bytes: the send tensor (all_gather, reduce_scatter, all_to_all_v, send), the
+  // in-out tensor (all_reduce; broadcast on the root), 0 for broadcast off the root and for recv.
+  std::int64_t bytes = 0;
+  std::string tag;
+  int rank = -1;        // global rank
+  double start_us = 0;  // when this rank posted, microseconds since the recorder's epoch
+  double end_us = 0;    // when this rank's completion fired
+  std::int64_t step = -1;  // the recorder's current step when this rank posted
+};
+
+class CollectiveRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Pass another tracer's epoch to put both on one time axis.
+  explicit CollectiveRecorder(Clock::time_point epoch = Clock::now()) : epoch_(epoch) {}
+
+  Clock::time_point epoch() const { return epoch_; }
+  double to_us(Clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - epoch_).count();
+  }
+  double now_us() const { return to_us(Clock::now()); }
+
+  void set_step(std::int64_t step) { step_.store(step, std::memory_order_relaxed); }
+  std::int64_t step() const { return step_.load(std::memory_order_relaxed); }
+
+  void append(CollectiveRecord record);
+  std::vector<CollectiveRecord> records() const;  // a snapshot, in append order
+  std::vector<CollectiveRecord> snapshot() const { return records(); }
+  std::size_t size() const;
+  void clear();
+
+ private:
+  const Clock::time_point epoch_;
+  std::atomic<std::int64_t> step_{-1};
+  mutable std::mutex mutex_;
+  std::vector<CollectiveRecord> records_;
+};
+
+}  // namespace atl

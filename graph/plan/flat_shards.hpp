@@ -1,0 +1,30 @@
+// Flat shard buffers of one FSDP unit (layout in graph/plan/plan.hpp): what a unit actor packs
+// before a collective and unpacks after it. All functions are pure and copy; f32 in and out
+// except unpack_gathered, which also takes the bf16 buffer a bulk gather delivers.
+//
+// shard i of a unit = for each param p in order, rows [i*rpr_p, (i+1)*rpr_p) of p flattened,
+// zero-padded to rpr_p rows. A gathered buffer = shard 0 | shard 1 | ... | shard count-1.
+#pragma once
+#include "graph/param.hpp"
+#include "graph/plan/plan.hpp"
+#include "kernels/tensor.hpp"
+
+namespace atl {
+
+// The shard `shard_index` of `full_params` (every param of the unit, f32, full shape):
+// f32 [shard_numel], padding zero. `shard_count` must equal unit.shard_count.
+Tensor pack_shard(const UnitPlan& unit, const TensorMap& full_params, int shard_index, int shard_count);
+
+// Full f32 params from an all-gathered buffer (f32 or bf16 [count * shard_numel], member i's shard
+// at i * shard_numel); bf16 values are widened exactly; padding is dropped.
+TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int count);
+
+// The reduce-scatter input for full (unsharded) f32 grads: f32 [count * shard_numel], block i =
+// what member i will own (the concatenation of pack_shard for i = 0 .. count-1).
+Tensor pack_for_reduce_scatter(const UnitPlan& unit, const TensorMap& full_grads, int count);
+
+// The real rows one shard owns, per param: shape [rows_on(i), shape[1:]...] (a 0-d param reads
+// as [1] on shard 0 and [0] elsewhere). For checkpoints written from shards.
+TensorMap unpack_shard(const UnitPlan& unit, const Tensor& shard, int shard_index, int count);
+
+}  // namespace atl

@@ -1,0 +1,322 @@
+#include "graph/plan/plan.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace atl {
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The module that holds a param: its name without the last segment ("" for a top-level param).
+std::string module_of(const std::string& param) {
+  const auto dot = param.rfind('.');
+  return dot == std::string::npos ? std::string() : param.substr(0, dot);
+}
+
+// The path with activation-checkpoint wrapper segments removed (they are not part of HF names).
+std::string without_checkpoint_segments(const std::string& path) {
+  static const std::string segment = "_checkpoint_wrapped_module";
+  std::string out;
+  std::size_t begin = 0;
+  while (begin <= path.size()) {
+    std::size_t end = path.find('.', begin);
+    if (end == std::string::npos) end = path.size();
+    const std::string part = path.substr(begin, end - begin);
+    if (part != segment) out += (out.empty() ? "" : ".") + part;
+    begin = end + 1;
+  }
+  return out;
+}
+
+bool matches_fp32_entry(const std::string& module_path, const std::vector<std::string>& entries) {
+  const std::string path = without_checkpoint_segments(module_path);
+  for (const auto& entry : entries) {
+    if (path == entry || ends_with(path, "." + entry)) return true;
+  }
+  return false;
+}
+
+// The outermost module on `module_path` that matches the fp32 list, looking only at modules
+// strictly below `parent` ("" = any module). Empty when none matches.
+std::string island_module(const std::string& parent, const std::string& module_path,
+                          const std::vector<std::string>& entries) {
+  std::size_t pos = parent.empty() ? 0 : parent.size() + 1;
+  while (pos <= module_path.size() && !module_path.empty()) {
+    std::size_t end = module_path.find('.', pos);
+    if (end == std::string::npos) end = module_path.size();
+    const std::string candidate = module_path.substr(0, end);
+    if (matches_fp32_entry(candidate, entries)) return candidate;
+    pos = end + 1;
+  }
+  return {};
+}
+
+// "model.layers.3.mlp.gate.weight" with prefix "model.layers." -> 3; -1 if not a layer param.
+std::int64_t layer_of(const std::string& param, const std::string& prefix) {
+  if (prefix.empty() || !starts_with(param, prefix)) return -1;
+  std::size_t i = prefix.size();
+  std::int64_t layer = 0;
+  const std::size_t digits_begin = i;
+  while (i < param.size() && param[i] >= '0' && param[i] <= '9' && i - digits_begin < 12) {
+    layer = layer * 10 + (param[i] - '0');
+    ++i;
+  }
+  if (i == digits_begin || i >= param.size() || param[i] != '.') return -1;
+  return layer;
+}
+
+bool under_module(const std::string& param, const std::string& module) { return starts_with(param, module + "."); }
+
+std::string block_name(const FamilyShardingRules& rules, std::int64_t layer) {
+  std::string prefix = rules.layer_prefix;
+  if (!prefix.empty() && prefix.back() == '.') prefix.pop_back();
+  return prefix + "." + std::to_string(layer);
+}
+
+// Units being formed, keyed by name, with the order they were first seen.
+struct Draft {
+  std::string name;
+  UnitRole role;
+  std::int64_t layer;
+  bool island;
+  std::vector<const ParamSpec*> specs;
+};
+
+UnitParam layout_param(const ParamSpec& spec, int shard_count, std::int64_t offset) {
+  UnitParam p;
+  p.name = spec.name;
+  p.shape = spec.shape;
+  if (spec.shape.empty()) {
+    p.rows = 1;
+    p.row_numel = 1;
+  } else {
+    p.rows = spec.shape[0];
+    p.row_numel = 1;
+    for (std::size_t i = 1; i < spec.shape.size(); ++i) p.row_numel *= spec.shape[i];
+  }
+  p.rows_per_rank = (p.rows + shard_count - 1) / shard_count;
+  p.shard_offset = offset;
+  p.shard_numel = p.rows_per_rank * p.row_numel;
+  return p;
+}
+
+[[noreturn]] void fail_island_outside(const ParamSpec& spec, const std::string& unit, const FamilyShardingRules& rules) {
+  throw std::invalid_argument(fmt::format(
+      "planner ({}): parameter '{}' is an fp32 island but no module on its path matches the fp32 modules [{}], so it "
+      "would share unit '{}' with bulk parameters and one gather buffer cannot hold two dtypes; it must be moved into "
+      "its own submodule listed among the fp32 modules",
+      rules.family, spec.name, fmt::join(rules.fp32_modules, ", "), unit));
+}
+
+[[noreturn]] void fail_bulk_inside(const ParamSpec& spec, const std::string& unit, const FamilyShardingRules& rules) {
+  throw std::invalid_argument(fmt::format(
+      "planner ({}): parameter '{}' is not an fp32 island but sits in fp32 unit '{}' (fp32 modules [{}]), so that "
+      "unit would mix dtypes and the param cannot be isolated; it must be moved into its own submodule outside '{}'",
+      rules.family, spec.name, unit, fmt::join(rules.fp32_modules, ", "), unit));
+}
+
+}  // namespace
+
+const char* unit_role_name(UnitRole role) {
+  switch (role) {
+    case UnitRole::embedding: return "embedding";
+    case UnitRole::island: return "island";
+    case UnitRole::block: return "block";
+    case UnitRole::head: return "head";
+    case UnitRole::root: return "root";
+  }
+  return "?";
+}
+
+std::int64_t UnitParam::first_row(int shard_index) const {
+  return std::min<std::int64_t>(rows, static_cast<std::int64_t>(shard_index) * rows_per_rank);
+}
+
+std::int64_t UnitParam::rows_on(int shard_index) const {
+  const std::int64_t begin = first_row(shard_index);
+  return std::min<std::int64_t>(rows, begin + rows_per_rank) - begin;
+}
+
+const UnitParam& UnitPlan::param(const std::string& param_name) const {
+  for (const auto& p : params) {
+    if (p.name == param_name) return p;
+  }
+  throw std::out_of_range("unit '" + name + "' holds no parameter '" + param_name + "'");
+}
+
+FamilyShardingRules beam_sharding_rules() {
+  FamilyShardingRules rules;
+  rules.family = "beam";
+  rules.fp32_modules = {"mlp.gate"};
+  rules.block_casts_inputs_itself = true;
+  return rules;
+}
+
+MixedPrecisionPolicy bulk_policy(Precision precision) {
+  const DType compute = precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  return {compute, DType::f32, compute, true};
+}
+
+MixedPrecisionPolicy island_policy() { return {DType::f32, DType::f32, DType::f32, false}; }
+
+std::size_t Plan::unit_index(const std::string& name) const {
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    if (units[i].name == name) return i;
+  }
+  throw std::out_of_range("the plan has no unit named '" + name + "'");
+}
+
+const UnitPlan& Plan::unit(const std::string& name) const { return units[unit_index(name)]; }
+
+const UnitPlan& Plan::unit_of_param(const std::string& param) const {
+  for (const auto& u : units) {
+    for (const auto& p : u.params) {
+      if (p.name == param) return u;
+    }
+  }
+  throw std::out_of_range("no unit of the plan owns parameter '" + param + "'");
+}
+
+Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, const Mesh& mesh,
+               Precision precision) {
+  std::set<std::string> seen;
+  for (const auto& s : specs) {
+    if (!seen.insert(s.name).second) {
+      throw std::invalid_argument("planner (" + rules.family + "): parameter '" + s.name + "' is declared twice");
+    }
+  }
+
+  // 1. Assign every param to a draft unit.
+  std::map<std::string, Draft> drafts;
+  std::vector<std::string> first_seen;
+  auto assign = [&](const std::string& name, UnitRole role, std::int64_t layer, bool island, const ParamSpec& spec) {
+    auto [it, inserted] = drafts.try_emplace(name, Draft{name, role, layer, island, {}});
+    if (inserted) first_seen.push_back(name);
+    it->second.specs.push_back(&spec);
+  };
+  for (const auto& spec : specs) {
+    const std::string module = module_of(spec.name);
+    if (const std::int64_t layer = layer_of(spec.name, rules.layer_prefix); layer >= 0) {
+      const std::string block = block_name(rules, layer);
+      const std::string island = island_module(block, module, rules.fp32_modules);
+      if (!island.empty()) {
+        assign(island, UnitRole::island, layer, true, spec);
+      } else {
+        assign(block, UnitRole::block, layer, false, spec);
+      }
+      continue;
+    }
+    auto owner = [&](const std::vector<std::string>& modules) -> std::string {
+      for (const auto& m : modules) {
+        if (under_module(spec.name, m)) return m;
+      }
+      return {};
+    };
+    if (const std::string m = owner(rules.embedding_modules); !m.empty()) {
+      assign(m, UnitRole::embedding, -1, false, spec);
+    } else if (const std::string h = owner(rules.head_modules); !h.empty()) {
+      assign(h, UnitRole::head, -1, rules.head_is_island, spec);
+    } else if (const std::string island = island_module("", module, rules.fp32_modules); !island.empty()) {
+      assign(island, UnitRole::island, -1, true, spec);
+    } else {
+      assign("model", UnitRole::root, -1, false, spec);
+    }
+  }
+
+  // 2. Every unit must be dtype-uniform.
+  for (const auto& name : first_seen) {
+    const Draft& d = drafts.at(name);
+    for (const ParamSpec* s : d.specs) {
+      if (s->island && !d.island) fail_island_outside(*s, d.name, rules);
+      if (!s->island && d.island) fail_bulk_inside(*s, d.name, rules);
+      if (s->storage_dtype != d.specs.front()->storage_dtype) {
+        throw std::invalid_argument(fmt::format(
+            "planner ({}): unit '{}' mixes storage dtypes ({} for '{}', {} for '{}'); parameter '{}' must be moved "
+            "into its own submodule",
+            rules.family, d.name, dtype_name(d.specs.front()->storage_dtype), d.specs.front()->name,
+            dtype_name(s->storage_dtype), s->name, s->name));
+      }
+    }
+  }
+
+  // 3. Forward execution order.
+  std::vector<const Draft*> order;
+  auto take = [&](auto predicate) {
+    for (const auto& name : first_seen) {
+      const Draft& d = drafts.at(name);
+      if (predicate(d)) order.push_back(&d);
+    }
+  };
+  for (const auto& m : rules.embedding_modules) {
+    if (auto it = drafts.find(m); it != drafts.end() && it->second.role == UnitRole::embedding) order.push_back(&it->second);
+  }
+  std::set<std::int64_t> layers;
+  for (const auto& [name, d] : drafts) {
+    if (d.layer >= 0) layers.insert(d.layer);
+  }
+  for (std::int64_t l : layers) {
+    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::island; });
+    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::block; });
+  }
+  take([](const Draft& d) { return d.layer < 0 && d.role == UnitRole::island; });
+  take([](const Draft& d) { return d.role == UnitRole::root; });
+  for (const auto& m : rules.head_modules) {
+    if (auto it = drafts.find(m); it != drafts.end() && it->second.role == UnitRole::head) order.push_back(&it->second);
+  }
+
+  // 4. Layout, policies and schedules.
+  Plan plan;
+  plan.mesh = mesh;
+  plan.precision = precision;
+  const int shard_count = mesh.shard_group_size();
+  std::vector<std::size_t> blocks;  // indices of block units in plan.units
+  for (const Draft* d : order) {
+    UnitPlan u;
+    u.name = d->name;
+    u.role = d->role;
+    u.layer = d->layer;
+    u.island = d->island;
+    u.shard_count = shard_count;
+    u.storage_dtype = d->specs.front()->storage_dtype;
+    for (const ParamSpec* s : d->specs) {
+      u.params.push_back(layout_param(*s, shard_count, u.shard_numel));
+      u.numel += u.params.back().numel();
+      u.shard_numel += u.params.back().shard_numel;
+    }
+    u.policy = d->island ? island_policy() : bulk_policy(precision);
+    switch (d->role) {
+      case UnitRole::embedding: u.schedule = {true, 0, 0, false}; break;
+      case UnitRole::island: u.schedule = {false, 0, 0, true}; break;
+      case UnitRole::block:
+        u.schedule = {true, 1, 2, false};  // the last block is fixed up below
+        if (rules.block_casts_inputs_itself) u.policy.cast_forward_inputs = false;
+        blocks.push_back(plan.units.size());
+        break;
+      case UnitRole::head:
+      case UnitRole::root: u.schedule = {false, 0, 0, false}; break;
+    }
+    plan.units.push_back(std::move(u));
+  }
+  if (!blocks.empty()) plan.units[blocks.back()].schedule.reshard_after_forward = false;
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    UnitPlan& u = plan.units[blocks[b]];
+    for (std::size_t k = 1; k <= static_cast<std::size_t>(u.schedule.forward_prefetch) && b + k < blocks.size(); ++k) {
+      u.forward_prefetch_units.push_back(plan.units[blocks[b + k]].name);
+    }
+    for (std::size_t k = 1; k <= static_cast<std::size_t>(u.schedule.backward_prefetch) && k <= b; ++k) {
+      u.backward_prefetch_units.push_back(plan.units[blocks[b - k]].name);
+    }
+  }
+  return plan;
+}
+
+}  // namespace atl

@@ -1,0 +1,138 @@
+// The planner: (parameter specs, family sharding rules, mesh, precision) -> Plan, the list of
+// FSDP units the actor runtime executes (MODELS.md §5.2-5.3, DESIGN.md "The actors of one rank").
+//
+// Unit formation, per decoder layer l (params named rules.layer_prefix + l + "."):
+//   1. fp32 islands: every module strictly below the block whose path matches an entry of
+//      rules.fp32_modules (equal to it, or ending with "." + entry; an activation-checkpoint
+//      segment "_checkpoint_wrapped_module" is ignored) becomes its own unit holding all params
+//      beneath it; the outermost matching module wins (nested matches own nothing more).
+//   2. the block "model.layers.<l>" with every other param of the layer.
+// Model level: one unit per rules.embedding_modules entry, one per rules.head_modules entry,
+// model-level fp32 islands (same matching), and the root unit "model" with the leftovers
+// (model.norm). Units without params are not formed.
+//
+// Unit order in Plan::units is forward execution order:
+//   embeddings, then per layer [islands of the layer..., block], then model-level islands, then
+//   the root "model" (final norm), then heads.
+//
+// Every unit is dtype-uniform: island units hold only island params (ParamSpec::island) and take
+// the island policy {f32, f32, f32, no input cast}; all other units hold no island param and take
+// the bulk policy {bf16 (f32 in precision fp32), f32, bf16/f32, cast inputs} -- except blocks of a
+// family whose blocks cast their own inputs (Beam: no input cast, so fp32 RoPE tables pass), and
+// heads of a family with rules.head_is_island (island policy; Flint). A param that would
+// break this (an island param outside any fp32-list module, or a non-island param inside one) is
+// an error: it must be moved into its own submodule.
+//
+// Schedules (MODELS.md §5.2, DESIGN.md): blocks reshard after forward except the last layer's
+// (backward needs it first), forward prefetch 1 and backward prefetch 2 along the chain of
+// blocks; islands are resident for the step (gathered once, never resharded mid-step, no
+// prefetch); embeddings reshard after forward; root and heads keep their params until their
+// backward ends.
+//
+// Sharding: every param is sharded on dim 0 across the shard group (dp_shard x cp ranks). A
+// param of shape [rows, ...] has row_numel = prod(shape[1:]); 1-d params have rows = numel,
+// row_numel = 1; a 0-d param is one row of one element. Each rank owns rows_per_rank =
+// ceil(rows / d) rows (the last ranks' chunks are padded with zeros, a chunk can be all padding).
+// The unit's flat shard is the concatenation, in param order, of each param's padded chunk:
+// param p starts at shard_offset and spans shard_numel = rows_per_rank * row_numel elements.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "graph/param.hpp"
+#include "graph/plan/mesh.hpp"
+#include "kernels/dtype.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+struct MixedPrecisionPolicy {
+  DType param_dtype = DType::f32;   // dtype of the all-gather buffer and of the gathered params
+  DType reduce_dtype = DType::f32;  // dtype of the gradient reduce-scatter (and HSDP all-reduce)
+  DType output_dtype = DType::f32;  // floating outputs are cast to this
+  bool cast_forward_inputs = false;  // cast floating forward inputs to param_dtype
+  bool operator==(const MixedPrecisionPolicy&) const = default;
+};
+
+struct GatherSchedule {
+  bool reshard_after_forward = true;  // free the full params after forward, re-gather for backward
+  int forward_prefetch = 0;           // blocks gathered ahead during forward (depth)
+  int backward_prefetch = 0;          // blocks gathered ahead during backward (depth)
+  bool resident_for_step = false;     // gathered once per step, held until the step's last backward ends
+  bool operator==(const GatherSchedule&) const = default;
+};
+
+enum class UnitRole { embedding, island, block, head, root };
+const char* unit_role_name(UnitRole role);
+
+struct UnitParam {
+  std::string name;
+  Shape shape;
+  std::int64_t rows = 0;           // dim-0 extent (numel for 1-d, 1 for 0-d)
+  std::int64_t row_numel = 0;      // elements per row
+  std::int64_t rows_per_rank = 0;  // ceil(rows / shard count)
+  std::int64_t shard_offset = 0;   // start of this param's chunk inside the unit's flat shard
+  std::int64_t shard_numel = 0;    // rows_per_rank * row_numel (padded)
+
+  std::int64_t numel() const { return rows * row_numel; }
+  // The real (unpadded) rows that shard `shard_index` owns: [first_row(i), first_row(i) + rows_on(i)).
+  std::int64_t first_row(int shard_index) const;
+  std::int64_t rows_on(int shard_index) const;
+};
+
+struct UnitPlan {
+  std::string name;  // module path, e.g. model.layers.0.mlp.gate
+  UnitRole role = UnitRole::block;
+  std::int64_t layer = -1;  // decoder layer, -1 if none
+  std::vector<UnitParam> params;  // in spec order
+  std::int64_t numel = 0;        // unpadded elements of all params
+  std::int64_t shard_numel = 0;  // per rank, padded
+  int shard_count = 1;           // ranks the unit is sharded over (the shard group size)
+  bool island = false;  // holds fp32 island params and takes the island policy
+  DType storage_dtype = DType::f32;
+  MixedPrecisionPolicy policy;
+  GatherSchedule schedule;
+  // The units (by name) this unit prefetches, resolved from the schedule depths: blocks prefetch
+  // the next / previous blocks only (islands are resident, the others do not prefetch).
+  std::vector<std::string> forward_prefetch_units;
+  std::vector<std::string> backward_prefetch_units;
+
+  const UnitParam& param(const std::string& name) const;  // throws std::out_of_range
+};
+
+struct FamilyShardingRules {
+  std::string family;
+  std::vector<std::string> fp32_modules;  // module names (relative) whose params form fp32 islands
+  std::string layer_prefix = "model.layers.";
+  std::vector<std::string> embedding_modules{"model.embed_tokens"};
+  std::vector<std::string> head_modules{"lm_head"};
+  bool head_is_island = false;             // head takes the island policy (Flint)
+  bool block_casts_inputs_itself = false;  // block units get cast_forward_inputs = false (Beam)
+};
+
+// Beam: the router (mlp.gate: weight + e_score_correction_bias) is the only island; blocks cast
+// their hidden states themselves so the fp32 RoPE tables pass unchanged (MODELS.md §3.5).
+FamilyShardingRules beam_sharding_rules();
+
+struct Plan {
+  Mesh mesh;
+  Precision precision = Precision::bf16;
+  std::vector<UnitPlan> units;  // forward execution order (see the top of this file)
+
+  const UnitPlan& unit(const std::string& name) const;              // throws std::out_of_range
+  const UnitPlan& unit_of_param(const std::string& param) const;    // throws std::out_of_range
+  std::size_t unit_index(const std::string& name) const;            // throws std::out_of_range
+};
+
+// Throws std::invalid_argument for a param that breaks dtype uniformity (see above), a param
+// named twice, or a storage dtype mixed inside a unit.
+Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, const Mesh& mesh,
+               Precision precision);
+
+// The policies the planner assigns (exposed for the runtime and tests).
+MixedPrecisionPolicy bulk_policy(Precision precision);
+MixedPrecisionPolicy island_policy();
+
+}  // namespace atl

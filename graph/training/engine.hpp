@@ -1,0 +1,50 @@
+// What runs training steps: the reference trainer (graph/reference) or the actor runtime
+// (actors/). The run loop (run.hpp) drives either through this interface.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/data/batch.hpp"
+#include "graph/param.hpp"
+
+namespace atl {
+
+struct RoutingRecord;
+
+struct OptimizerSettings {
+  double lr = 1e-3;
+  std::int64_t warmup = 0;
+  std::int64_t total_steps = 1;
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;  // 0 = off
+};
+
+struct StepResult {
+  std::int64_t step = 0;  // 1-based step just taken
+  double loss = 0;        // mean CE over the global batch's targets
+  std::int64_t targets = 0;
+  std::int64_t tokens = 0;  // valid input tokens processed
+  double grad_norm = 0;     // before clipping
+  double lr = 0;
+  std::int64_t bytes_gathered = 0;  // all ranks, this step (0 for the reference trainer)
+  std::int64_t bytes_reduced = 0;
+};
+
+class TrainingEngine {
+ public:
+  virtual ~TrainingEngine() = default;
+  virtual const char* name() const = 0;
+  // One optimizer step on a global batch (rows a multiple of micro_batch × data-parallel ranks).
+  virtual StepResult step(const Batch& global_batch) = 0;
+  // The full fp32 master weights (gathered from shards where sharded).
+  virtual TensorMap master_weights() const = 0;
+  // A Chrome trace-event JSON of the work so far, for engines that record one.
+  virtual std::optional<std::string> chrome_trace() const { return std::nullopt; }
+};
+
+}  // namespace atl

@@ -1,0 +1,40 @@
+// A model as the actor runtime executes it: a chain of ops — the embedding, one op per decoder
+// layer, the final op (norm + head + loss) — each reading the parameters of the FSDP units that
+// own its modules. A MicroBatchRun carries one micro-batch's activations between ops, so a stage
+// can run op i as soon as op i's units are gathered.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "graph/data/batch.hpp"
+#include "graph/param.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+struct LossSum;
+
+enum class OpKind { embedding, layer, final };
+
+class MicroBatchRun {
+ public:
+  virtual ~MicroBatchRun() = default;
+  // Ops run forward in order 0..n-1, then backward in order n-1..0.
+  virtual void forward(int op, const TensorMap& weights) = 0;
+  // Accumulates the gradient of grad_scale * loss_sum into grads (for op's parameters only).
+  virtual void backward(int op, const TensorMap& weights, const TensorMap& grads) = 0;
+  virtual double loss_sum() const = 0;
+  virtual std::int64_t targets() const = 0;
+};
+
+class StagedModel {
+ public:
+  virtual ~StagedModel() = default;
+  virtual int op_count() const = 0;
+  virtual OpKind op_kind(int op) const = 0;
+  virtual std::int64_t op_layer(int op) const = 0;  // the decoder layer of a layer op, else -1
+  virtual std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
+                                               float grad_scale) const = 0;
+};
+
+}  // namespace atl

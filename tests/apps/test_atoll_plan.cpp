@@ -1,0 +1,98 @@
+// atoll-plan end to end: the binary runs as a subprocess; the tests check exit codes and what it prints.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env_or_fail(const char* name) {
+  const char* value = std::getenv(name);
+  INFO("environment variable " << name << " (set by ctest)");
+  REQUIRE(value != nullptr);
+  return value;
+}
+
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct PlanRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+PlanRun run_plan(const std::vector<std::string>& args) {
+  const fs::path binary = fs::path(env_or_fail("ATOLL_BINARY_DIR")) / "apps" / "atoll-plan";
+  const fs::path scratch = fs::temp_directory_path() / std::string("atoll_plan_test_").append(std::to_string(::getpid()));
+  fs::create_directories(scratch);
+  std::string command = quoted(binary.string());
+  for (const auto& a : args) command.append(" ").append(quoted(a));
+  command.append(" >").append(quoted((scratch / "out.txt").string()));
+  command.append(" 2>").append(quoted((scratch / "err.txt").string()));
+  const int status = std::system(command.c_str());
+  PlanRun r;
+  r.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(scratch / "out.txt");
+  r.err = slurp(scratch / "err.txt");
+  std::error_code ignored;
+  fs::remove_all(scratch, ignored);
+  return r;
+}
+
+std::string tiny_config() { return (fs::path(env_or_fail("ATOLL_SOURCE_DIR")) / "configs" / "beam-tiny.yaml").string(); }
+
+}  // namespace
+
+TEST_CASE("atoll-plan: prints 11 units with the four router islands as fp32 rows for dp_shard 4", "[apps][plan]") {
+  const PlanRun r = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=4", "--world-size", "4"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("plan: 11 units (4 fp32 islands), precision bf16, sharded over 4 ranks per unit") !=
+        std::string::npos);
+  for (int l = 0; l < 4; ++l) {
+    CHECK(r.out.find("\nmodel.layers." + std::to_string(l) + ".mlp.gate ") != std::string::npos);
+  }
+  CHECK(r.out.find("dp_shard[0,1,2,3]") != std::string::npos);
+  CHECK(r.out.find("per-rank memory estimate") != std::string::npos);
+}
+
+TEST_CASE("atoll-plan: bad configs exit 2 naming the key; the dense preset has no islands", "[apps][plan]") {
+  const PlanRun ep = run_plan({tiny_config(), "--set", "topology.mesh.ep=2"});
+  CHECK(ep.exit_code == 2);
+  CHECK(ep.err.find("topology.mesh.ep") != std::string::npos);
+  CHECK(ep.err.find("not implemented yet") != std::string::npos);
+
+  const PlanRun world = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=2", "--world-size", "3"});
+  CHECK(world.exit_code == 2);
+  CHECK(world.err.find("started 3") != std::string::npos);
+
+  const PlanRun family = run_plan({tiny_config(), "--set", "model.family=flint"});
+  CHECK(family.exit_code == 2);
+  CHECK(family.err.find("model.family") != std::string::npos);
+
+  CHECK(run_plan({}).exit_code == 2);  // CONFIG is required
+
+  const PlanRun dense = run_plan({tiny_config(), "--set", "model.preset=beam-tiny-dense", "--set", "precision=fp32"});
+  INFO(dense.err);
+  REQUIRE(dense.exit_code == 0);
+  CHECK(dense.out.find("plan: 7 units (0 fp32 islands), precision fp32") != std::string::npos);
+}
