@@ -130,14 +130,14 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
 
 ActorEngine::~ActorEngine() = default;
 
-StepResult ActorEngine::step(const Batch& global_batch) {
+StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
   auto& im = *impl_;
   const std::size_t records_before = im.recorder->size();
   im.recorder->set_step(++im.steps);
   caf::scoped_actor self{*im.system};
   StepResult result;
   std::string error;
-  self->request(im.trainer, caf::infinite, step_atom::value, GlobalStep{global_batch})
+  self->request(im.trainer, caf::infinite, step_atom::value, GlobalStep{global_batch, record_routing})
       .receive([&](StepResult& r) { result = r; }, [&](caf::error& e) { error = im.system->render(e); });
   if (!error.empty()) throw std::runtime_error("actor runtime: " + error);
   const auto records = im.recorder->records();

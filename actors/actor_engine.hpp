@@ -25,7 +25,7 @@ class ActorEngine : public TrainingEngine {
   ActorEngine& operator=(const ActorEngine&) = delete;
 
   const char* name() const override { return "actors"; }
-  StepResult step(const Batch& global_batch) override;
+  StepResult step(const Batch& global_batch, bool record_routing = false) override;
   TensorMap master_weights() const override;
   std::optional<std::string> chrome_trace() const override;
 

@@ -53,11 +53,13 @@ struct StageStep {
   std::int64_t step = 0;
   std::vector<Batch> micro_batches;
   float grad_scale = 0;
+  bool record_routing = false;
 };
 
 struct StageReport {
   std::vector<double> loss_sums;       // per micro-batch, in order
   std::vector<double> unit_sum_squares;  // per unit (plan order): this rank's gradient shard
+  std::vector<std::vector<RoutingRecord>> routing;  // per micro-batch, when asked
 };
 
 struct OptimizerStep {
@@ -73,6 +75,7 @@ struct ShardTensor {
 
 struct GlobalStep {
   Batch batch;
+  bool record_routing = false;
 };
 
 }  // namespace atl

@@ -22,6 +22,7 @@ struct StageState {
   std::size_t micro_batch = 0;
   std::unique_ptr<MicroBatchRun> run;
   std::vector<double> loss_sums;
+  std::vector<std::vector<RoutingRecord>> routing;
   caf::typed_response_promise<StageReport> done;
 };
 
@@ -99,6 +100,7 @@ void finish_step(stage_pointer self) {
   const std::size_t n = st.setup.units.size();
   auto report = std::make_shared<StageReport>();
   report->loss_sums = st.loss_sums;
+  report->routing = st.routing;
   report->unit_sum_squares.assign(n, 0.0);
   auto remaining = std::make_shared<std::size_t>(n);
   for (std::size_t u = 0; u < n; ++u) {
@@ -129,6 +131,7 @@ void forward_op(stage_pointer self, int op) {
           }
           if (op + 1 < s.ops) return forward_op(self, op + 1);
           s.loss_sums.push_back(s.run->loss_sum());
+          if (s.step.record_routing) s.routing.push_back(s.run->routing());
           backward_op(self, s.ops - 1);
         });
   });
@@ -188,6 +191,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         s.step = std::move(step);
         s.micro_batch = 0;
         s.loss_sums.clear();
+        s.routing.clear();
         s.done = self->make_response_promise<StageReport>();
         start_micro_batch(self);
         return s.done;

@@ -37,7 +37,9 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   for (int rank = 0; rank < mesh.world_size(); ++rank) rank_of_dp[static_cast<std::size_t>(mesh.dp_index(rank))] = rank;
   auto loss_tree = make_tree_sum<double>([](double& a, const double& b) { a += b; });
   for (int rank : rank_of_dp) {
-    for (double l : progress->reports[static_cast<std::size_t>(rank)].loss_sums) loss_tree.push(l);
+    const StageReport& report = progress->reports[static_cast<std::size_t>(rank)];
+    for (double l : report.loss_sums) loss_tree.push(l);
+    for (const auto& routing : report.routing) r.routing.push_back(routing);
   }
   const double loss_sum = loss_tree.finish();
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
@@ -92,7 +94,7 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
         progress->remaining = st.setup.stages.size();
         progress->promise = self->make_response_promise<StepResult>();
         for (std::size_t rank = 0; rank < st.setup.stages.size(); ++rank) {
-          StageStep stage_step{r.step, {}, grad_scale};
+          StageStep stage_step{r.step, {}, grad_scale, msg.record_routing};
           const std::int64_t first = mesh.dp_index(static_cast<int>(rank)) * per_rank;
           for (std::int64_t m = first; m < first + per_rank; ++m) {
             stage_step.micro_batches.push_back(batch.slice_rows(m * micro, (m + 1) * micro));

@@ -19,13 +19,13 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const BeamModel> model, Tenso
   if (micro_batch_ <= 0) throw std::invalid_argument("train.micro_batch: expected a positive integer");
 }
 
-ReferenceStepResult ReferenceTrainer::step_recording(const Batch& batch, bool record_routing) {
+StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   if (batch.rows() % micro_batch_ != 0) {
     throw std::invalid_argument("global batch of " + std::to_string(batch.rows()) +
                                 " rows is not a multiple of train.micro_batch " + std::to_string(micro_batch_));
   }
   const auto& specs = model_->specs();
-  ReferenceStepResult r;
+  StepResult r;
   r.step = ++step_;
   r.targets = batch.target_count();
   r.tokens = batch.valid_count();
@@ -41,8 +41,9 @@ ReferenceStepResult ReferenceTrainer::step_recording(const Batch& batch, bool re
   for (std::int64_t m = 0; m < micro_batches; ++m) {
     TensorMap grads = TensorMap::zeros_like(specs);
     Batch micro = batch.slice_rows(m * micro_batch_, (m + 1) * micro_batch_);
+    if (record_routing) r.routing.emplace_back();
     LossSum loss = model_->forward_backward(weights, micro, precision_, grad_scale, grads,
-                                            record_routing && m == 0 ? &r.routing : nullptr);
+                                            record_routing ? &r.routing.back() : nullptr);
     grad_tree.push(std::move(grads));
     loss_tree.push(loss.loss_sum);
   }

@@ -19,20 +19,14 @@
 
 namespace atl {
 
-struct ReferenceStepResult : StepResult {
-  std::vector<RoutingRecord> routing;  // first micro-batch's router choices, when requested
-};
-
 class ReferenceTrainer : public TrainingEngine {
  public:
   ReferenceTrainer(std::shared_ptr<const BeamModel> model, TensorMap master, Precision precision,
                    std::int64_t micro_batch, OptimizerSettings optimizer);
 
   const char* name() const override { return "reference"; }
-  StepResult step(const Batch& global_batch) override { return step_recording(global_batch, false); }
+  StepResult step(const Batch& global_batch, bool record_routing = false) override;
   TensorMap master_weights() const override { return master_.clone(); }
-  // One optimizer step on a global batch (rows must be a multiple of micro_batch).
-  ReferenceStepResult step_recording(const Batch& global_batch, bool record_routing);
 
   const TensorMap& master() const { return master_; }
   const TensorMap& exp_avg() const { return exp_avg_; }

@@ -9,10 +9,10 @@
 
 #include "graph/data/batch.hpp"
 #include "graph/param.hpp"
+#include "graph/training/staged_model.hpp"
 
 namespace atl {
 
-struct RoutingRecord;
 
 struct OptimizerSettings {
   double lr = 1e-3;
@@ -33,6 +33,8 @@ struct StepResult {
   double lr = 0;
   std::int64_t bytes_gathered = 0;  // all ranks, this step (0 for the reference trainer)
   std::int64_t bytes_reduced = 0;
+  // When requested: per micro-batch of the global batch (global order), its router choices.
+  std::vector<std::vector<RoutingRecord>> routing;
 };
 
 class TrainingEngine {
@@ -40,7 +42,7 @@ class TrainingEngine {
   virtual ~TrainingEngine() = default;
   virtual const char* name() const = 0;
   // One optimizer step on a global batch (rows a multiple of micro_batch × data-parallel ranks).
-  virtual StepResult step(const Batch& global_batch) = 0;
+  virtual StepResult step(const Batch& global_batch, bool record_routing = false) = 0;
   // The full fp32 master weights (gathered from shards where sharded).
   virtual TensorMap master_weights() const = 0;
   // A Chrome trace-event JSON of the work so far, for engines that record one.

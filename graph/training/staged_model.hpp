@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "graph/data/batch.hpp"
 #include "graph/param.hpp"
@@ -16,6 +17,12 @@ struct LossSum;
 
 enum class OpKind { embedding, layer, final };
 
+// Router decisions of one sparse layer for one micro-batch (parity checks, instrumentation).
+struct RoutingRecord {
+  std::int64_t layer = 0;
+  Tensor indices;  // i32 [T, K]
+};
+
 class MicroBatchRun {
  public:
   virtual ~MicroBatchRun() = default;
@@ -24,6 +31,8 @@ class MicroBatchRun {
   // Accumulates the gradient of grad_scale * loss_sum into grads (for op's parameters only).
   virtual void backward(int op, const TensorMap& weights, const TensorMap& grads) = 0;
   virtual double loss_sum() const = 0;
+  // Router choices of every sparse layer run forward so far, in layer order.
+  virtual std::vector<RoutingRecord> routing() const { return {}; }
   virtual std::int64_t targets() const = 0;
 };
 

@@ -366,7 +366,9 @@ class BeamMicroBatchRun final : public MicroBatchRun {
       case OpKind::embedding: hidden_ = model_.embed_forward(w, batch_.input_ids); break;
       case OpKind::layer: {
         const std::int64_t l = model_.op_layer(op);
-        hidden_ = model_.block_forward(l, w, hidden_, ctx_, &blocks_[static_cast<std::size_t>(l)]);
+        auto& cache = blocks_[static_cast<std::size_t>(l)];
+        hidden_ = model_.block_forward(l, w, hidden_, ctx_, &cache);
+        if (model_.config().is_sparse(l)) routing_.push_back({l, BeamModel::routing_indices(*cache)});
         break;
       }
       case OpKind::final: loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_); break;
@@ -391,7 +393,7 @@ class BeamMicroBatchRun final : public MicroBatchRun {
 
   double loss_sum() const override { return loss_.loss_sum; }
   std::int64_t targets() const override { return loss_.targets; }
-  const BeamBlockCache* block_cache(std::int64_t layer) const { return blocks_[static_cast<std::size_t>(layer)].get(); }
+  std::vector<RoutingRecord> routing() const override { return routing_; }
 
  private:
   const BeamModel& model_;
@@ -402,6 +404,7 @@ class BeamMicroBatchRun final : public MicroBatchRun {
   std::vector<std::shared_ptr<BeamBlockCache>> blocks_;
   std::shared_ptr<BeamHeadCache> head_;
   LossSum loss_;
+  std::vector<RoutingRecord> routing_;
 };
 
 }  // namespace
@@ -423,12 +426,8 @@ LossSum BeamModel::forward_backward(const TensorMap& w, const Batch& batch, Prec
                                     const TensorMap& grads, std::vector<RoutingRecord>* routing) const {
   BeamMicroBatchRun run(*this, batch, precision, grad_scale);
   const int ops = op_count();
-  for (int op = 0; op < ops; ++op) {
-    run.forward(op, w);
-    if (routing && op_kind(op) == OpKind::layer && config_.is_sparse(op_layer(op))) {
-      routing->push_back({op_layer(op), run.block_cache(op_layer(op))->routing.indices});
-    }
-  }
+  for (int op = 0; op < ops; ++op) run.forward(op, w);
+  if (routing) *routing = run.routing();
   for (int op = ops - 1; op >= 0; --op) run.backward(op, w, grads);
   return {run.loss_sum(), run.targets()};
 }

@@ -35,12 +35,6 @@ struct LossSum {
 struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
 struct BeamHeadCache;
 
-// Router decisions of one sparse layer, for tests and parity checks.
-struct RoutingRecord {
-  std::int64_t layer = 0;
-  Tensor indices;  // i32 [T, K]
-};
-
 class BeamModel : public StagedModel {
  public:
   explicit BeamModel(BeamConfig config);
