@@ -42,7 +42,7 @@ void check_runnable(const RunConfig& config, const Mesh& mesh) {
 
 struct ActorEngine::Impl {
   std::shared_ptr<const Plan> plan;
-  std::shared_ptr<const BeamModel> model;
+  std::shared_ptr<const Model> model;
   std::shared_ptr<CollectiveRecorder> recorder;
   std::shared_ptr<SpanTracer> tracer;
   std::unique_ptr<SimWorld> world;  // outlives the actor system (declared first, destroyed last)
@@ -81,7 +81,7 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
   check_runnable(config, mesh);
   auto& im = *impl_;
   im.model = in.model;
-  im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), beam_sharding_rules(), mesh, config.precision));
+  im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), in.model->sharding_rules(), mesh, config.precision));
   const Plan& plan = *im.plan;
   const int world = mesh.world_size();
   if (world > 1) openblas_set_num_threads(1);  // the ranks are the parallelism (TOOLCHAIN.md pitfall 9)

@@ -91,6 +91,13 @@ bool last_micro_batch(const StageState& st) { return st.micro_batch + 1 == st.st
 
 void start_micro_batch(stage_pointer self) {
   auto& st = self->state;
+  if (st.micro_batch == 0) {
+    // Islands are resident for the step: tiny, so all of them are gathered up front and no op
+    // ever waits for one.
+    for (std::size_t u = 0; u < st.setup.units.size(); ++u) {
+      if (st.setup.plan->units[u].schedule.resident_for_step) ensure_gathered(self, u);
+    }
+  }
   st.run = st.setup.model->start(st.step.micro_batches[st.micro_batch], st.setup.plan->precision, st.step.grad_scale);
   forward_op(self, 0);
 }

@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "graph/config.hpp"
-#include "graph/models/beam/model.hpp"
-#include "graph/models/beam/model_config.hpp"
+#include "graph/models/model.hpp"
+#include "graph/models/model.hpp"
 #include "graph/plan/format.hpp"
 #include "graph/plan/mesh.hpp"
 #include "graph/plan/plan.hpp"
@@ -31,12 +31,12 @@ int main(int argc, char** argv) {
 
   try {
     const atl::RunConfig config = atl::load_run_config(config_path, sets);
-    const atl::BeamModel model(atl::beam_config_from(config.model, config.source_file));
+    const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
     const atl::Mesh mesh(config.topology.mesh, config.source_file);
     if (world_size) mesh.check_world_size(*world_size);
-    const atl::Plan plan = atl::make_plan(model.specs(), atl::beam_sharding_rules(), mesh, config.precision);
-    std::cout << fmt::format("atoll-plan: {}: beam {} ({} parameters)\n", config.source_file, model.config().preset,
-                             model.parameter_count())
+    const atl::Plan plan = atl::make_plan(model->specs(), model->sharding_rules(), mesh, config.precision);
+    std::cout << fmt::format("atoll-plan: {}: {} {} ({} parameters)\n", config.source_file, model->family(),
+                             model->preset(), model->parameter_count())
               << atl::format_plan(plan);
     return 0;
   } catch (const atl::ConfigError& e) {

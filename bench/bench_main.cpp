@@ -57,7 +57,7 @@ void bench_matmul(std::int64_t rows, std::int64_t in, std::int64_t out) {
 double trainer_tokens_per_s(Precision precision, int steps) {
   auto model = std::make_shared<const BeamModel>(beam_preset("beam-small"));
   DataConfig dc;
-  auto data = make_data_source(dc, model->config().unpadded_vocab_size, 7);
+  auto data = make_data_source(dc, model->unpadded_vocab_size(), 7);
   OptimizerSettings opt;
   opt.total_steps = steps + 1;
   ReferenceTrainer trainer(model, TensorMap::initialized(model->specs(), 7, 0.02f), precision, 4, opt);

@@ -7,7 +7,7 @@
 
 namespace atl {
 
-ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const BeamModel> model, TensorMap master, Precision precision,
+ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap master, Precision precision,
                                    std::int64_t micro_batch, OptimizerSettings optimizer)
     : model_(std::move(model)),
       master_(std::move(master)),

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "graph/data/batch.hpp"
-#include "graph/models/beam/model.hpp"
+#include "graph/models/model.hpp"
 #include "graph/param.hpp"
 #include "graph/training/engine.hpp"
 #include "kernels/ops/optim.hpp"
@@ -21,7 +21,7 @@ namespace atl {
 
 class ReferenceTrainer : public TrainingEngine {
  public:
-  ReferenceTrainer(std::shared_ptr<const BeamModel> model, TensorMap master, Precision precision,
+  ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap master, Precision precision,
                    std::int64_t micro_batch, OptimizerSettings optimizer);
 
   const char* name() const override { return "reference"; }
@@ -32,13 +32,13 @@ class ReferenceTrainer : public TrainingEngine {
   const TensorMap& exp_avg() const { return exp_avg_; }
   const TensorMap& exp_avg_sq() const { return exp_avg_sq_; }
   std::int64_t steps_done() const { return step_; }
-  const BeamModel& model() const { return *model_; }
+  const Model& model() const { return *model_; }
 
   // The summed gradient of the last step, after clipping (for tests).
   const TensorMap& last_gradients() const { return last_grads_; }
 
  private:
-  std::shared_ptr<const BeamModel> model_;
+  std::shared_ptr<const Model> model_;
   TensorMap master_, exp_avg_, exp_avg_sq_, last_grads_;
   Precision precision_;
   std::int64_t micro_batch_;

@@ -73,12 +73,11 @@ std::string format_duration(double seconds) {
 double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
                     std::ostream& out) {
   // Everything that can be wrong with the config is found before run_dir is touched.
-  auto model = std::make_shared<const BeamModel>(beam_config_from(config.model, config.source_file));
-  const auto& mc = model->config();
-  auto data = make_data_source(config.data, mc.unpadded_vocab_size, config.train.seed);
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
   const auto& t = config.train;
   std::unique_ptr<TrainingEngine> engine = make_engine(EngineInputs{
-      config, model, TensorMap::initialized(model->specs(), t.seed, mc.init_std), optimizer_settings(t)});
+      config, model, TensorMap::initialized(model->specs(), t.seed, model->init_std()), optimizer_settings(t)});
 
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
@@ -91,7 +90,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
 
   nlohmann::json run_json;
   run_json["config"] = to_json(config);
-  run_json["model"] = {{"family", "beam"}, {"preset", mc.preset}, {"parameters", model->parameter_count()}};
+  run_json["model"] = {{"family", model->family()}, {"preset", model->preset()}, {"parameters", model->parameter_count()}};
   run_json["engine"] = engine->name();
   run_json["data"] = data->describe();
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
@@ -104,9 +103,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   if (!metrics) throw std::runtime_error("cannot write " + metrics_tmp.string());
 
   const auto& mesh = config.topology.mesh;
-  out << fmt::format("atoll-train: beam {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
+  out << fmt::format("atoll-train: {} {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
                      "(dp_shard {} x dp_replicate {}), data {}\n",
-                     mc.preset, model->parameter_count(), t.steps, t.global_batch, t.seq_len,
+                     model->family(), model->preset(), model->parameter_count(), t.steps, t.global_batch, t.seq_len,
                      precision_name(config.precision), engine->name(), mesh.dp_shard, mesh.dp_replicate,
                      data->describe())
       << std::flush;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "graph/config.hpp"
-#include "graph/models/beam/model.hpp"
+#include "graph/models/model.hpp"
 #include "graph/training/engine.hpp"
 
 namespace atl {
@@ -19,7 +19,7 @@ struct RunOptions {
 
 struct EngineInputs {
   const RunConfig& config;
-  std::shared_ptr<const BeamModel> model;
+  std::shared_ptr<const Model> model;
   TensorMap initial_master;  // fp32, full
   OptimizerSettings optimizer;
 };

@@ -13,7 +13,10 @@
 
 namespace atl {
 
-struct LossSum;
+struct LossSum {
+  double loss_sum = 0;       // sum of token cross entropies (nats)
+  std::int64_t targets = 0;  // tokens that have a target
+};
 
 enum class OpKind { embedding, layer, final };
 

@@ -40,14 +40,14 @@ struct RunOutput {
 // Runs `steps` steps with the engine the factory builds, on the same synthetic batches every time.
 RunOutput run(const RunConfig& config, const EngineFactory& factory, int steps, bool record_first_routing = false,
               std::unique_ptr<TrainingEngine>* keep = nullptr) {
-  auto model = std::make_shared<const BeamModel>(beam_config_from(config.model, config.source_file));
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   auto engine = factory(EngineInputs{config, model,
-                                     TensorMap::initialized(model->specs(), config.train.seed, model->config().init_std),
+                                     TensorMap::initialized(model->specs(), config.train.seed, model->init_std()),
                                      optimizer_settings(config.train)});
   DataConfig data;
   data.synthetic_min_doc = 5;
   data.synthetic_max_doc = 40;
-  auto source = make_data_source(data, model->config().unpadded_vocab_size, 99);
+  auto source = make_data_source(data, model->unpadded_vocab_size(), 99);
   RunOutput out;
   for (int s = 0; s < steps; ++s) {
     out.steps.push_back(engine->step(source->next(config.train.global_batch, config.train.seq_len),
@@ -191,22 +191,31 @@ TEST_CASE("The same config and seed give bitwise identical runs on the actor run
 
 TEST_CASE("An injected all-gather delay changes no number, and prefetch overlaps gathers with compute",
           "[actors][trace]") {
-  const RunConfig plain = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 2, 1);
-  const RunConfig slow = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 2, 1, ", sim_delay_ms: {all_gather: 20}");
+  // Micro-batches of 4 rows keep each op's compute long enough to see next to a 20 ms gather.
+  const RunConfig plain = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 8, 4);
+  const RunConfig slow = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 8, 4, ", sim_delay_ms: {all_gather: 20}");
   std::unique_ptr<TrainingEngine> engine;
   RunOutput a = run(plain, make_actor_engine, 2), b = run(slow, make_actor_engine, 2, false, &engine);
   for (std::size_t s = 0; s < a.steps.size(); ++s) CHECK(a.steps[s].loss == b.steps[s].loss);
   CHECK(bitwise_equal(a.master, b.master));
 
-  // On rank 0: the gather of layer 1's block (prefetched by layer 0) overlaps layer 0's forward.
+  // On rank 0: while layer l computes its forward (op l + 1), the gather of block l + 1 that it
+  // prefetched is in flight. (Layer 0's block is gathered together with its prefetch, since the
+  // embedding prefetches nothing, so the overlap shows from layer 1 on.)
   auto& actors = dynamic_cast<ActorEngine&>(*engine);
   const std::vector<Span> spans = actors.spans();
   int overlaps = 0;
-  for (const Span& compute : spans) {
-    if (compute.rank != 0 || compute.name != "forward op 1") continue;  // op 1 = layer 0
-    for (const Span& gather : spans) {
-      if (gather.rank != 0 || gather.step != compute.step || gather.actor != "unit model.layers.1") continue;
-      if (gather.name == "gather" && gather.start_us < compute.end_us && gather.end_us > compute.start_us) ++overlaps;
+  for (int layer = 1; layer + 1 < 4; ++layer) {
+    const std::string op = "forward op " + std::to_string(layer + 1);
+    const std::string next_block = "unit model.layers." + std::to_string(layer + 1);
+    for (const Span& compute : spans) {
+      if (compute.rank != 0 || compute.name != op) continue;
+      for (const Span& gather : spans) {
+        if (gather.rank != 0 || gather.step != compute.step || gather.actor != next_block || gather.name != "gather") {
+          continue;
+        }
+        if (gather.start_us < compute.end_us && gather.end_us > compute.start_us) ++overlaps;
+      }
     }
   }
   CHECK(overlaps >= 1);

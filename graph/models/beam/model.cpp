@@ -150,12 +150,6 @@ std::string BeamModel::layer_prefix(std::int64_t layer) const {
   return "model.layers." + std::to_string(layer) + ".";
 }
 
-std::int64_t BeamModel::parameter_count() const {
-  std::int64_t n = 0;
-  for (const auto& s : specs_) n += s.numel();
-  return n;
-}
-
 Tensor BeamModel::embed_forward(const TensorMap& w, const Tensor& input_ids) const {
   Tensor ids = input_ids.reshape({input_ids.numel()});
   return embedding_forward(w.at("model.embed_tokens.weight"), ids);  // a bf16 table lookup is exact
@@ -420,16 +414,6 @@ std::int64_t BeamModel::op_layer(int op) const { return op_kind(op) == OpKind::l
 std::unique_ptr<MicroBatchRun> BeamModel::start(const Batch& micro_batch, Precision precision,
                                                 float grad_scale) const {
   return std::make_unique<BeamMicroBatchRun>(*this, micro_batch, precision, grad_scale);
-}
-
-LossSum BeamModel::forward_backward(const TensorMap& w, const Batch& batch, Precision precision, float grad_scale,
-                                    const TensorMap& grads, std::vector<RoutingRecord>* routing) const {
-  BeamMicroBatchRun run(*this, batch, precision, grad_scale);
-  const int ops = op_count();
-  for (int op = 0; op < ops; ++op) run.forward(op, w);
-  if (routing) *routing = run.routing();
-  for (int op = ops - 1; op >= 0; --op) run.backward(op, w, grads);
-  return {run.loss_sum(), run.targets()};
 }
 
 LossSum BeamModel::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {

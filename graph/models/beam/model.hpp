@@ -13,7 +13,7 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/beam/config.hpp"
 #include "graph/param.hpp"
-#include "graph/training/staged_model.hpp"
+#include "graph/models/model.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
@@ -27,20 +27,22 @@ struct TokenContext {
   std::int64_t tokens() const { return rows * seq; }
 };
 
-struct LossSum {
-  double loss_sum = 0;       // sum of token cross entropies (nats)
-  std::int64_t targets = 0;  // tokens that have a target
-};
-
 struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
 struct BeamHeadCache;
 
-class BeamModel : public StagedModel {
+class BeamModel : public Model {
  public:
   explicit BeamModel(BeamConfig config);
   const BeamConfig& config() const { return config_; }
-  const std::vector<ParamSpec>& specs() const { return specs_; }
-  std::int64_t parameter_count() const;
+
+  // --- Model ---
+  std::string family() const override { return "beam"; }
+  std::string preset() const override { return config_.preset; }
+  const std::vector<ParamSpec>& specs() const override { return specs_; }
+  std::int64_t vocab_size() const override { return config_.vocab_size; }
+  std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
+  float init_std() const override { return config_.init_std; }
+  FamilyShardingRules sharding_rules() const override { return beam_sharding_rules(); }
 
   // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
   Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;
@@ -60,11 +62,9 @@ class BeamModel : public StagedModel {
   Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale,
                        const TensorMap& grads) const;
 
-  // --- whole micro-batch ---
-  // Forward and backward; gradients of grad_scale * loss_sum are accumulated into grads.
-  LossSum forward_backward(const TensorMap& w, const Batch& batch, Precision precision, float grad_scale,
-                           const TensorMap& grads, std::vector<RoutingRecord>* routing = nullptr) const;
-  LossSum forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out = nullptr) const;
+  // Forward only (no caches kept); logits_out gets the fp32 logits [B, S, V] after softcap and mask.
+  LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
+                  Tensor* logits_out = nullptr) const override;
 
   // --- StagedModel: op 0 = embedding, op 1 + l = layer l, op L + 1 = final norm, head and loss ---
   int op_count() const override { return static_cast<int>(config_.num_hidden_layers) + 2; }

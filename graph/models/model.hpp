@@ -1,0 +1,39 @@
+// A model family as the trainers, the planner and the apps see it: parameter specs, the staged
+// ops the runtime executes, and the sharding rules of the family's parallelizer.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/config.hpp"
+#include "graph/param.hpp"
+#include "graph/plan/plan.hpp"
+#include "graph/training/staged_model.hpp"
+
+namespace atl {
+
+class Model : public StagedModel {
+ public:
+  virtual std::string family() const = 0;
+  virtual std::string preset() const = 0;
+  virtual const std::vector<ParamSpec>& specs() const = 0;
+  virtual std::int64_t vocab_size() const = 0;
+  virtual std::int64_t unpadded_vocab_size() const = 0;
+  virtual float init_std() const = 0;
+  virtual FamilyShardingRules sharding_rules() const = 0;
+  // Forward only; logits_out gets the fp32 logits [B, S, V] the loss sees.
+  virtual LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
+                          Tensor* logits_out = nullptr) const = 0;
+
+  std::int64_t parameter_count() const;
+  // Forward and backward of one micro-batch through the staged ops; gradients of
+  // grad_scale * loss_sum are accumulated into grads.
+  LossSum forward_backward(const TensorMap& w, const Batch& batch, Precision precision, float grad_scale,
+                           const TensorMap& grads, std::vector<RoutingRecord>* routing = nullptr) const;
+};
+
+// The model a run config's `model:` section names (family, preset, overrides). Throws
+// ConfigError naming the file and the model.* key.
+std::shared_ptr<const Model> make_model(const ModelSection& section, const std::string& file);
+
+}  // namespace atl
