@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "graph/config.hpp"
 #include "graph/param.hpp"
 #include "graph/plan/plan.hpp"
@@ -24,6 +26,14 @@ class Model : public StagedModel {
   // Forward only; logits_out gets the fp32 logits [B, S, V] the loss sees.
   virtual LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
                           Tensor* logits_out = nullptr) const = 0;
+
+  // --- HF interop (MODELS.md §5.8) ---
+  // config.json of the HF checkpoint layout.
+  virtual nlohmann::json hf_config() const = 0;
+  // State-dict adapters between atoll's native layout (specs()) and the HF layout. Dtypes are
+  // preserved tensor by tensor; from_hf(to_hf(x)) == x bitwise. Errors name the tensor.
+  virtual TensorMap to_hf(const TensorMap& native) const = 0;
+  virtual TensorMap from_hf(const TensorMap& hf) const = 0;
 
   std::int64_t parameter_count() const;
   // Forward and backward of one micro-batch through the staged ops; gradients of

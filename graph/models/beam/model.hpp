@@ -62,6 +62,10 @@ class BeamModel : public Model {
   Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale,
                        const TensorMap& grads) const;
 
+  nlohmann::json hf_config() const override;
+  TensorMap to_hf(const TensorMap& native) const override;
+  TensorMap from_hf(const TensorMap& hf) const override;
+
   // Forward only (no caches kept); logits_out gets the fp32 logits [B, S, V] after softcap and mask.
   LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
                   Tensor* logits_out = nullptr) const override;

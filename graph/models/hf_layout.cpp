@@ -1,0 +1,120 @@
+#include "graph/models/hf_layout.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace atl {
+
+Tensor transpose_last_two(const Tensor& t) {
+  if (t.rank() < 2) throw std::invalid_argument("transpose_last_two: " + t.describe() + " has rank < 2");
+  const std::int64_t a = t.size(-2), b = t.size(-1), batch = t.numel() / std::max<std::int64_t>(a * b, 1);
+  Shape shape = t.shape();
+  std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+  Tensor out = Tensor::empty(shape, t.dtype());
+  const std::size_t es = element_size(t.dtype());
+  const auto* src = static_cast<const unsigned char*>(t.raw());
+  auto* dst = static_cast<unsigned char*>(out.raw());
+  for (std::int64_t n = 0; n < batch; ++n) {
+    for (std::int64_t i = 0; i < a; ++i) {
+      for (std::int64_t j = 0; j < b; ++j) {
+        std::memcpy(dst + ((n * b + j) * a + i) * es, src + ((n * a + i) * b + j) * es, es);
+      }
+    }
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& parts) {
+  if (parts.empty()) throw std::invalid_argument("stack: no tensors");
+  Shape shape = parts[0].shape();
+  shape.insert(shape.begin(), static_cast<std::int64_t>(parts.size()));
+  Tensor out = Tensor::empty(shape, parts[0].dtype());
+  const std::size_t part_bytes = parts[0].bytes();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].shape() != parts[0].shape() || parts[i].dtype() != parts[0].dtype()) {
+      throw std::invalid_argument("stack: " + parts[i].describe() + " differs from " + parts[0].describe());
+    }
+    std::memcpy(static_cast<unsigned char*>(out.raw()) + i * part_bytes, parts[i].raw(), part_bytes);
+  }
+  return out;
+}
+
+std::vector<Tensor> unstack(const Tensor& t) {
+  std::vector<Tensor> out;
+  Shape inner(t.shape().begin() + 1, t.shape().end());
+  for (std::int64_t i = 0; i < t.size(0); ++i) out.push_back(t.slice_rows(i, i + 1).clone().reshape(inner));
+  return out;
+}
+
+Tensor concat_last(const Tensor& a, const Tensor& b) {
+  if (a.rank() != b.rank() || a.dtype() != b.dtype()) {
+    throw std::invalid_argument("concat_last: " + a.describe() + " and " + b.describe());
+  }
+  const std::int64_t ca = a.size(-1), cb = b.size(-1), rows = a.numel() / std::max<std::int64_t>(ca, 1);
+  Shape shape = a.shape();
+  shape.back() = ca + cb;
+  Tensor out = Tensor::empty(shape, a.dtype());
+  const std::size_t es = element_size(a.dtype());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<unsigned char*>(out.raw()) + r * (ca + cb) * es,
+                static_cast<const unsigned char*>(a.raw()) + r * ca * es, static_cast<std::size_t>(ca) * es);
+    std::memcpy(static_cast<unsigned char*>(out.raw()) + (r * (ca + cb) + ca) * es,
+                static_cast<const unsigned char*>(b.raw()) + r * cb * es, static_cast<std::size_t>(cb) * es);
+  }
+  return out;
+}
+
+std::pair<Tensor, Tensor> split_last(const Tensor& t, std::int64_t first) {
+  const std::int64_t c = t.size(-1), rows = t.numel() / std::max<std::int64_t>(c, 1);
+  if (first < 0 || first > c) throw std::invalid_argument("split_last: " + std::to_string(first) + " of " + t.describe());
+  Shape sa = t.shape(), sb = t.shape();
+  sa.back() = first;
+  sb.back() = c - first;
+  Tensor a = Tensor::empty(sa, t.dtype()), b = Tensor::empty(sb, t.dtype());
+  const std::size_t es = element_size(t.dtype());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<unsigned char*>(a.raw()) + r * first * es,
+                static_cast<const unsigned char*>(t.raw()) + r * c * es, static_cast<std::size_t>(first) * es);
+    std::memcpy(static_cast<unsigned char*>(b.raw()) + r * (c - first) * es,
+                static_cast<const unsigned char*>(t.raw()) + (r * c + first) * es,
+                static_cast<std::size_t>(c - first) * es);
+  }
+  return {a, b};
+}
+
+void per_expert_to_hf(const std::string& prefix, const Tensor& gate_and_up, const Tensor& down, TensorMap& hf) {
+  const std::int64_t inter = gate_and_up.size(-1) / 2;
+  const auto gu = unstack(gate_and_up), dn = unstack(down);
+  for (std::size_t e = 0; e < gu.size(); ++e) {
+    auto [gate, up] = split_last(gu[e], inter);  // [H, I] each
+    const std::string p = prefix + "." + std::to_string(e) + ".";
+    hf.insert(p + "gate_proj.weight", transpose_last_two(gate));
+    hf.insert(p + "up_proj.weight", transpose_last_two(up));
+    hf.insert(p + "down_proj.weight", transpose_last_two(dn[e]));
+  }
+}
+
+std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, std::int64_t experts, const TensorMap& hf) {
+  std::vector<Tensor> gu, dn;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::string p = prefix + "." + std::to_string(e) + ".";
+    const Tensor& gate = hf.at(p + "gate_proj.weight");
+    const Tensor& up = require_hf_tensor(hf, p + "up_proj.weight", gate.shape());
+    const Tensor& down = require_hf_tensor(hf, p + "down_proj.weight", {gate.size(1), gate.size(0)});
+    gu.push_back(concat_last(transpose_last_two(gate), transpose_last_two(up)));
+    dn.push_back(transpose_last_two(down));
+  }
+  return {stack(gu), stack(dn)};
+}
+
+const Tensor& require_hf_tensor(const TensorMap& hf, const std::string& name, const Shape& shape) {
+  if (!hf.contains(name)) throw std::invalid_argument("HF state dict: missing tensor '" + name + "'");
+  const Tensor& t = hf.at(name);
+  if (t.shape() != shape) {
+    throw std::invalid_argument("HF state dict: tensor '" + name + "' is " + t.describe() + ", expected shape " +
+                                shape_string(shape));
+  }
+  return t;
+}
+
+}  // namespace atl

@@ -1,0 +1,31 @@
+// Tensor rearrangements the HF state-dict adapters share. All preserve the dtype (any element
+// type) and copy bytes exactly, so adapters round-trip bitwise.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "graph/param.hpp"
+#include "kernels/tensor.hpp"
+
+namespace atl {
+
+// [..., a, b] -> [..., b, a]
+Tensor transpose_last_two(const Tensor& t);
+// Stack equal-shaped tensors along a new dim 0 / split dim 0 into its slices (copies).
+Tensor stack(const std::vector<Tensor>& parts);
+std::vector<Tensor> unstack(const Tensor& t);
+// Concatenate / split along the last dim.
+Tensor concat_last(const Tensor& a, const Tensor& b);
+std::pair<Tensor, Tensor> split_last(const Tensor& t, std::int64_t first);
+
+// Grouped experts, native [E, H, 2I] (gate | up concatenated) and [E, I, H], to and from HF per-expert
+// Linear weights `<prefix>.<e>.gate_proj.weight [I, H]`, `up_proj [I, H]`, `down_proj [H, I]`
+// (MODELS.md §5.8, Flint and Beam). `prefix` is e.g. "model.layers.0.mlp.experts".
+void per_expert_to_hf(const std::string& prefix, const Tensor& gate_and_up, const Tensor& down, TensorMap& hf);
+// Reads (and checks) the 3E per-expert tensors; returns {gate_and_up [E,H,2I], down [E,I,H]}.
+std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, std::int64_t experts, const TensorMap& hf);
+
+// A tensor that must exist in an HF map, with the shape expected; the error names both.
+const Tensor& require_hf_tensor(const TensorMap& hf, const std::string& name, const Shape& shape);
+
+}  // namespace atl
