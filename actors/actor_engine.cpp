@@ -179,6 +179,19 @@ TensorMap ActorEngine::master_weights() const {
   return ordered;
 }
 
+double ActorEngine::gather_round_trip_us(std::size_t unit, int iterations) {
+  auto& im = *impl_;
+  caf::scoped_actor self{*im.system};
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    for (const auto& stage : im.stages) self->send(stage, probe_atom::value, static_cast<std::uint64_t>(unit));
+    for (std::size_t r = 0; r < im.stages.size(); ++r) {
+      self->receive([](done_atom) {}, [&](caf::error& e) { throw std::runtime_error(im.system->render(e)); });
+    }
+  }
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iterations;
+}
+
 std::optional<std::string> ActorEngine::chrome_trace() const { return impl_->tracer->chrome_trace_json(); }
 const Plan& ActorEngine::plan() const { return *impl_->plan; }
 std::vector<CollectiveRecord> ActorEngine::collective_records() const { return impl_->recorder->records(); }

@@ -106,6 +106,7 @@ using completed_atom = caf::atom_constant<caf::atom("completed")>;
 using run_atom = caf::atom_constant<caf::atom("run")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
+using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 // --- interfaces ---
 
@@ -126,8 +127,10 @@ using unit_actor = caf::typed_actor<caf::reacts_to<gather_atom, std::uint64_t>, 
                                     caf::replies_to<master_atom>::with<ShardTensor>>;
 
 // One pipeline stage on one rank (the whole model while pp = 1): runs the schedule.
+// probe: gather one unit, take its params, reshard it (between steps): a gather round trip.
 using stage_actor = caf::typed_actor<caf::replies_to<step_atom, StageStep>::with<StageReport>,
-                                     caf::replies_to<optimize_atom, OptimizerStep>::with<done_atom>>;
+                                     caf::replies_to<optimize_atom, OptimizerStep>::with<done_atom>,
+                                     caf::replies_to<probe_atom, std::uint64_t>::with<done_atom>>;
 
 // The job's trainer: splits the global batch, normalises the loss, computes the global gradient
 // norm in one fixed order and triggers the optimizer step.

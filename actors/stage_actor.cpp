@@ -203,6 +203,17 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         start_micro_batch(self);
         return s.done;
       },
+      [=](probe_atom, std::uint64_t unit) -> caf::result<done_atom> {
+        auto rp = self->make_response_promise<done_atom>();
+        const auto u = static_cast<std::size_t>(unit);
+        ensure_gathered(self, u);
+        self->request(self->state.setup.units[u], caf::infinite, params_atom::value)
+            .then([=](const GatheredParams&) mutable {
+              release(self, u);
+              rp.deliver(done_atom::value);
+            });
+        return rp;
+      },
       [=](optimize_atom, OptimizerStep msg) -> caf::result<done_atom> {
         auto rp = self->make_response_promise<done_atom>();
         auto remaining = std::make_shared<std::size_t>(self->state.setup.units.size());

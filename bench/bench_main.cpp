@@ -9,6 +9,8 @@
 #include <functional>
 #include <memory>
 
+#include "actors/actor_engine.hpp"
+#include "graph/config.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model.hpp"
 #include "graph/reference/trainer.hpp"
@@ -54,8 +56,31 @@ void bench_matmul(std::int64_t rows, std::int64_t in, std::int64_t out) {
               static_cast<long long>(in), flops / atoll_s * 1e-9, flops / blas_s * 1e-9, blas_s / atoll_s);
 }
 
+RunConfig bench_config(int dp_shard, const char* preset, std::int64_t rows, std::int64_t micro, std::int64_t seq) {
+  return parse_run_config("model: {family: beam, preset: " + std::string(preset) + "}\n" +
+                              "topology: {mesh: {dp_shard: " + std::to_string(dp_shard) + "}}\n" +
+                              "train: {steps: 10, global_batch: " + std::to_string(rows) + ", micro_batch: " +
+                              std::to_string(micro) + ", seq_len: " + std::to_string(seq) + ", lr: 1.0e-3, seed: 7}\n",
+                          "bench");
+}
+
+// Mean seconds per step of `steps` steps (after one warm-up step) on the engine the factory builds.
+double seconds_per_step(const RunConfig& config, const EngineFactory& factory, int steps,
+                        std::unique_ptr<TrainingEngine>* keep = nullptr) {
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  auto engine = factory(EngineInputs{config, model, TensorMap::initialized(model->specs(), 7, model->init_std()),
+                                     optimizer_settings(config.train)});
+  auto data = make_data_source(config.data, model->unpadded_vocab_size(), 7);
+  engine->step(data->next(config.train.global_batch, config.train.seq_len));
+  auto t0 = clock_type::now();
+  for (int s = 0; s < steps; ++s) engine->step(data->next(config.train.global_batch, config.train.seq_len));
+  const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count() / steps;
+  if (keep) *keep = std::move(engine);
+  return seconds;
+}
+
 double trainer_tokens_per_s(Precision precision, int steps) {
-  auto model = std::make_shared<const BeamModel>(beam_preset("beam-small"));
+  auto model = std::make_shared<const BeamModel>(beam_preset("beam-small"));  // the throughput yardstick
   DataConfig dc;
   auto data = make_data_source(dc, model->unpadded_vocab_size(), 7);
   OptimizerSettings opt;
@@ -83,5 +108,23 @@ int main() {
   std::printf("reference trainer beam-small (8x256 tokens/step, micro-batch 4): fp32 %.0f tokens/s, bf16 %.0f "
               "tokens/s, bf16/fp32 %.3f\n",
               fp32, bf16, bf16 / fp32);
+
+  // The actor runtime's overhead: beam-small, the same global batch (8 x 256 tokens, micro-batches
+  // of 2 rows), reference trainer vs the actors simulating dp_shard = 4 in this process.
+  const double reference_s = seconds_per_step(bench_config(1, "beam-small", 8, 2, 256), make_reference_engine, 3);
+  std::unique_ptr<TrainingEngine> sharded;
+  const double actors_s = seconds_per_step(bench_config(4, "beam-small", 8, 2, 256), make_actor_engine, 3, &sharded);
+  std::printf("actor runtime beam-small step: reference %.3f s, actors dp_shard=4 (sim, 4 ranks on this machine) "
+              "%.3f s, overhead ratio %.3f\n",
+              reference_s, actors_s, actors_s / reference_s);
+  auto& actors = dynamic_cast<ActorEngine&>(*sharded);
+  const std::size_t block = actors.plan().unit_index("model.layers.1");
+  std::printf("unit gather round trip (model.layers.1 of beam-small, 4 ranks, sim): %.1f us\n",
+              actors.gather_round_trip_us(block, 50));
+  std::unique_ptr<TrainingEngine> single;
+  seconds_per_step(bench_config(1, "beam-tiny-moe", 4, 2, 32), make_actor_engine, 1, &single);
+  auto& one = dynamic_cast<ActorEngine&>(*single);
+  std::printf("unit gather round trip (model.layers.1 of beam-tiny-moe, 1 rank, sim): %.1f us\n",
+              one.gather_round_trip_us(one.plan().unit_index("model.layers.1"), 500));
   return 0;
 }

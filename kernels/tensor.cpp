@@ -121,6 +121,19 @@ Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return clone();
   Tensor t = empty(shape_, dtype);
   const std::int64_t n = numel();
+  // The two conversions on hot paths (gathers in bf16, upcasts for compute) get plain loops.
+  if (dtype_ == DType::f32 && dtype == DType::bf16) {
+    const float* src = data<float>();
+    bf16* dst = t.data<bf16>();
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+    return t;
+  }
+  if (dtype_ == DType::bf16 && dtype == DType::f32) {
+    const bf16* src = data<bf16>();
+    float* dst = t.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+    return t;
+  }
   auto read = [&](std::int64_t i) -> double {
     switch (dtype_) {
       case DType::f32: return data<float>()[i];
