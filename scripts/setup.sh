@@ -10,7 +10,11 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libcaf-dev libucx-dev ucx-utils catch2 libboost-dev libyaml-cpp-dev nlohmann-json3-dev
   libopenblas-dev libfmt-dev libspdlog-dev libcli11-dev
+  python3 python3-venv
 )
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 missing=()
 for p in "${packages[@]}"; do
@@ -18,10 +22,19 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python tools for interoperability tests (the safetensors package reads atoll's files), in a
+# virtual environment of the project's own; tests that need it skip cleanly without it.
+if ! .venv-tools/bin/python -c "import safetensors, numpy" >/dev/null 2>&1; then
+  if /usr/bin/python3 -m venv .venv-tools >/dev/null 2>&1; then
+    .venv-tools/bin/pip install -q --disable-pip-version-check safetensors numpy ||
+      echo "setup: could not install safetensors/numpy; the Python interoperability test will skip"
+  else
+    echo "setup: python3 venv unavailable; the Python interoperability test will skip"
+  fi
 fi
 
 # nvcc lives outside PATH on some machines; the CUDA parts build only when it is found.
