@@ -11,6 +11,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -303,6 +304,42 @@ TEST_CASE("apps: atoll-train the same config gives the same metrics, timing asid
   const std::string b = metrics_without_timing(run_b / "metrics.jsonl");
   CHECK(a.size() > 0);
   CHECK(a == b);
+}
+
+TEST_CASE("apps: atoll-train on the actor runtime with HSDP is deterministic and writes a trace",
+          "[apps][atoll-train]") {
+  TempDir tmp;
+  std::vector<std::string> outputs;
+  for (const char* name : {"a", "b"}) {
+    const fs::path dir = tmp.path / name;
+    const Result r = run_train({default_config().string(), "--set", "train.steps=6", "--set",
+                                "topology.mesh.dp_shard=2", "--set", "topology.mesh.dp_replicate=2", "--set",
+                                "run_dir=" + dir.string(), "--trace", (dir.string() + ".trace.json")},
+                               tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out.find("engine actors (dp_shard 2 x dp_replicate 2)") != std::string::npos);
+    const auto metrics = read_metrics(dir / "metrics.jsonl");
+    check_metrics_well_formed(metrics, 6);
+    for (const auto& m : metrics) {
+      CHECK(m.at("bytes_gathered").get<std::int64_t>() > 0);
+      CHECK(m.at("bytes_reduced").get<std::int64_t>() > 0);
+    }
+    outputs.push_back(metrics_without_timing(dir / "metrics.jsonl"));
+    // The trace is Chrome trace-event JSON with one process per rank.
+    const auto trace = nlohmann::json::parse(read_file(dir.string() + ".trace.json"));
+    std::set<int> ranks;
+    std::set<std::string> categories;
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.at("ph") == "X") {
+        ranks.insert(e.at("pid").get<int>());
+        categories.insert(e.at("cat").get<std::string>());
+      }
+    }
+    CHECK(ranks == std::set<int>{0, 1, 2, 3});
+    CHECK(categories == std::set<std::string>{"compute", "gather", "reduce"});
+  }
+  CHECK(outputs[0] == outputs[1]);
 }
 
 TEST_CASE("apps: atoll-train an existing run is kept unless --overwrite", "[apps][atoll-train]") {
