@@ -93,6 +93,9 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
   im.system = std::make_unique<caf::actor_system>(*im.system_config);
   auto& sys = *im.system;
 
+  const TensorMap exp_avg = initial_moments(in.initial_exp_avg, in.model->specs());
+  const TensorMap exp_avg_sq = initial_moments(in.initial_exp_avg_sq, in.model->specs());
+  im.steps = in.start_step;
   std::map<std::string, bool> weight_decay;
   for (const auto& s : in.model->specs()) weight_decay[s.name] = s.weight_decay;
 
@@ -114,6 +117,8 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
       setup.replicate_comm = replicate_comm;
       setup.replicate_count = replicate_group.size();
       setup.initial_shard = pack_shard(unit, in.initial_master, setup.shard_index, unit.shard_count);
+      setup.initial_exp_avg = pack_shard(unit, exp_avg, setup.shard_index, unit.shard_count);
+      setup.initial_exp_avg_sq = pack_shard(unit, exp_avg_sq, setup.shard_index, unit.shard_count);
       for (const auto& p : unit.params) setup.weight_decay.push_back(weight_decay.at(p.name));
       setup.tracer = im.tracer;
       im.units[static_cast<std::size_t>(rank)].push_back(spawn_unit_actor(sys, std::move(setup)));
@@ -125,7 +130,8 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
                              replicate_group.size() > 1, im.tracer}));
   }
   im.trainer = spawn_trainer_actor(
-      sys, TrainerActorSetup{im.plan, im.stages, config.train.micro_batch, config.precision, in.optimizer, im.tracer});
+      sys, TrainerActorSetup{im.plan, im.stages, config.train.micro_batch, in.start_step, config.precision, in.optimizer,
+                        im.tracer});
 }
 
 ActorEngine::~ActorEngine() = default;
@@ -151,32 +157,41 @@ StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
   return result;
 }
 
-TensorMap ActorEngine::master_weights() const {
+TrainingState ActorEngine::state() const {
   auto& im = *impl_;
   const Plan& plan = *im.plan;
-  const Mesh& mesh = plan.mesh;
+  const Group group = plan.mesh.shard_group(0);  // replicas hold identical shards
   caf::scoped_actor self{*im.system};
-  TensorMap full;
+  TensorMap full[3];
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     const UnitPlan& unit = plan.units[u];
-    Tensor gathered = Tensor::empty({unit.shard_count * unit.shard_numel});
-    const Group group = mesh.shard_group(0);
+    Tensor gathered[3];
+    for (auto& g : gathered) g = Tensor::empty({unit.shard_count * unit.shard_numel});
     for (int i = 0; i < group.size(); ++i) {
       const int rank = group.ranks[static_cast<std::size_t>(i)];
       self->request(im.units[static_cast<std::size_t>(rank)][u], caf::infinite, master_atom::value)
           .receive(
-              [&](const ShardTensor& s) {
-                gathered.slice_rows(i * unit.shard_numel, (i + 1) * unit.shard_numel).copy_from(s.shard);
+              [&](const UnitShards& s) {
+                const Tensor parts[3] = {s.master, s.exp_avg, s.exp_avg_sq};
+                for (int k = 0; k < 3; ++k) {
+                  gathered[k].slice_rows(i * unit.shard_numel, (i + 1) * unit.shard_numel).copy_from(parts[k]);
+                }
               },
               [&](caf::error& e) { throw std::runtime_error("actor runtime: " + im.system->render(e)); });
     }
-    TensorMap params = unpack_gathered(unit, gathered, unit.shard_count);
-    for (const auto& name : params.names()) full.insert(name, params.at(name));
+    for (int k = 0; k < 3; ++k) {
+      TensorMap params = unpack_gathered(unit, gathered[k], unit.shard_count);
+      for (const auto& name : params.names()) full[k].insert(name, params.at(name));
+    }
   }
-  // Canonical (spec) order.
-  TensorMap ordered;
-  for (const auto& s : im.model->specs()) ordered.insert(s.name, full.at(s.name));
-  return ordered;
+  TrainingState out;
+  out.step = im.steps;
+  for (const auto& s : im.model->specs()) {  // canonical (spec) order
+    out.master.insert(s.name, full[0].at(s.name));
+    out.exp_avg.insert(s.name, full[1].at(s.name));
+    out.exp_avg_sq.insert(s.name, full[2].at(s.name));
+  }
+  return out;
 }
 
 double ActorEngine::gather_round_trip_us(std::size_t unit, int iterations) {

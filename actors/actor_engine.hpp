@@ -26,7 +26,7 @@ class ActorEngine : public TrainingEngine {
 
   const char* name() const override { return "actors"; }
   StepResult step(const Batch& global_batch, bool record_routing = false) override;
-  TensorMap master_weights() const override;
+  TrainingState state() const override;
   std::optional<std::string> chrome_trace() const override;
 
   const Plan& plan() const;

@@ -69,8 +69,8 @@ struct OptimizerStep {
   OptimizerSettings settings;
 };
 
-struct ShardTensor {
-  Tensor shard;  // f32 [shard_numel]
+struct UnitShards {
+  Tensor master, exp_avg, exp_avg_sq;  // f32 [shard_numel] each
 };
 
 struct GlobalStep {
@@ -87,7 +87,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::ComputeJob)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StageStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StageReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::OptimizerStep)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::ShardTensor)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::UnitShards)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GlobalStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StepResult)
 
@@ -124,7 +124,7 @@ using unit_actor = caf::typed_actor<caf::reacts_to<gather_atom, std::uint64_t>, 
                                     caf::reacts_to<grads_atom, UnitGrads>,               // accumulate / reduce
                                     caf::replies_to<reduced_atom>::with<double>,         // shard sum of squares
                                     caf::replies_to<optimize_atom, OptimizerStep>::with<done_atom>,
-                                    caf::replies_to<master_atom>::with<ShardTensor>>;
+                                    caf::replies_to<master_atom>::with<UnitShards>>;
 
 // One pipeline stage on one rank (the whole model while pp = 1): runs the schedule.
 // probe: gather one unit, take its params, reshard it (between steps): a gather round trip.

@@ -24,6 +24,7 @@ struct UnitActorSetup {
   comm_actor replicate_comm;      // the dp_replicate group (unused when it has one member)
   int replicate_count = 1;
   Tensor initial_shard;           // f32 [shard_numel]
+  Tensor initial_exp_avg, initial_exp_avg_sq;  // f32 [shard_numel]
   std::vector<bool> weight_decay;  // per UnitParam
   std::shared_ptr<SpanTracer> tracer;
 };
@@ -44,6 +45,7 @@ struct TrainerActorSetup {
   std::shared_ptr<const Plan> plan;
   std::vector<stage_actor> stages;  // by rank
   std::int64_t micro_batch = 1;     // rows per micro-batch
+  std::int64_t start_step = 0;      // steps already taken (resuming)
   Precision precision = Precision::bf16;
   OptimizerSettings optimizer;
   std::shared_ptr<SpanTracer> tracer;

@@ -68,6 +68,7 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
 }
 
 trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActorSetup setup) {
+  self->state.step = setup.start_step;
   self->state.setup = std::move(setup);
   return {
       [=](step_atom, const GlobalStep& msg) -> caf::result<StepResult> {

@@ -107,8 +107,8 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
   st.unit = &setup.plan->units.at(setup.unit_index);
   st.actor_name = "unit " + st.unit->name;
   st.master = setup.initial_shard;
-  st.exp_avg = Tensor::zeros(st.master.shape());
-  st.exp_avg_sq = Tensor::zeros(st.master.shape());
+  st.exp_avg = setup.initial_exp_avg;
+  st.exp_avg_sq = setup.initial_exp_avg_sq;
   st.setup = std::move(setup);
   return {
       [=](gather_atom, std::uint64_t seq) {
@@ -146,7 +146,7 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
         optimize(self->state, msg);
         return done_atom::value;
       },
-      [=](master_atom) { return ShardTensor{self->state.master}; },
+      [=](master_atom) { return UnitShards{self->state.master, self->state.exp_avg, self->state.exp_avg_sq}; },
   };
 }
 

@@ -19,6 +19,14 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap
   if (micro_batch_ <= 0) throw std::invalid_argument("train.micro_batch: expected a positive integer");
 }
 
+ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TrainingState state, Precision precision,
+                                   std::int64_t micro_batch, OptimizerSettings optimizer)
+    : ReferenceTrainer(std::move(model), std::move(state.master), precision, micro_batch, optimizer) {
+  exp_avg_ = std::move(state.exp_avg);
+  exp_avg_sq_ = std::move(state.exp_avg_sq);
+  step_ = state.step;
+}
+
 StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   if (batch.rows() % micro_batch_ != 0) {
     throw std::invalid_argument("global batch of " + std::to_string(batch.rows()) +

@@ -23,10 +23,13 @@ class ReferenceTrainer : public TrainingEngine {
  public:
   ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap master, Precision precision,
                    std::int64_t micro_batch, OptimizerSettings optimizer);
+  // Resuming from a saved state (masters, moments, step).
+  ReferenceTrainer(std::shared_ptr<const Model> model, TrainingState state, Precision precision,
+                   std::int64_t micro_batch, OptimizerSettings optimizer);
 
   const char* name() const override { return "reference"; }
   StepResult step(const Batch& global_batch, bool record_routing = false) override;
-  TensorMap master_weights() const override { return master_.clone(); }
+  TrainingState state() const override { return {step_, master_.clone(), exp_avg_.clone(), exp_avg_sq_.clone()}; }
 
   const TensorMap& master() const { return master_; }
   const TensorMap& exp_avg() const { return exp_avg_; }

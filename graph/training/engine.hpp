@@ -37,14 +37,22 @@ struct StepResult {
   std::vector<std::vector<RoutingRecord>> routing;
 };
 
+// Everything an optimizer step depends on besides the data: what a checkpoint saves.
+struct TrainingState {
+  std::int64_t step = 0;  // steps taken
+  TensorMap master;       // fp32, full, native layout
+  TensorMap exp_avg, exp_avg_sq;
+};
+
 class TrainingEngine {
  public:
   virtual ~TrainingEngine() = default;
   virtual const char* name() const = 0;
   // One optimizer step on a global batch (rows a multiple of micro_batch × data-parallel ranks).
   virtual StepResult step(const Batch& global_batch, bool record_routing = false) = 0;
-  // The full fp32 master weights (gathered from shards where sharded).
-  virtual TensorMap master_weights() const = 0;
+  // Masters, AdamW moments and step, full (gathered from shards where sharded), spec order.
+  virtual TrainingState state() const = 0;
+  TensorMap master_weights() const { return state().master; }
   // A Chrome trace-event JSON of the work so far, for engines that record one.
   virtual std::optional<std::string> chrome_trace() const { return std::nullopt; }
 };

@@ -55,9 +55,16 @@ OptimizerSettings optimizer_settings(const TrainConfig& t) {
   return o;
 }
 
+TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& specs) {
+  return given.names().empty() ? TensorMap::zeros_like(specs) : given;
+}
+
 std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
   check_reference_supports(in.config);
-  return std::make_unique<ReferenceTrainer>(in.model, std::move(in.initial_master), in.config.precision,
+  const auto& specs = in.model->specs();
+  TrainingState start{in.start_step, std::move(in.initial_master), initial_moments(in.initial_exp_avg, specs),
+                      initial_moments(in.initial_exp_avg_sq, specs)};
+  return std::make_unique<ReferenceTrainer>(in.model, std::move(start), in.config.precision,
                                             in.config.train.micro_batch, in.optimizer);
 }
 

@@ -22,12 +22,17 @@ struct EngineInputs {
   std::shared_ptr<const Model> model;
   TensorMap initial_master;  // fp32, full
   OptimizerSettings optimizer;
+  // Resuming: AdamW moments (empty = zeros) and the steps already taken.
+  TensorMap initial_exp_avg, initial_exp_avg_sq;
+  std::int64_t start_step = 0;
 };
 // Builds the engine a config asks for; throws ConfigError when it cannot run the config.
 using EngineFactory = std::function<std::unique_ptr<TrainingEngine>(EngineInputs)>;
 
 // The single-process reference trainer; it runs a 1-rank mesh.
 std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs inputs);
+// The initial moments of EngineInputs: the given ones, or zeros.
+TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& specs);
 OptimizerSettings optimizer_settings(const TrainConfig& train);
 
 // Throws ConfigError (bad config or an engine that cannot run this mesh) before anything is
