@@ -17,6 +17,11 @@ int main(int argc, char** argv) {
   app.add_option("--set", sets, "override a config key: --set train.steps=50 (repeatable)");
   app.add_flag("--overwrite", options.overwrite, "replace the outputs of an earlier run in run_dir");
   app.add_option("--trace", options.trace_path, "write a Chrome trace-event JSON of every actor's spans (Perfetto)");
+  std::string resume_from;
+  auto* resume = app.add_option("--resume", resume_from,
+                                "continue from a checkpoint: its directory, or with no value the latest complete "
+                                "one under checkpoint.dir")
+                     ->expected(0, 1);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -25,6 +30,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  if (resume->count() > 0) options.resume = resume_from;
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
     const atl::EngineFactory engine = config.topology.engine == atl::Engine::reference ? atl::make_reference_engine

@@ -227,6 +227,15 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
   config.precision = parse_precision(top.get_choice("precision", "bf16", {"bf16", "fp32"}));
   config.train = read_train(top.section("train"));
   config.data = read_data(top.section("data"));
+  {
+    ConfigReader ck = top.section("checkpoint");
+    config.checkpoint.dir = ck.get<std::string>("dir", (std::filesystem::path(config.run_dir) / "checkpoints").string());
+    ck.check(!config.checkpoint.dir.empty(), "dir", "a directory path");
+    config.checkpoint.every = ck.get_non_negative("every", 0);
+    config.checkpoint.keep = ck.get_non_negative("keep", 3);
+    config.checkpoint.load = ck.get<std::string>("load", "");
+    ck.finish();
+  }
   top.finish();
   return config;
 }
@@ -281,6 +290,11 @@ nlohmann::json to_json(const RunConfig& c) {
         {"eos_id", d.eos_id ? nlohmann::json(*d.eos_id) : nlohmann::json(nullptr)},
         {"token_width", d.token_width},
         {"loop", d.loop}}},
+      {"checkpoint",
+       {{"dir", c.checkpoint.dir},
+        {"every", c.checkpoint.every},
+        {"keep", c.checkpoint.keep},
+        {"load", c.checkpoint.load}}},
   };
 }
 

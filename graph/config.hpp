@@ -66,6 +66,14 @@ struct ModelSection {
   YAML::Node overrides;   // every other key of `model:` (a mapping, possibly empty); the family validates it
 };
 
+// Training checkpoints (graph/checkpoint): native safetensors + optimizer state + trainer state.
+struct CheckpointConfig {
+  std::string dir;         // root of the step-NNNNNNNN directories; default <run_dir>/checkpoints
+  std::int64_t every = 0;  // save every this many steps and at the last step; 0 = never
+  std::int64_t keep = 3;   // complete checkpoints kept (oldest removed first); 0 = all
+  std::string load;        // a checkpoint directory whose weights start the run (moments and step fresh)
+};
+
 struct RunConfig {
   std::string source_file;  // the YAML file this came from
   std::string run_dir;
@@ -74,6 +82,7 @@ struct RunConfig {
   Precision precision = Precision::bf16;
   TrainConfig train;
   DataConfig data;
+  CheckpointConfig checkpoint;
 };
 
 // Reads `path`, applies each `key.path=value` of `sets` to the YAML tree (the value is parsed as

@@ -12,6 +12,7 @@
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model_config.hpp"
 #include "graph/reference/trainer.hpp"
+#include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/training/atomic_file.hpp"
 
 namespace atl {
@@ -75,6 +76,79 @@ std::string format_duration(double seconds) {
   return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
 }
 
+// Loaded tensors must be the model's, name by name and shape by shape.
+void check_matches_model(const Model& model, const TensorMap& tensors, const std::string& what) {
+  for (const auto& s : model.specs()) {
+    if (!tensors.contains(s.name)) throw CheckpointError(what + ": no tensor '" + s.name + "' for this model");
+    const Tensor& t = tensors.at(s.name);
+    if (t.shape() != s.shape || t.dtype() != DType::f32) {
+      throw CheckpointError(what + ": tensor '" + s.name + "' is " + t.describe() + ", the model expects f32" +
+                            shape_string(s.shape));
+    }
+  }
+  if (tensors.names().size() != model.specs().size()) {
+    throw CheckpointError(what + ": holds " + std::to_string(tensors.names().size()) + " tensors, the model has " +
+                          std::to_string(model.specs().size()));
+  }
+}
+
+// Where the run starts: a resumed checkpoint, weights to fine-tune from, or a fresh init.
+struct StartingPoint {
+  TrainingState state;
+  std::optional<nlohmann::json> data_cursor;
+  std::int64_t tokens = 0;  // tokens trained on before the start
+  std::string description = "fresh initialisation";
+};
+
+StartingPoint starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
+  namespace fs = std::filesystem;
+  StartingPoint start;
+  if (options.resume) {
+    fs::path dir = *options.resume;
+    if (dir.empty()) {
+      auto latest = latest_checkpoint(config.checkpoint.dir);
+      if (!latest) {
+        throw ConfigError(config.source_file, "checkpoint.dir",
+                          "--resume found no complete checkpoint under '" + config.checkpoint.dir + "'");
+      }
+      dir = *latest;
+    }
+    CheckpointContents c = load_checkpoint(dir);
+    check_matches_model(model, c.model, dir.string());
+    if (c.step >= config.train.steps) {
+      throw ConfigError(config.source_file, "train.steps",
+                        "the checkpoint " + dir.string() + " is at step " + std::to_string(c.step) +
+                            "; expected train.steps above it to continue");
+    }
+    start.state = {c.step, std::move(c.model), std::move(c.exp_avg), std::move(c.exp_avg_sq)};
+    if (c.trainer_state.contains("data_cursor")) start.data_cursor = c.trainer_state.at("data_cursor");
+    start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
+    start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
+    return start;
+  }
+  if (!config.checkpoint.load.empty()) {
+    CheckpointContents c = load_checkpoint(config.checkpoint.load);
+    check_matches_model(model, c.model, config.checkpoint.load);
+    start.state.master = std::move(c.model);
+    start.description = "weights from " + config.checkpoint.load;
+    return start;
+  }
+  start.state.master = TensorMap::initialized(model.specs(), config.train.seed, model.init_std());
+  return start;
+}
+
+nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, const TrainingEngine& engine,
+                                  std::int64_t step, std::int64_t tokens, const DataSource& data) {
+  return {{"step", step},
+          {"tokens", tokens},
+          {"data_cursor", data.cursor()},
+          {"seed", config.train.seed},
+          {"family", model.family()},
+          {"preset", model.preset()},
+          {"engine", engine.name()},
+          {"config", to_json(config)}};
+}
+
 }  // namespace
 
 double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
@@ -83,13 +157,19 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
   const auto& t = config.train;
-  std::unique_ptr<TrainingEngine> engine = make_engine(EngineInputs{
-      config, model, TensorMap::initialized(model->specs(), t.seed, model->init_std()), optimizer_settings(t)});
+  StartingPoint begin = starting_point(config, options, *model);
+  if (begin.data_cursor) data->restore(*begin.data_cursor);
+  const std::int64_t tokens_before = begin.tokens;
+  const std::string start_description = begin.description;
+  const std::int64_t first_step = begin.state.step + 1;
+  std::unique_ptr<TrainingEngine> engine =
+      make_engine(EngineInputs{config, model, std::move(begin.state.master), optimizer_settings(t),
+                               std::move(begin.state.exp_avg), std::move(begin.state.exp_avg_sq), first_step - 1});
 
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
-  if (fs::exists(metrics_path) && !options.overwrite) {
+  if (fs::exists(metrics_path) && !options.overwrite && !options.resume) {
     throw ConfigError(config.source_file, "run_dir",
                       "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it");
   }
@@ -108,6 +188,15 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   const fs::path metrics_tmp = run_dir / "metrics.jsonl.partial";
   std::ofstream metrics(metrics_tmp, std::ios::trunc);
   if (!metrics) throw std::runtime_error("cannot write " + metrics_tmp.string());
+  if (options.resume && fs::exists(metrics_path)) {
+    // Keep the history up to the resumed step; later lines belong to the run being replaced.
+    std::ifstream old(metrics_path);
+    for (std::string line; std::getline(old, line);) {
+      if (!line.empty() && nlohmann::json::parse(line).value("step", std::int64_t{0}) < first_step) {
+        metrics << line << "\n";
+      }
+    }
+  }
 
   const auto& mesh = config.topology.mesh;
   out << fmt::format("atoll-train: {} {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
@@ -119,9 +208,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
 
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
-  std::int64_t tokens_total = 0;
   double last_loss = 0;
-  for (std::int64_t s = 1; s <= t.steps; ++s) {
+  out << "starting from " << start_description << "\n";
+  std::int64_t tokens_total = tokens_before;
+  for (std::int64_t s = first_step; s <= t.steps; ++s) {
     const auto step_start = clock::now();
     Batch batch = data->next(t.global_batch, t.seq_len);
     StepResult r = engine->step(batch);
@@ -135,10 +225,21 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                            {"tokens_per_s", r.tokens / std::max(step_seconds, 1e-9)},
                            {"elapsed_s", elapsed}};
     metrics << line.dump() << "\n" << std::flush;
-    if (s == 1 || s % t.log_every == 0 || s == t.steps) {
-      const double eta = elapsed / static_cast<double>(s) * static_cast<double>(t.steps - s);
+    if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) {
+      TrainingState state = engine->state();
+      CheckpointContents contents{s,
+                                  std::move(state.master),
+                                  std::move(state.exp_avg),
+                                  std::move(state.exp_avg_sq),
+                                  trainer_state_json(config, *model, *engine, s, tokens_total, *data),
+                                  model->hf_config()};
+      const fs::path saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
+      out << "checkpoint saved: " << saved.string() << "\n" << std::flush;
+    }
+    if (s == first_step || s % t.log_every == 0 || s == t.steps) {
+      const double eta = elapsed / static_cast<double>(s - first_step + 1) * static_cast<double>(t.steps - s);
       out << fmt::format("step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  tokens/s {:.0f}  eta {}\n", s,
-                         t.steps, r.loss, r.grad_norm, r.lr, static_cast<double>(tokens_total) / elapsed,
+                         t.steps, r.loss, r.grad_norm, r.lr, static_cast<double>(tokens_total - tokens_before) / elapsed,
                          format_duration(eta))
           << std::flush;
     }

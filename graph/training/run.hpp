@@ -4,6 +4,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "graph/config.hpp"
@@ -15,6 +16,9 @@ namespace atl {
 struct RunOptions {
   bool overwrite = false;  // replace the outputs of an earlier run in run_dir
   std::string trace_path;  // write a Chrome trace-event JSON here at the end (engines that record one)
+  // Continue from a checkpoint (optimizer state, step, data position): a checkpoint directory, or
+  // "" for the latest complete one under checkpoint.dir. Unset: start fresh.
+  std::optional<std::string> resume;
 };
 
 struct EngineInputs {
