@@ -111,7 +111,7 @@ TopologyConfig read_topology(ConfigReader reader) {
   topology.mesh = read_mesh(reader.section("mesh"));
   if (reader.has("sim_delay_ms")) {
     ConfigReader delays = reader.section("sim_delay_ms");
-    for (const std::string& kind :
+    for (const char* kind :
          {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all_v", "send", "recv"}) {
       if (auto ms = delays.optional<double>(kind)) {
         delays.check(*ms >= 0, kind, "a non-negative number of milliseconds");

@@ -13,7 +13,7 @@
 #include "graph/models/beam/model_config.hpp"
 #include "graph/reference/trainer.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
-#include "graph/training/atomic_file.hpp"
+#include "graph/checkpoint/durable_file.hpp"
 
 namespace atl {
 
@@ -181,7 +181,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["engine"] = engine->name();
   run_json["data"] = data->describe();
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
-  write_file_atomically(run_dir / "run.json", run_json.dump(2) + "\n");
+  write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
 
   // metrics.jsonl is written beside under a temporary name and renamed over any old one at the
   // end, so an interrupted run never leaves a half-replaced file behind.
@@ -249,7 +249,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   if (!options.trace_path.empty()) {
     auto trace = engine->chrome_trace();
     if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
-    write_file_atomically(options.trace_path, *trace);
+    write_file_durably(options.trace_path, *trace);
     out << "trace written to " << options.trace_path << "\n";
   }
   out << fmt::format("final loss={:.6f} steps={}\n", last_loss, t.steps) << std::flush;

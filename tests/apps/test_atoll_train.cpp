@@ -18,100 +18,17 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tests/apps/app_test_support.hpp"
+
 namespace fs = std::filesystem;
+using namespace atl::testing;
 
 namespace {
 
-std::string required_env(const char* name) {
-  const char* value = std::getenv(name);
-  INFO("environment variable " << name << " (set by ctest)");
-  REQUIRE(value != nullptr);
-  return value;
-}
+fs::path default_config() { return source_path("configs/beam-tiny.yaml"); }
 
-fs::path train_binary() { return fs::path(required_env("ATOLL_BINARY_DIR")) / "apps" / "atoll-train"; }
-fs::path default_config() { return fs::path(required_env("ATOLL_SOURCE_DIR")) / "configs" / "beam-tiny.yaml"; }
-
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    path = fs::temp_directory_path() /
-           ("atoll_train_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
-            std::to_string(now));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
-
-std::string shell_quote(const std::string& s) {
-  std::string quoted = "'";
-  for (char c : s) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void write_file(const fs::path& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << contents;
-  REQUIRE(out.good());
-}
-
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs atoll-train with `args`; stdout and stderr go to files in `scratch` and are read back.
 Result run_train(const std::vector<std::string>& args, const fs::path& scratch) {
-  const fs::path out_path = scratch / "stdout.txt";
-  const fs::path err_path = scratch / "stderr.txt";
-  std::string command = shell_quote(train_binary().string());
-  // Appended piecewise: `" " + std::string&&` trips a false -Wrestrict in GCC 12.
-  for (const auto& a : args) command.append(" ").append(shell_quote(a));
-  command.append(" >").append(shell_quote(out_path.string()));
-  command.append(" 2>").append(shell_quote(err_path.string()));
-  const int status = std::system(command.c_str());
-  Result r;
-  r.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_file(out_path);
-  r.err = read_file(err_path);
-  return r;
-}
-
-std::string last_line(const std::string& text) {
-  std::string line, last;
-  std::istringstream in(text);
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  return last;
-}
-
-std::vector<nlohmann::json> read_metrics(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    INFO("metrics line " << lines.size() + 1 << ": " << line);
-    REQUIRE(nlohmann::json::accept(line));
-    lines.push_back(nlohmann::json::parse(line));
-  }
-  return lines;
+  return run_app("atoll-train", args, scratch);
 }
 
 // Every line is an object with all fields present and finite, and steps run 1..N in order.
@@ -138,17 +55,6 @@ void check_metrics_well_formed(const std::vector<nlohmann::json>& metrics, std::
     CHECK(m["tokens"].get<std::int64_t>() > previous_tokens);
     previous_tokens = m["tokens"].get<std::int64_t>();
   }
-}
-
-// The metrics file with the wall-clock fields removed, one re-dumped object per line.
-std::string metrics_without_timing(const fs::path& path) {
-  std::string result;
-  for (auto m : read_metrics(path)) {
-    m.erase("tokens_per_s");
-    m.erase("elapsed_s");
-    result += m.dump() + "\n";
-  }
-  return result;
 }
 
 }  // namespace

@@ -1,0 +1,53 @@
+// atoll-convert export CHECKPOINT OUT [--dtype fp32|bf16] [--max-shard-bytes N]
+// atoll-convert import HF_DIR OUT_ROOT --config RUN.yaml [--set key=value ...]
+// Exit codes: 0 done, 2 bad input (config, checkpoint, HF files), 1 other failures.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/checkpoint/hf_export.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"atoll-convert: training checkpoints <-> HF safetensors layout"};
+  app.require_subcommand(1);
+  std::string checkpoint, out, dtype = "fp32", hf_dir, out_root, config_path;
+  std::int64_t max_shard_bytes = std::int64_t{5} << 30;
+  std::vector<std::string> sets;
+  auto* exp = app.add_subcommand("export", "write a checkpoint's model in HF layout (safetensors + index + config.json)");
+  exp->add_option("checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
+  exp->add_option("out", out, "the HF directory to create")->required();
+  exp->add_option("--dtype", dtype, "bulk tensors in fp32 or bf16 (FP32 islands always stay fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size");
+  auto* imp = app.add_subcommand("import", "read an HF directory into a training checkpoint (step 0)");
+  imp->add_option("hf_dir", hf_dir, "the HF directory")->required();
+  imp->add_option("out_root", out_root, "checkpoint root; the checkpoint is written to OUT_ROOT/step-00000000")
+      ->required();
+  imp->add_option("--config", config_path, "the run config that names the model")->required();
+  imp->add_option("--set", sets, "override a config key (repeatable)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    if (exp->parsed()) {
+      atl::export_hf(checkpoint, out, dtype == "bf16" ? atl::DType::bf16 : atl::DType::f32, max_shard_bytes);
+      std::cout << "exported " << checkpoint << " to " << out << "\n";
+    } else {
+      const auto path = atl::import_hf(hf_dir, atl::load_run_config(config_path, sets), out_root);
+      std::cout << "imported " << hf_dir << " to " << path.string() << "\n";
+    }
+    return 0;
+  } catch (const atl::ConfigError& e) {
+    std::cerr << "atoll-convert: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const atl::CheckpointError& e) {
+    std::cerr << "atoll-convert: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "atoll-convert: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,60 @@
+// atoll-eval CONFIG --checkpoint DIR [--batches N] [--dump-logits FILE --tokens FILE]
+// Loss and perplexity of a checkpoint over the config's data source; with --dump-logits, the
+// fp32 logits of the token rows in --tokens as a safetensors file (tensor `logits` [B, S, V]).
+// Exit codes: 0 done, 2 bad input, 1 other failures.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/checkpoint/safetensors.hpp"
+#include "graph/eval/evaluate.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"atoll-eval: evaluate a checkpoint"};
+  std::string config_path, checkpoint, dump_logits, tokens;
+  std::vector<std::string> sets;
+  std::int64_t batches = 8;
+  app.add_option("config", config_path, "run config (model, precision, data, train.global_batch/seq_len)")->required();
+  app.add_option("--checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
+  app.add_option("--set", sets, "override a config key (repeatable)");
+  app.add_option("--batches", batches, "batches of train.global_batch x train.seq_len to score")
+      ->check(CLI::PositiveNumber);
+  auto* dump = app.add_option("--dump-logits", dump_logits, "write the fp32 logits of --tokens rows here");
+  auto* rows = app.add_option("--tokens", tokens, "safetensors file with input_ids, positions, valid [B, S]");
+  dump->needs(rows);
+  rows->needs(dump);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    const atl::RunConfig config = atl::load_run_config(config_path, sets);
+    const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
+    const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint);
+    if (!dump_logits.empty()) {
+      atl::TensorMap out;
+      out.insert("logits", atl::model_logits(*model, master, config.precision, atl::read_token_rows(tokens)));
+      atl::write_safetensors(dump_logits, out);
+      std::cout << "logits " << out.at("logits").describe() << " written to " << dump_logits << "\n";
+      return 0;
+    }
+    auto data = atl::make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
+    const atl::EvalResult r = atl::evaluate(*model, master, config.precision, *data, config.train.global_batch,
+                                            config.train.seq_len, batches);
+    std::cout << fmt::format("eval loss={:.6f} perplexity={:.4f} targets={} batches={}\n", r.loss, r.perplexity,
+                             r.targets, r.batches);
+    return 0;
+  } catch (const atl::ConfigError& e) {
+    std::cerr << "atoll-eval: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const atl::CheckpointError& e) {
+    std::cerr << "atoll-eval: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "atoll-eval: error: " << e.what() << "\n";
+    return 1;
+  }
+}

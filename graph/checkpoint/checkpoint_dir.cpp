@@ -1,0 +1,249 @@
+#include "graph/checkpoint/checkpoint_dir.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fmt/core.h>
+
+#include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/safetensors.hpp"
+
+namespace atl {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kComplete = "COMPLETE";
+constexpr std::string_view kOptimizerFile = "optimizer.safetensors";
+constexpr std::string_view kTrainerStateFile = "trainer_state.json";
+constexpr std::string_view kConfigFile = "config.json";
+constexpr std::string_view kTemporaryPrefix = ".tmp-";
+constexpr std::string_view kExpAvgPrefix = "exp_avg.";
+constexpr std::string_view kExpAvgSqPrefix = "exp_avg_sq.";
+
+[[noreturn]] void fail(const fs::path& file, const std::string& fault) {
+  throw CheckpointError(fmt::format("{}: {}", file.string(), fault));
+}
+
+// The step of a "step-<digits>" name.
+std::optional<std::int64_t> parse_step_dir_name(const std::string& name) {
+  constexpr std::string_view prefix = "step-";
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.rfind(prefix, 0) != 0) {
+    return std::nullopt;
+  }
+  std::int64_t step = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+fs::path normalised(const fs::path& dir) {
+  fs::path d = dir.lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  return d;
+}
+
+std::string process_tag() { return std::to_string(static_cast<long>(::getpid())); }
+
+// Removal that is atomic as far as readers go: rename under a .tmp- name first, so a crash in the
+// middle of remove_all leaves a stale .tmp- directory (cleaned later), never a half checkpoint.
+void retire_directory(const fs::path& root, const fs::path& dir) {
+  fs::path aside = root / fmt::format("{}retired-{}-{}", kTemporaryPrefix, dir.filename().string(), process_tag());
+  fs::remove_all(aside);
+  fs::rename(dir, aside);
+  fs::remove_all(aside);
+}
+
+void check_optimizer_matches(const fs::path& file, const TensorMap& model, const TensorMap& moments,
+                             std::string_view prefix) {
+  for (const auto& name : model.names()) {
+    if (!moments.contains(name)) fail(file, fmt::format("no {}{} for parameter '{}'", prefix, name, name));
+    const Tensor& m = moments.at(name);
+    const Tensor& p = model.at(name);
+    if (m.shape() != p.shape()) {
+      fail(file, fmt::format("{}{} has shape {} but parameter '{}' has shape {}", prefix, name, shape_string(m.shape()),
+                             name, shape_string(p.shape())));
+    }
+  }
+  for (const auto& name : moments.names()) {
+    if (!model.contains(name)) fail(file, fmt::format("{}{} has no parameter '{}' in the model", prefix, name, name));
+  }
+}
+
+json read_json_file(const fs::path& file) {
+  if (!fs::is_regular_file(file)) fail(file, "missing");
+  std::string text;
+  {
+    std::FILE* f = std::fopen(file.c_str(), "rb");
+    if (!f) fail(file, "cannot open");
+    char buffer[65536];
+    std::size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, n);
+    bool error = std::ferror(f) != 0;
+    std::fclose(f);
+    if (error) fail(file, "read failed");
+  }
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    fail(file, fmt::format("invalid JSON: {}", e.what()));
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:08d}", step); }
+
+fs::path save_checkpoint(const fs::path& root, const CheckpointContents& contents, int keep) {
+  const std::string name = checkpoint_dir_name(contents.step);
+  const fs::path final_dir = root / name;
+  if (contents.step < 0) fail(final_dir, fmt::format("step must be non-negative, got {}", contents.step));
+  check_optimizer_matches(final_dir, contents.model, contents.exp_avg, kExpAvgPrefix);
+  check_optimizer_matches(final_dir, contents.model, contents.exp_avg_sq, kExpAvgSqPrefix);
+  json trainer_state = contents.trainer_state.is_null() ? json::object() : contents.trainer_state;
+  if (!trainer_state.is_object()) fail(final_dir, "trainer_state must be a JSON object");
+  if (auto it = trainer_state.find("step"); it != trainer_state.end() && *it != json(contents.step)) {
+    fail(final_dir, fmt::format("trainer_state step {} differs from the checkpoint step {}", it->dump(), contents.step));
+  }
+  trainer_state["step"] = contents.step;
+  json config = contents.model_config.is_null() ? json::object() : contents.model_config;
+  if (!config.is_object()) fail(final_dir, "model_config (config.json) must be a JSON object");
+
+  fs::create_directories(root);
+  const fs::path temporary = root / fmt::format("{}{}-{}", kTemporaryPrefix, name, process_tag());
+  fs::remove_all(temporary);
+  fs::create_directory(temporary);
+  try {
+    write_sharded_safetensors(temporary, contents.model, kCheckpointShardBytes);
+    TensorMap moments;
+    for (const auto& n : contents.model.names()) moments.insert(std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n));
+    for (const auto& n : contents.model.names()) {
+      moments.insert(std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n));
+    }
+    write_safetensors(temporary / kOptimizerFile, moments);
+    write_file_durably(temporary / kTrainerStateFile, trainer_state.dump(2) + "\n");
+    write_file_durably(temporary / kConfigFile, config.dump(2) + "\n");
+    // Last: its presence says every other file is complete and durable.
+    write_file_durably(temporary / kComplete, fmt::format("{}\n", contents.step));
+    fsync_directory(temporary);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(temporary, ignored);
+    throw;
+  }
+
+  // Replacing: the old directory moves aside under a .tmp- name (so it is never taken for a
+  // checkpoint again), the new one takes its name, then the old one goes.
+  std::optional<fs::path> replaced;
+  if (fs::exists(fs::symlink_status(final_dir))) {
+    replaced = root / fmt::format("{}replaced-{}-{}", kTemporaryPrefix, name, process_tag());
+    fs::remove_all(*replaced);
+    fs::rename(final_dir, *replaced);
+  }
+  fs::rename(temporary, final_dir);
+  fsync_directory(root);
+  if (replaced) fs::remove_all(*replaced);
+
+  // Stale temporaries: saves that died (any process), replaced or retired directories.
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.is_directory() && entry.path().filename().string().rfind(kTemporaryPrefix, 0) == 0) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const auto& dir : stale) fs::remove_all(dir);
+
+  if (keep > 0) {
+    std::vector<fs::path> others;
+    for (const auto& dir : complete_checkpoints(root)) {
+      if (dir.filename() != final_dir.filename()) others.push_back(dir);
+    }
+    // Ascending by step: the oldest come first; the newest keep-1 stay.
+    std::size_t stay = static_cast<std::size_t>(keep - 1);
+    if (others.size() > stay) {
+      for (std::size_t i = 0; i < others.size() - stay; ++i) retire_directory(root, others[i]);
+    }
+  }
+  fsync_directory(root);
+  return final_dir;
+}
+
+std::vector<fs::path> complete_checkpoints(const fs::path& root) {
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(root)) {
+    auto step = parse_step_dir_name(entry.path().filename().string());
+    if (step && entry.is_directory() && fs::is_regular_file(entry.path() / kComplete)) {
+      found.emplace_back(*step, entry.path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> dirs;
+  for (auto& [step, dir] : found) dirs.push_back(std::move(dir));
+  return dirs;
+}
+
+std::optional<fs::path> latest_checkpoint(const fs::path& root) {
+  auto dirs = complete_checkpoints(root);
+  if (dirs.empty()) return std::nullopt;
+  return dirs.back();
+}
+
+CheckpointContents load_checkpoint(const fs::path& dir_in) {
+  const fs::path dir = normalised(dir_in);
+  if (!fs::is_directory(dir)) fail(dir, "not a checkpoint directory (missing or not a directory)");
+  if (!fs::is_regular_file(dir / kComplete)) {
+    fail(dir / kComplete, "missing: the checkpoint is incomplete (its save did not finish)");
+  }
+
+  CheckpointContents c;
+  c.model = read_model_files(dir).tensors;
+
+  const fs::path optimizer_file = dir / kOptimizerFile;
+  TensorMap moments = read_safetensors(optimizer_file).tensors;
+  TensorMap exp_avg, exp_avg_sq;
+  for (const auto& n : moments.names()) {
+    std::string_view name = n;
+    if (name.rfind(kExpAvgSqPrefix, 0) == 0) {
+      exp_avg_sq.insert(std::string(name.substr(kExpAvgSqPrefix.size())), moments.at(n));
+    } else if (name.rfind(kExpAvgPrefix, 0) == 0) {
+      exp_avg.insert(std::string(name.substr(kExpAvgPrefix.size())), moments.at(n));
+    } else {
+      fail(optimizer_file, fmt::format("tensor '{}' is neither exp_avg.<name> nor exp_avg_sq.<name>", n));
+    }
+  }
+  check_optimizer_matches(optimizer_file, c.model, exp_avg, kExpAvgPrefix);
+  check_optimizer_matches(optimizer_file, c.model, exp_avg_sq, kExpAvgSqPrefix);
+  for (const auto& n : c.model.names()) {
+    c.exp_avg.insert(n, exp_avg.at(n));
+    c.exp_avg_sq.insert(n, exp_avg_sq.at(n));
+  }
+
+  const fs::path state_file = dir / kTrainerStateFile;
+  c.trainer_state = read_json_file(state_file);
+  if (!c.trainer_state.is_object()) fail(state_file, "not a JSON object");
+  auto step = c.trainer_state.find("step");
+  if (step == c.trainer_state.end() || !step->is_number_integer() || step->get<std::int64_t>() < 0) {
+    fail(state_file, "missing non-negative integer \"step\"");
+  }
+  c.step = step->get<std::int64_t>();
+  if (auto named = parse_step_dir_name(dir.filename().string()); named && *named != c.step) {
+    fail(state_file, fmt::format("step {} does not match the directory name {}", c.step, dir.filename().string()));
+  }
+
+  const fs::path config_file = dir / kConfigFile;
+  c.model_config = read_json_file(config_file);
+  if (!c.model_config.is_object()) fail(config_file, "not a JSON object");
+  return c;
+}
+
+}  // namespace atl

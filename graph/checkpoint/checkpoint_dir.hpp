@@ -1,0 +1,52 @@
+// Training checkpoints: one directory per step under a root,
+//   root/step-00000010/ model.safetensors (or HF shards + index), optimizer.safetensors
+//                       (exp_avg.<name>, exp_avg_sq.<name>), trainer_state.json, config.json, COMPLETE
+// A save writes everything into root/.tmp-step-00000010-<pid>, COMPLETE last, then renames the
+// directory into place, so a save killed at any point leaves every earlier checkpoint loadable.
+// A root has one writer at a time (a save removes every .tmp-* directory it finds there).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/param.hpp"
+
+namespace atl {
+
+struct CheckpointContents {
+  std::int64_t step = 0;
+  TensorMap model;       // native layout, fp32 masters
+  TensorMap exp_avg;     // AdamW moments: same names and shapes as model
+  TensorMap exp_avg_sq;
+  nlohmann::json trainer_state;  // object: step, data cursor, seeds, config; "step" always equals `step`
+  nlohmann::json model_config;   // written as config.json (an object; null writes {})
+};
+
+// Model shards are at most this big (2 GiB).
+inline constexpr std::int64_t kCheckpointShardBytes = std::int64_t{2} << 30;
+
+// "step-00000010".
+std::string checkpoint_dir_name(std::int64_t step);
+
+// Saves `contents` as root/step-XXXXXXXX (replacing an existing one: it is renamed aside, then removed)
+// and returns that path. Then removes stale .tmp-* directories and, when keep > 0, the complete
+// checkpoints beyond `keep`: the one just saved stays, with the keep-1 highest-step others.
+std::filesystem::path save_checkpoint(const std::filesystem::path& root, const CheckpointContents& contents, int keep);
+
+// Complete checkpoint directories (step-* holding COMPLETE) under root, by step ascending.
+std::vector<std::filesystem::path> complete_checkpoints(const std::filesystem::path& root);
+
+// The complete checkpoint with the highest step; nullopt when there is none (or no root).
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
+
+// Loads and validates a checkpoint directory: COMPLETE present, every file parses, optimizer tensors
+// match the model's names and shapes, trainer_state.json's step matches the directory name.
+// model is sorted by name (as read_model_files returns it); exp_avg and exp_avg_sq follow model's order.
+CheckpointContents load_checkpoint(const std::filesystem::path& dir);
+
+}  // namespace atl

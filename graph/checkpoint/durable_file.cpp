@@ -1,0 +1,88 @@
+#include "graph/checkpoint/durable_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <system_error>
+
+#include <fmt/core.h>
+
+#include "graph/checkpoint/checkpoint_error.hpp"
+
+namespace atl {
+
+namespace {
+
+[[noreturn]] void fail_errno(const std::filesystem::path& file, const char* what) {
+  throw CheckpointError(fmt::format("{}: {}: {}", file.string(), what, std::strerror(errno)));
+}
+
+}  // namespace
+
+DurableFileWriter::DurableFileWriter(std::filesystem::path path) : path_(std::move(path)) {
+  temporary_ = path_.parent_path() /
+               fmt::format(".{}.tmp-{}", path_.filename().string(), static_cast<long>(::getpid()));
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail_errno(temporary_, "cannot create");
+}
+
+DurableFileWriter::~DurableFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temporary_.c_str());
+  }
+}
+
+void DurableFileWriter::write(const void* bytes, std::size_t count) {
+  // One write() moves at most ~2 GiB on Linux, and may move less than asked.
+  constexpr std::size_t kChunk = std::size_t{1} << 30;
+  const char* p = static_cast<const char*>(bytes);
+  while (count > 0) {
+    ssize_t n = ::write(fd_, p, std::min(count, kChunk));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_errno(temporary_, "write failed");
+    }
+    p += n;
+    count -= static_cast<std::size_t>(n);
+  }
+}
+
+void DurableFileWriter::commit() {
+  if (::fsync(fd_) != 0) fail_errno(temporary_, "fsync failed");
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    ::unlink(temporary_.c_str());
+    fail_errno(temporary_, "close failed");
+  }
+  if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
+    int saved = errno;
+    ::unlink(temporary_.c_str());
+    errno = saved;
+    fail_errno(path_, "cannot rename the temporary file into place");
+  }
+  fsync_directory(path_.parent_path().empty() ? std::filesystem::path(".") : path_.parent_path());
+}
+
+void write_file_durably(const std::filesystem::path& path, std::string_view contents) {
+  DurableFileWriter writer(path);
+  writer.write(contents.data(), contents.size());
+  writer.commit();
+}
+
+void fsync_directory(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail_errno(dir, "cannot open directory to fsync");
+  int rc = ::fsync(fd);
+  int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (rc != 0) fail_errno(dir, "fsync of directory failed");
+}
+
+}  // namespace atl

@@ -1,0 +1,34 @@
+// Durable writes: the bytes go to a temporary name in the destination's directory, are fsync'd,
+// and only then renamed over the destination (and the directory fsync'd), so the destination name
+// never holds a half-written file, even after a crash or power loss.
+#pragma once
+#include <cstddef>
+#include <filesystem>
+#include <string_view>
+
+namespace atl {
+
+// Streams bytes into `.<name>.tmp-<pid>` beside `path`; commit() makes them appear under `path`.
+// Destroyed without commit() (an exception on the way), it removes the temporary file.
+class DurableFileWriter {
+ public:
+  explicit DurableFileWriter(std::filesystem::path path);
+  ~DurableFileWriter();
+  DurableFileWriter(const DurableFileWriter&) = delete;
+  DurableFileWriter& operator=(const DurableFileWriter&) = delete;
+
+  void write(const void* bytes, std::size_t count);
+  void commit();
+
+ private:
+  std::filesystem::path path_;
+  std::filesystem::path temporary_;
+  int fd_ = -1;
+};
+
+void write_file_durably(const std::filesystem::path& path, std::string_view contents);
+
+// Makes renames and creations inside `dir` durable.
+void fsync_directory(const std::filesystem::path& dir);
+
+}  // namespace atl

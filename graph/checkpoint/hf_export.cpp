@@ -1,0 +1,75 @@
+#include "graph/checkpoint/hf_export.hpp"
+
+#include <fstream>
+#include <unistd.h>
+
+#include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/safetensors.hpp"
+#include "graph/models/model.hpp"
+
+namespace atl {
+
+RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
+  const std::filesystem::path state = checkpoint_dir / "trainer_state.json";
+  std::ifstream in(state);
+  if (!in) throw CheckpointError(state.string() + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(state.string() + ": invalid JSON: " + e.what());
+  }
+  if (!j.contains("config")) throw CheckpointError(state.string() + ": no \"config\" (the run config it was saved with)");
+  // JSON is YAML: the saved resolved config parses back through the same validation.
+  nlohmann::json config = j.at("config");
+  config.erase("source_file");  // where it came from, not a config key
+  return parse_run_config(config.dump(), state.string());
+}
+
+void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesystem::path& out_dir, DType bulk_dtype,
+               std::int64_t max_shard_bytes) {
+  namespace fs = std::filesystem;
+  if (fs::exists(out_dir)) throw CheckpointError(out_dir.string() + ": already exists; export writes a new directory");
+  const RunConfig config = checkpoint_run_config(checkpoint_dir);
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  CheckpointContents contents = load_checkpoint(checkpoint_dir);
+  TensorMap native;
+  for (const auto& s : model->specs()) {
+    const Tensor& t = contents.model.at(s.name);
+    native.insert(s.name, (bulk_dtype == DType::bf16 && !s.island) ? t.to(DType::bf16) : t);
+  }
+  const fs::path tmp = out_dir.parent_path() / (".tmp-" + out_dir.filename().string() + "-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  write_sharded_safetensors(tmp, model->to_hf(native), max_shard_bytes);
+  write_file_durably(tmp / "config.json", model->hf_config().dump(2) + "\n");
+  fs::rename(tmp, out_dir);
+  fsync_directory(out_dir.parent_path().empty() ? fs::path(".") : out_dir.parent_path());
+}
+
+std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunConfig& config,
+                                const std::filesystem::path& checkpoint_root) {
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  SafetensorsContents files = read_model_files(hf_dir);
+  TensorMap native;
+  try {
+    native = model->from_hf(files.tensors);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(hf_dir.string() + ": " + e.what());
+  }
+  CheckpointContents contents;
+  contents.step = 0;
+  for (const auto& s : model->specs()) {
+    const Tensor& t = native.at(s.name);
+    contents.model.insert(s.name, t.dtype() == DType::f32 ? t : t.to(DType::f32));  // masters are fp32
+  }
+  contents.exp_avg = TensorMap::zeros_like(model->specs());
+  contents.exp_avg_sq = TensorMap::zeros_like(model->specs());
+  contents.trainer_state = {{"step", 0}, {"imported_from", hf_dir.string()}, {"family", model->family()},
+                            {"preset", model->preset()}, {"config", to_json(config)}};
+  contents.model_config = model->hf_config();
+  return save_checkpoint(checkpoint_root, contents, 0);
+}
+
+}  // namespace atl

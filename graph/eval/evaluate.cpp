@@ -1,0 +1,68 @@
+#include "graph/eval/evaluate.hpp"
+
+#include <cmath>
+
+#include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/safetensors.hpp"
+
+namespace atl {
+
+EvalResult evaluate(const Model& model, const TensorMap& master, Precision precision, DataSource& data,
+                    std::int64_t rows, std::int64_t seq, std::int64_t batches) {
+  const TensorMap weights = compute_weights(model.specs(), master, precision);
+  double loss_sum = 0;
+  EvalResult r;
+  for (std::int64_t b = 0; b < batches; ++b) {
+    LossSum l = model.forward(weights, data.next(rows, seq), precision);
+    loss_sum += l.loss_sum;
+    r.targets += l.targets;
+    ++r.batches;
+  }
+  r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+Batch read_token_rows(const std::filesystem::path& file) {
+  SafetensorsContents c = read_safetensors(file);
+  auto get = [&](const char* name, DType dtype) -> Tensor {
+    if (!c.tensors.contains(name)) throw CheckpointError(file.string() + ": no tensor '" + name + "'");
+    const Tensor& t = c.tensors.at(name);
+    if (t.dtype() != dtype || t.rank() != 2) {
+      throw CheckpointError(file.string() + ": tensor '" + name + "' is " + t.describe() + ", expected " +
+                            std::string(dtype_name(dtype)) + "[batch, seq]");
+    }
+    return t;
+  };
+  Batch batch;
+  batch.input_ids = get("input_ids", DType::i64);
+  batch.positions = get("positions", DType::i64);
+  batch.valid = get("valid", DType::boolean);
+  if (batch.positions.shape() != batch.input_ids.shape() || batch.valid.shape() != batch.input_ids.shape()) {
+    throw CheckpointError(file.string() + ": input_ids, positions and valid must share one shape");
+  }
+  batch.targets = Tensor::empty(batch.input_ids.shape(), DType::i64);
+  for (auto& t : batch.targets.span<std::int64_t>()) t = kIgnoreTarget;
+  return batch;
+}
+
+Tensor model_logits(const Model& model, const TensorMap& master, Precision precision, const Batch& rows) {
+  Tensor logits;
+  model.forward(compute_weights(model.specs(), master, precision), rows, precision, &logits);
+  return logits;
+}
+
+TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir) {
+  CheckpointContents c = load_checkpoint(checkpoint_dir);
+  for (const auto& s : model.specs()) {
+    if (!c.model.contains(s.name) || c.model.at(s.name).shape() != s.shape) {
+      throw CheckpointError(checkpoint_dir.string() + ": tensor '" + s.name + "' is missing or not shaped " +
+                            shape_string(s.shape) + " for " + model.family() + " " + model.preset());
+    }
+  }
+  TensorMap out;
+  for (const auto& s : model.specs()) out.insert(s.name, c.model.at(s.name));
+  return out;
+}
+
+}  // namespace atl

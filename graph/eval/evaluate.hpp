@@ -1,0 +1,33 @@
+// Evaluation (atoll-eval): loss and perplexity of a model over a data source, and the fp32
+// logits of given token rows.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+
+#include "graph/data/data_source.hpp"
+#include "graph/models/model.hpp"
+
+namespace atl {
+
+struct EvalResult {
+  double loss = 0;        // mean cross entropy per target token (nats)
+  double perplexity = 0;  // exp(loss)
+  std::int64_t targets = 0;
+  std::int64_t batches = 0;
+};
+
+// `batches` batches of rows x seq from `data`, forward only, in the given precision.
+EvalResult evaluate(const Model& model, const TensorMap& master, Precision precision, DataSource& data,
+                    std::int64_t rows, std::int64_t seq, std::int64_t batches);
+
+// Rows to score, from a safetensors file with `input_ids` (i64 [B,S]), `positions` (i64 [B,S]) and
+// `valid` (bool [B,S]); errors name the file and the tensor. Targets are all ignored.
+Batch read_token_rows(const std::filesystem::path& file);
+
+// fp32 logits [B, S, V] of the rows (after the family's softcap; columns >= Vu are -inf).
+Tensor model_logits(const Model& model, const TensorMap& master, Precision precision, const Batch& rows);
+
+// The masters of a training checkpoint, checked against the model.
+TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir);
+
+}  // namespace atl

@@ -1,0 +1,125 @@
+// Running the apps as subprocesses in tests: scratch directories, exit codes, output and files.
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+namespace atl::testing {
+
+namespace fs = std::filesystem;
+
+inline std::string required_env(const char* name) {
+  const char* value = std::getenv(name);
+  INFO("environment variable " << name << " (set by ctest)");
+  REQUIRE(value != nullptr);
+  return value;
+}
+
+inline fs::path app_binary(const std::string& name) { return fs::path(required_env("ATOLL_BINARY_DIR")) / "apps" / name; }
+inline fs::path source_path(const std::string& relative) { return fs::path(required_env("ATOLL_SOURCE_DIR")) / relative; }
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    path = fs::temp_directory_path() /
+           ("atoll_train_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+            std::to_string(now));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+inline std::string shell_quote(const std::string& s) {
+  std::string quoted = "'";
+  for (char c : s) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+inline std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+inline void write_file(const fs::path& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+  REQUIRE(out.good());
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs apps/<binary> with `args`; stdout and stderr go to files in `scratch` and are read back.
+inline Result run_app(const std::string& binary, const std::vector<std::string>& args, const fs::path& scratch) {
+  const fs::path out_path = scratch / "stdout.txt";
+  const fs::path err_path = scratch / "stderr.txt";
+  std::string command = shell_quote(app_binary(binary).string());
+  // Appended piecewise: `" " + std::string&&` trips a false -Wrestrict in GCC 12.
+  for (const auto& a : args) command.append(" ").append(shell_quote(a));
+  command.append(" >").append(shell_quote(out_path.string()));
+  command.append(" 2>").append(shell_quote(err_path.string()));
+  const int status = std::system(command.c_str());
+  Result r;
+  r.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(out_path);
+  r.err = read_file(err_path);
+  return r;
+}
+
+inline std::string last_line(const std::string& text) {
+  std::string line, last;
+  std::istringstream in(text);
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last;
+}
+
+inline std::vector<nlohmann::json> read_metrics(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    INFO("metrics line " << lines.size() + 1 << ": " << line);
+    REQUIRE(nlohmann::json::accept(line));
+    lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+// The metrics file with the wall-clock fields removed, one re-dumped object per line.
+inline std::string metrics_without_timing(const fs::path& path) {
+  std::string result;
+  for (auto m : read_metrics(path)) {
+    m.erase("tokens_per_s");
+    m.erase("elapsed_s");
+    result += m.dump() + "\n";
+  }
+  return result;
+}
+
+}  // namespace atl::testing

@@ -1,0 +1,313 @@
+// Training checkpoint directories: save/load round trip, keep rotation, saves killed part-way
+// (the earlier checkpoints stay loadable), replacing a step, and validation on load.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/safetensors.hpp"
+#include "tests/graph/checkpoint_test_support.hpp"
+
+using namespace atl;
+using namespace atl::checkpoint_testing;
+using Catch::Matchers::Contains;
+using nlohmann::json;
+
+namespace {
+
+CheckpointContents make_contents(std::int64_t step, std::uint64_t seed) {
+  CheckpointContents c;
+  c.step = step;
+  const std::vector<std::pair<std::string, Shape>> params = {
+      {"model.embed_tokens.weight", {11, 4}}, {"model.norm.weight", {4}}, {"lm_head.weight", {11, 4}},
+      {"model.layers.0.mlp.experts.gate_and_up_projs", {2, 4, 6}}};
+  std::uint64_t s = seed;
+  for (const auto& [name, shape] : params) {
+    c.model.insert(name, random_f32(shape, s++));
+    c.exp_avg.insert(name, random_f32(shape, s++));
+    c.exp_avg_sq.insert(name, random_f32(shape, s++));
+  }
+  c.trainer_state = {{"data_cursor", {{"document", 17 + step}, {"offset", 3}}},
+                     {"seed", seed},
+                     {"config", {{"lr", 3e-4}, {"precision", "bf16"}}}};
+  c.model_config = {{"model_type", "beam"}, {"hidden_size", 4}, {"vocab_size", 11}};
+  return c;
+}
+
+std::string load_error(const fs::path& dir) {
+  try {
+    load_checkpoint(dir);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  FAIL("loading " << dir << " raised no CheckpointError");
+  return {};
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void check_same(const CheckpointContents& loaded, const CheckpointContents& saved) {
+  CHECK(loaded.step == saved.step);
+  CHECK(same_tensors(loaded.model, saved.model));
+  CHECK(same_tensors(loaded.exp_avg, saved.exp_avg));
+  CHECK(same_tensors(loaded.exp_avg_sq, saved.exp_avg_sq));
+  json expected_state = saved.trainer_state;
+  expected_state["step"] = saved.step;
+  CHECK(loaded.trainer_state == expected_state);
+  CHECK(loaded.model_config == saved.model_config);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint dir: save and load round-trip bitwise", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  CheckpointContents saved = make_contents(10, 1);
+  fs::path dir = save_checkpoint(root, saved, 0);
+
+  CHECK(dir == root / "step-00000010");
+  CHECK(checkpoint_dir_name(10) == "step-00000010");
+  CHECK(entries(root) == std::vector<std::string>{"step-00000010"});
+  CHECK(entries(dir) == std::vector<std::string>{"COMPLETE", "config.json", "model.safetensors", "optimizer.safetensors",
+                                                 "trainer_state.json"});
+  SafetensorsContents optimizer = read_safetensors(dir / "optimizer.safetensors");
+  CHECK(optimizer.tensors.names().size() == 2 * saved.model.names().size());
+  CHECK(same_bits(optimizer.tensors.at("exp_avg.lm_head.weight"), saved.exp_avg.at("lm_head.weight")));
+  CHECK(same_bits(optimizer.tensors.at("exp_avg_sq.model.norm.weight"), saved.exp_avg_sq.at("model.norm.weight")));
+  CHECK(read_safetensors(dir / "model.safetensors").metadata.at("format") == "pt");
+
+  REQUIRE(latest_checkpoint(root) == dir);
+  CheckpointContents loaded = load_checkpoint(dir);
+  check_same(loaded, saved);
+  CHECK(loaded.exp_avg.names() == loaded.model.names());  // moments follow the model's order
+  CHECK(load_checkpoint(dir.string() + "/").step == 10);
+
+  CHECK(!latest_checkpoint(tmp.path / "nowhere").has_value());
+}
+
+TEST_CASE("checkpoint dir: keep rotation removes the oldest complete checkpoints", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  for (std::int64_t step : {1, 2, 3}) save_checkpoint(root, make_contents(step, 10 + step), 0);
+  CHECK(complete_checkpoints(root).size() == 3);  // keep 0 keeps all
+
+  for (std::int64_t step : {4, 5}) save_checkpoint(root, make_contents(step, 10 + step), 2);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000004", "step-00000005"});
+  check_same(load_checkpoint(root / "step-00000004"), make_contents(4, 14));
+
+  // The checkpoint just saved always stays, even when it is not the highest step.
+  save_checkpoint(root, make_contents(3, 33), 2);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000003", "step-00000005"});
+  save_checkpoint(root, make_contents(6, 16), 1);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000006"});
+  CHECK(latest_checkpoint(root) == root / "step-00000006");
+}
+
+TEST_CASE("checkpoint dir: a killed save leaves the previous checkpoint the latest and loadable", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  CheckpointContents saved = make_contents(10, 2);
+  fs::path good = save_checkpoint(root, saved, 3);
+
+  // Killed while writing into its temporary directory: partial files, no COMPLETE.
+  CheckpointContents next = make_contents(20, 3);
+  const fs::path partial = root / ".tmp-step-00000020-424242";
+  fs::create_directories(partial);
+  write_safetensors(partial / "model.safetensors", next.model);
+  std::string model_bytes = read_bytes(partial / "model.safetensors");
+  write_bytes(partial / "optimizer.safetensors", model_bytes.substr(0, model_bytes.size() / 2));
+  // A step directory without COMPLETE (copied by hand, or an older tool that died).
+  const fs::path incomplete = root / "step-00000030";
+  fs::create_directories(incomplete);
+  write_safetensors(incomplete / "model.safetensors", next.model);
+
+  REQUIRE(latest_checkpoint(root) == good);
+  check_same(load_checkpoint(good), saved);
+  CHECK_THAT(load_error(incomplete), Contains((incomplete / "COMPLETE").string()) && Contains("incomplete"));
+  CHECK_THAT(load_error(partial), Contains("COMPLETE"));
+
+  // The next save clears the stale temporary and leaves foreign directories alone.
+  fs::path after = save_checkpoint(root, next, 3);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000010", "step-00000020", "step-00000030"});
+  CHECK(latest_checkpoint(root) == after);
+  check_same(load_checkpoint(after), next);
+}
+
+TEST_CASE("checkpoint dir: saving a step that exists replaces it", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  save_checkpoint(root, make_contents(10, 4), 0);
+  CheckpointContents second = make_contents(10, 5);
+  REQUIRE(!same_tensors(second.model, make_contents(10, 4).model));
+  fs::path dir = save_checkpoint(root, second, 0);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000010"});
+  check_same(load_checkpoint(dir), second);
+
+  // An incomplete directory under the step's name is replaced too.
+  fs::remove(dir / "COMPLETE");
+  CHECK(!latest_checkpoint(root).has_value());
+  save_checkpoint(root, make_contents(10, 6), 0);
+  CHECK(latest_checkpoint(root) == dir);
+  check_same(load_checkpoint(dir), make_contents(10, 6));
+}
+
+TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and fault", "[checkpoint]") {
+  TempDir tmp;
+  int n = 0;
+  auto fresh = [&]() {
+    return save_checkpoint(tmp.path / ("root" + std::to_string(n++)), make_contents(7, 8), 0);
+  };
+  const CheckpointContents c = make_contents(7, 8);
+
+  fs::path missing_moment = fresh();
+  {
+    TensorMap moments;
+    for (const auto& name : c.model.names()) moments.insert("exp_avg." + name, c.exp_avg.at(name));
+    for (const auto& name : c.model.names()) {
+      if (name != "lm_head.weight") moments.insert("exp_avg_sq." + name, c.exp_avg_sq.at(name));
+    }
+    write_safetensors(missing_moment / "optimizer.safetensors", moments);
+  }
+  CHECK_THAT(load_error(missing_moment),
+             Contains((missing_moment / "optimizer.safetensors").string()) && Contains("no exp_avg_sq.lm_head.weight"));
+
+  fs::path wrong_shape = fresh();
+  {
+    TensorMap moments;
+    for (const auto& name : c.model.names()) {
+      moments.insert("exp_avg." + name, name == "model.norm.weight" ? random_f32({5}, 1) : c.exp_avg.at(name));
+      moments.insert("exp_avg_sq." + name, c.exp_avg_sq.at(name));
+    }
+    write_safetensors(wrong_shape / "optimizer.safetensors", moments);
+  }
+  CHECK_THAT(load_error(wrong_shape), Contains("optimizer.safetensors") && Contains("exp_avg.model.norm.weight has shape [5]"));
+
+  fs::path stranger = fresh();
+  {
+    TensorMap moments = read_safetensors(stranger / "optimizer.safetensors").tensors;
+    moments.insert("momentum.lm_head.weight", c.exp_avg.at("lm_head.weight"));
+    write_safetensors(stranger / "optimizer.safetensors", moments);
+  }
+  CHECK_THAT(load_error(stranger), Contains("optimizer.safetensors") && Contains("'momentum.lm_head.weight'"));
+
+  fs::path extra = fresh();
+  {
+    TensorMap moments = read_safetensors(extra / "optimizer.safetensors").tensors;
+    moments.insert("exp_avg.ghost", random_f32({2}, 3));
+    write_safetensors(extra / "optimizer.safetensors", moments);
+  }
+  CHECK_THAT(load_error(extra), Contains("optimizer.safetensors") && Contains("no parameter 'ghost'"));
+
+  fs::path truncated_model = fresh();
+  fs::resize_file(truncated_model / "model.safetensors", fs::file_size(truncated_model / "model.safetensors") - 1);
+  CHECK_THAT(load_error(truncated_model), Contains((truncated_model / "model.safetensors").string()) && Contains("truncated"));
+
+  fs::path bad_state = fresh();
+  write_bytes(bad_state / "trainer_state.json", "{\"step\": 7,");
+  CHECK_THAT(load_error(bad_state), Contains((bad_state / "trainer_state.json").string()) && Contains("invalid JSON"));
+
+  fs::path wrong_step = fresh();
+  write_bytes(wrong_step / "trainer_state.json", "{\"step\": 8}");
+  CHECK_THAT(load_error(wrong_step), Contains("trainer_state.json") && Contains("does not match the directory name"));
+
+  fs::path no_step = fresh();
+  write_bytes(no_step / "trainer_state.json", "{\"seed\": 8}");
+  CHECK_THAT(load_error(no_step), Contains("trainer_state.json") && Contains("\"step\""));
+
+  fs::path no_config = fresh();
+  fs::remove(no_config / "config.json");
+  CHECK_THAT(load_error(no_config), Contains((no_config / "config.json").string()) && Contains("missing"));
+
+  fs::path no_optimizer = fresh();
+  fs::remove(no_optimizer / "optimizer.safetensors");
+  CHECK_THAT(load_error(no_optimizer), Contains((no_optimizer / "optimizer.safetensors").string()));
+
+  CHECK_THAT(load_error(tmp.path / "absent"), Contains("absent") && Contains("not a checkpoint directory"));
+}
+
+TEST_CASE("checkpoint dir: save refuses inconsistent contents and writes nothing", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  CheckpointContents bad = make_contents(3, 9);
+  TensorMap moments;
+  for (const auto& name : bad.model.names()) {
+    moments.insert(name, name == "lm_head.weight" ? random_f32({4, 11}, 1) : bad.exp_avg_sq.at(name));
+  }
+  bad.exp_avg_sq = moments;
+  try {
+    save_checkpoint(root, bad, 0);
+    FAIL("save_checkpoint accepted mismatched exp_avg_sq");
+  } catch (const CheckpointError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("step-00000003") && Contains("exp_avg_sq.lm_head.weight has shape [4, 11]"));
+  }
+  CheckpointContents wrong_step = make_contents(3, 9);
+  wrong_step.trainer_state["step"] = 4;
+  CHECK_THROWS_AS(save_checkpoint(root, wrong_step, 0), CheckpointError);
+  CHECK(!latest_checkpoint(root).has_value());
+  CHECK((!fs::exists(root) || fs::is_empty(root)));
+}
+
+TEST_CASE("checkpoint dir: a save process killed at arbitrary points leaves a loadable latest checkpoint",
+          "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  // Big enough (about 1 MiB a save) that kills land inside writes, renames and rotations.
+  auto contents = [](std::int64_t step) {
+    CheckpointContents c = make_contents(step, static_cast<std::uint64_t>(step));
+    c.model.insert("big", random_f32({256, 256}, static_cast<std::uint64_t>(step)));
+    c.exp_avg.insert("big", random_f32({256, 256}, 1000 + static_cast<std::uint64_t>(step)));
+    c.exp_avg_sq.insert("big", random_f32({256, 256}, 2000 + static_cast<std::uint64_t>(step)));
+    return c;
+  };
+  std::int64_t next_step = 1;
+  for (int round = 0; round < 4; ++round) {
+    INFO("round " << round);
+    const std::int64_t first = next_step;
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      try {
+        for (std::int64_t step = first;; ++step) save_checkpoint(root, contents(step), 2);
+      } catch (...) {
+        ::_exit(1);
+      }
+    }
+    // Wait until this round's child has finished at least one save, then kill it a little later.
+    for (int i = 0; i < 5000 && !(latest_checkpoint(root) && *latest_checkpoint(root) >= root / checkpoint_dir_name(first));
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 + 7 * round));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    CHECK(WIFSIGNALED(status));
+
+    std::optional<fs::path> latest = latest_checkpoint(root);
+    REQUIRE(latest.has_value());
+    CheckpointContents loaded = load_checkpoint(*latest);
+    CHECK(loaded.step >= first);
+    check_same(loaded, contents(loaded.step));
+    for (const auto& dir : complete_checkpoints(root)) CHECK(load_checkpoint(dir).step > 0);
+    next_step = loaded.step + 1;
+  }
+  // The next save cleans up whatever the kills left behind.
+  save_checkpoint(root, contents(next_step), 2);
+  for (const auto& name : entries(root)) CHECK(name.rfind("step-", 0) == 0);
+  CHECK(complete_checkpoints(root).size() == 2);
+}
