@@ -2,6 +2,10 @@
 
 #include "graph/models/beam/model.hpp"
 #include "graph/models/beam/model_config.hpp"
+#include "graph/models/flint/model.hpp"
+#include "graph/models/flint/model_config.hpp"
+#include "graph/models/inkling2/model.hpp"
+#include "graph/models/inkling2/model_config.hpp"
 
 namespace atl {
 
@@ -23,8 +27,12 @@ LossSum Model::forward_backward(const TensorMap& w, const Batch& batch, Precisio
 
 std::shared_ptr<const Model> make_model(const ModelSection& section, const std::string& file) {
   if (section.family == "beam") return std::make_shared<const BeamModel>(beam_config_from(section, file));
+  if (section.family == "flint") return std::make_shared<const FlintModel>(flint_config_from(section, file));
+  if (section.family == "inkling2") {
+    return std::make_shared<const Inkling2Model>(inkling2_config_from(section, file));
+  }
   throw ConfigError(file, "model.family",
-                    "'" + section.family + "' is not built yet (this build trains: beam)");
+                    "'" + section.family + "' is not built yet (this build trains: beam, flint, inkling2)");
 }
 
 }  // namespace atl

@@ -27,7 +27,7 @@ struct EngineInputs {
   TensorMap initial_master;  // fp32, full
   OptimizerSettings optimizer;
   // Resuming: AdamW moments (empty = zeros) and the steps already taken.
-  TensorMap initial_exp_avg, initial_exp_avg_sq;
+  TensorMap initial_exp_avg{}, initial_exp_avg_sq{};
   std::int64_t start_step = 0;
 };
 // Builds the engine a config asks for; throws ConfigError when it cannot run the config.

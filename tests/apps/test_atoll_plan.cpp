@@ -85,9 +85,13 @@ TEST_CASE("atoll-plan: bad configs exit 2 naming the key; the dense preset has n
   CHECK(world.exit_code == 2);
   CHECK(world.err.find("started 3") != std::string::npos);
 
-  const PlanRun family = run_plan({tiny_config(), "--set", "model.family=flint"});
+  const PlanRun family = run_plan({tiny_config(), "--set", "model.family=gpt2"});
   CHECK(family.exit_code == 2);
   CHECK(family.err.find("model.family") != std::string::npos);
+
+  const PlanRun preset = run_plan({tiny_config(), "--set", "model.family=flint"});  // Beam's preset name
+  CHECK(preset.exit_code == 2);
+  CHECK(preset.err.find("model.preset") != std::string::npos);
 
   CHECK(run_plan({}).exit_code == 2);  // CONFIG is required
 

@@ -1,0 +1,395 @@
+#include "graph/models/flint/model.hpp"
+
+#include <cmath>
+
+#include "kernels/ops/activation.hpp"
+#include "kernels/ops/attention.hpp"
+#include "kernels/ops/elementwise.hpp"
+#include "kernels/ops/embedding.hpp"
+#include "kernels/ops/experts.hpp"
+#include "kernels/ops/loss.hpp"
+#include "kernels/ops/matmul.hpp"
+#include "kernels/ops/norm.hpp"
+#include "kernels/ops/rope.hpp"
+#include "kernels/ops/router.hpp"
+
+namespace atl {
+
+struct FlintBlockCache {
+  Tensor h_in;
+  RmsNormForward ln_in;           // input_layernorm
+  Tensor q_lin, k_lin, v;         // projections [T, heads*D]
+  RmsNormForward q_norm, k_norm;  // per-head norms
+  Tensor q_att, k_att;            // after RoPE (sliding) or the normed q/k (full)
+  AttentionForward attn;
+  Tensor attn_flat;  // attention output [T, Hq*D]
+  Tensor a_lin;      // o_proj output
+  Tensor h_mid;
+  RmsNormForward ln_post;  // post_attention_layernorm
+  // dense MLP
+  Tensor g, u, act;
+  // sparse MLP: router, routed experts, shared expert
+  Tensor router_logits;
+  RouterForward routing;
+  ExpertsForward experts;
+  Tensor sg, su, sact;
+};
+
+struct FlintHeadCache {
+  Tensor hidden;
+  RmsNormForward norm;
+  LogitLossForward loss;
+  Tensor targets;
+};
+
+namespace {
+
+constexpr const char* kSinks = "self_attn._fp32_params.sinks";
+
+ParamSpec spec(std::string name, Shape shape, Init init = Init::normal, bool island = false) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.weight_decay = shape.size() >= 2;
+  s.shape = std::move(shape);
+  s.init = init;
+  s.island = island;
+  return s;
+}
+
+Tensor rounded(Tensor t, Precision p) {
+  round_activation(p, t);
+  return t;
+}
+
+Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w), p); }
+
+RouterConfig router_config(const FlintConfig& c) {
+  RouterConfig r;
+  r.num_experts = c.num_experts;
+  r.top_k = c.num_experts_per_tok;
+  r.score = ScoreFunction::softmax_before_topk;
+  r.norm_topk_prob = c.norm_topk_prob;
+  r.router_weights_fp32 = c.router_weights_fp32;
+  return r;
+}
+
+ExpertsConfig experts_config(Precision p) {
+  ExpertsConfig e;
+  e.activation = GluActivation::swiglu;
+  e.layout = GluLayout::concatenated;
+  e.weight_after_down = true;  // MODELS.md §2.2, §10.3.4
+  e.precision = p;
+  return e;
+}
+
+AttentionOptions attention_options(const FlintConfig& c, bool sliding) {
+  return {sliding ? c.sliding_window : 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+}
+
+}  // namespace
+
+FamilyShardingRules flint_sharding_rules() {
+  FamilyShardingRules rules;
+  rules.family = "flint";
+  rules.fp32_modules = {"_fp32_params", "lm_head"};  // _keep_in_fp32_modules_strict (MODELS.md §2.3)
+  rules.head_is_island = true;
+  return rules;
+}
+
+FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
+  config_.validate();
+  const auto& c = config_;
+  const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  specs_.push_back(spec("model.embed_tokens.weight", {c.vocab_size, H}));
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    specs_.push_back(spec(p + "input_layernorm.weight", {H}, Init::ones));
+    specs_.push_back(spec(p + "self_attn.q_proj.weight", {Hq * D, H}));
+    specs_.push_back(spec(p + "self_attn.k_proj.weight", {Hkv * D, H}));
+    specs_.push_back(spec(p + "self_attn.v_proj.weight", {Hkv * D, H}));
+    specs_.push_back(spec(p + "self_attn.o_proj.weight", {H, Hq * D}));
+    specs_.push_back(spec(p + "self_attn.q_norm.weight", {D}, Init::ones));
+    specs_.push_back(spec(p + "self_attn.k_norm.weight", {D}, Init::ones));
+    specs_.push_back(spec(p + kSinks, {Hq}, Init::zeros, /*island=*/true));
+    specs_.push_back(spec(p + "post_attention_layernorm.weight", {H}, Init::ones));
+    if (c.is_sparse(l)) {
+      const std::int64_t E = c.num_experts, I = c.moe_intermediate_size;
+      specs_.push_back(spec(p + "mlp.gate.weight", {E, H}));  // bulk: bf16 in bf16 runs (§10.3.4)
+      specs_.push_back(spec(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
+      specs_.push_back(spec(p + "mlp.experts.down_projs", {E, I, H}));
+      if (const std::int64_t S = c.shared_expert_intermediate_size; S > 0) {
+        specs_.push_back(spec(p + "mlp.shared_experts.gate_proj.weight", {S, H}));
+        specs_.push_back(spec(p + "mlp.shared_experts.up_proj.weight", {S, H}));
+        specs_.push_back(spec(p + "mlp.shared_experts.down_proj.weight", {H, S}));
+      }
+    } else {
+      const std::int64_t I = c.intermediate_size;
+      specs_.push_back(spec(p + "mlp.gate_proj.weight", {I, H}));
+      specs_.push_back(spec(p + "mlp.up_proj.weight", {I, H}));
+      specs_.push_back(spec(p + "mlp.down_proj.weight", {H, I}));
+    }
+  }
+  specs_.push_back(spec("model.norm.weight", {H}, Init::ones));
+  specs_.push_back(spec("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
+}
+
+std::string FlintModel::layer_prefix(std::int64_t layer) const {
+  return "model.layers." + std::to_string(layer) + ".";
+}
+
+Tensor FlintModel::embed_forward(const TensorMap& w, const Tensor& input_ids) const {
+  Tensor ids = input_ids.reshape({input_ids.numel()});
+  return embedding_forward(w.at("model.embed_tokens.weight"), ids);  // a bf16 table lookup is exact
+}
+
+void FlintModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const {
+  embedding_backward(d_hidden, input_ids.reshape({input_ids.numel()}), grads.at("model.embed_tokens.weight"));
+}
+
+Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
+                                 const FlintTokenContext& ctx, std::shared_ptr<FlintBlockCache>* cache_out) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const Precision prec = ctx.precision;
+  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const float eps = c.rms_norm_eps;
+  auto cache = std::make_shared<FlintBlockCache>();
+  FlintBlockCache& k = *cache;
+  Tensor flat_pos = ctx.positions.reshape({T});
+
+  // Attention: h_mid = h + o_proj(attn(input_layernorm(h))).
+  k.h_in = hidden;
+  k.ln_in = rmsnorm_forward(hidden, w.at(p + "input_layernorm.weight"), eps, prec);
+  const Tensor& x = k.ln_in.y;
+  k.q_lin = project(x, w.at(p + "self_attn.q_proj.weight"), prec);
+  k.k_lin = project(x, w.at(p + "self_attn.k_proj.weight"), prec);
+  k.v = project(x, w.at(p + "self_attn.v_proj.weight"), prec);
+  k.q_norm = rmsnorm_forward(k.q_lin.reshape({T * Hq, D}), w.at(p + "self_attn.q_norm.weight"), eps, prec);
+  k.k_norm = rmsnorm_forward(k.k_lin.reshape({T * Hkv, D}), w.at(p + "self_attn.k_norm.weight"), eps, prec);
+  const bool sliding = c.is_sliding(layer);
+  if (sliding) {
+    k.q_att = rounded(rope_forward(k.q_norm.y.reshape({T, Hq, D}), flat_pos, c.rope_theta), prec);
+    k.k_att = rounded(rope_forward(k.k_norm.y.reshape({T, Hkv, D}), flat_pos, c.rope_theta), prec);
+  } else {  // NoPE
+    k.q_att = k.q_norm.y.reshape({T, Hq, D});
+    k.k_att = k.k_norm.y.reshape({T, Hkv, D});
+  }
+  // The sinks are an fp32 island: never rounded, whatever the precision.
+  k.attn = attention_forward(k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}), k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}),
+                             k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), ctx.positions, ctx.valid, w.at(p + kSinks),
+                             attention_options(c, sliding));
+  k.attn_flat = rounded(k.attn.out.reshape({T, Hq * D}).clone(), prec);
+  k.a_lin = project(k.attn_flat, w.at(p + "self_attn.o_proj.weight"), prec);
+  k.h_mid = scaled_add(k.a_lin, 1.0f, hidden, 1.0f, prec);
+
+  // MLP: out = h_mid + mlp(post_attention_layernorm(h_mid)).
+  k.ln_post = rmsnorm_forward(k.h_mid, w.at(p + "post_attention_layernorm.weight"), eps, prec);
+  const Tensor& x2 = k.ln_post.y;
+  Tensor m;
+  if (c.is_sparse(layer)) {
+    // The router weight is bulk (bf16 in bf16 runs) but the logits are an fp32 matmul, never rounded.
+    k.router_logits = linear_forward(x2, w.at(p + "mlp.gate.weight"));
+    k.routing = router_forward(k.router_logits, Tensor(), router_config(c), prec);
+    k.experts = experts_forward(x2, w.at(p + "mlp.experts.gate_and_up_projs"), w.at(p + "mlp.experts.down_projs"),
+                                k.routing.indices, k.routing.weights, ctx.valid.reshape({T}), experts_config(prec));
+    m = k.experts.out;
+    if (c.shared_expert_intermediate_size > 0) {
+      // Ungated shared expert on every token, added with weight 1 in fp32 and rounded once.
+      k.sg = project(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), prec);
+      k.su = project(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), prec);
+      k.sact = swiglu_forward(k.sg, k.su, prec);
+      Tensor shared = project(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), prec);
+      m = scaled_add(k.experts.out, 1.0f, shared, 1.0f, prec);
+    }
+  } else {
+    k.g = project(x2, w.at(p + "mlp.gate_proj.weight"), prec);
+    k.u = project(x2, w.at(p + "mlp.up_proj.weight"), prec);
+    k.act = swiglu_forward(k.g, k.u, prec);
+    m = project(k.act, w.at(p + "mlp.down_proj.weight"), prec);
+  }
+  Tensor out = scaled_add(m, 1.0f, k.h_mid, 1.0f, prec);
+  if (cache_out) *cache_out = std::move(cache);
+  return out;
+}
+
+Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
+                                  const Tensor& d_out, const FlintTokenContext& ctx, const TensorMap& grads) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  Tensor flat_pos = ctx.positions.reshape({T});
+  auto g = [&](const std::string& name) { return grads.at(p + name); };
+
+  // MLP sublayer: out = h_mid + m, so d_m = d_out and d_h_mid starts as d_out.
+  const Tensor& x2 = k.ln_post.y;
+  Tensor d_x2;
+  if (c.is_sparse(layer)) {
+    Tensor dgu = g("mlp.experts.gate_and_up_projs"), ddown = g("mlp.experts.down_projs");
+    ExpertsGrads eg = experts_backward(d_out, k.experts.saved, w.at(p + "mlp.experts.gate_and_up_projs"),
+                                       w.at(p + "mlp.experts.down_projs"), experts_config(ctx.precision), dgu, ddown);
+    Tensor d_logits = router_backward(eg.d_weights, k.routing, router_config(c));
+    Tensor dgate = g("mlp.gate.weight");
+    d_x2 = eg.dx;
+    add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.gate.weight"), d_logits, &dgate));
+    if (c.shared_expert_intermediate_size > 0) {
+      Tensor dsd = g("mlp.shared_experts.down_proj.weight");
+      Tensor d_sact = linear_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_out, &dsd);
+      GluSplitGrads sg = swiglu_backward(d_sact, k.sg, k.su);
+      Tensor dsg = g("mlp.shared_experts.gate_proj.weight"), dsu = g("mlp.shared_experts.up_proj.weight");
+      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg));
+      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu));
+    }
+  } else {
+    Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
+    Tensor d_act = linear_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_out, &dd);
+    GluSplitGrads sg = swiglu_backward(d_act, k.g, k.u);
+    d_x2 = linear_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg);
+    add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du));
+  }
+  Tensor gpost = g("post_attention_layernorm.weight");
+  Tensor d_h_mid = rmsnorm_backward(d_x2, k.h_mid, w.at(p + "post_attention_layernorm.weight"), k.ln_post.rstd, &gpost);
+  add_inplace(d_h_mid, d_out);
+
+  // Attention sublayer: h_mid = h_in + a, so d_a = d_h_mid and d_h_in starts as d_h_mid.
+  Tensor go = g("self_attn.o_proj.weight");
+  Tensor d_attn = linear_backward(k.attn_flat, w.at(p + "self_attn.o_proj.weight"), d_h_mid, &go);
+  const bool sliding = c.is_sliding(layer);
+  Tensor dsinks = g(kSinks);
+  AttentionGrads ag = attention_backward(
+      d_attn.reshape({ctx.rows, ctx.seq, Hq, D}), k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}),
+      k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}), k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), k.attn, ctx.positions,
+      ctx.valid, w.at(p + kSinks), &dsinks, attention_options(c, sliding));
+  Tensor d_qn = ag.dq.reshape({T, Hq, D}), d_kn = ag.dk.reshape({T, Hkv, D});
+  if (sliding) {
+    d_qn = rope_backward(d_qn, flat_pos, c.rope_theta);
+    d_kn = rope_backward(d_kn, flat_pos, c.rope_theta);
+  }
+  Tensor gqn = g("self_attn.q_norm.weight"), gkn = g("self_attn.k_norm.weight");
+  Tensor d_q = rmsnorm_backward(d_qn.reshape({T * Hq, D}), k.q_lin.reshape({T * Hq, D}),
+                                w.at(p + "self_attn.q_norm.weight"), k.q_norm.rstd, &gqn);
+  Tensor d_k = rmsnorm_backward(d_kn.reshape({T * Hkv, D}), k.k_lin.reshape({T * Hkv, D}),
+                                w.at(p + "self_attn.k_norm.weight"), k.k_norm.rstd, &gkn);
+  const Tensor& x = k.ln_in.y;
+  Tensor gq = g("self_attn.q_proj.weight"), gk = g("self_attn.k_proj.weight"), gv = g("self_attn.v_proj.weight");
+  Tensor d_x = linear_backward(x, w.at(p + "self_attn.q_proj.weight"), d_q.reshape({T, Hq * D}), &gq);
+  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.k_proj.weight"), d_k.reshape({T, Hkv * D}), &gk));
+  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.v_proj.weight"), ag.dv.reshape({T, Hkv * D}), &gv));
+  Tensor gin = g("input_layernorm.weight");
+  Tensor d_h_in = rmsnorm_backward(d_x, k.h_in, w.at(p + "input_layernorm.weight"), k.ln_in.rstd, &gin);
+  add_inplace(d_h_in, d_h_mid);
+  return d_h_in;
+}
+
+Tensor FlintModel::routing_indices(const FlintBlockCache& cache) { return cache.routing.indices; }
+
+LossSum FlintModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
+                                 const FlintTokenContext& ctx, std::shared_ptr<FlintHeadCache>* cache_out,
+                                 Tensor* logits_out) const {
+  const auto& c = config_;
+  auto cache = std::make_shared<FlintHeadCache>();
+  cache->hidden = hidden;
+  cache->norm = rmsnorm_forward(hidden, w.at("model.norm.weight"), c.rms_norm_eps, ctx.precision);
+  // fp32 island: the (bf16 in bf16 runs) hidden state times the fp32 weight, fp32 logits never
+  // rounded; no softcap, columns >= Vu masked.
+  Tensor logits = linear_forward(cache->norm.y, w.at("lm_head.weight"));
+  cache->targets = targets.reshape({targets.numel()});
+  cache->loss = logit_loss_forward(logits, cache->targets, c.unpadded_vocab_size, 0.0f);
+  if (logits_out) *logits_out = cache->loss.capped.reshape({ctx.rows, ctx.seq, c.vocab_size});
+  LossSum out{cache->loss.loss_sum, cache->loss.count};
+  if (cache_out) *cache_out = std::move(cache);
+  return out;
+}
+
+Tensor FlintModel::head_backward(const TensorMap& w, const FlintHeadCache& cache, float grad_scale,
+                                 const TensorMap& grads) const {
+  const auto& c = config_;
+  Tensor d_logits = logit_loss_backward(cache.loss, cache.targets, c.unpadded_vocab_size, 0.0f, grad_scale);
+  Tensor gh = grads.at("lm_head.weight"), gn = grads.at("model.norm.weight");
+  Tensor d_norm = linear_backward(cache.norm.y, w.at("lm_head.weight"), d_logits, &gh);
+  return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
+}
+
+namespace {
+
+// One micro-batch through the ops of FlintModel, keeping each op's cache until its backward.
+class FlintMicroBatchRun final : public MicroBatchRun {
+ public:
+  FlintMicroBatchRun(const FlintModel& model, const Batch& batch, Precision precision, float grad_scale)
+      : model_(model),
+        batch_(batch),
+        ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
+        grad_scale_(grad_scale),
+        blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)) {
+    validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
+  }
+
+  void forward(int op, const TensorMap& w) override {
+    switch (model_.op_kind(op)) {
+      case OpKind::embedding: hidden_ = model_.embed_forward(w, batch_.input_ids); break;
+      case OpKind::layer: {
+        const std::int64_t l = model_.op_layer(op);
+        auto& cache = blocks_[static_cast<std::size_t>(l)];
+        hidden_ = model_.block_forward(l, w, hidden_, ctx_, &cache);
+        if (model_.config().is_sparse(l)) routing_.push_back({l, FlintModel::routing_indices(*cache)});
+        break;
+      }
+      case OpKind::final: loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_); break;
+    }
+  }
+
+  void backward(int op, const TensorMap& w, const TensorMap& grads) override {
+    switch (model_.op_kind(op)) {
+      case OpKind::final:
+        grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
+        head_.reset();
+        break;
+      case OpKind::layer: {
+        auto& cache = blocks_[static_cast<std::size_t>(model_.op_layer(op))];
+        grad_ = model_.block_backward(model_.op_layer(op), w, *cache, grad_, ctx_, grads);
+        cache.reset();  // free activations as soon as their backward is done
+        break;
+      }
+      case OpKind::embedding: model_.embed_backward(batch_.input_ids, grad_, grads); break;
+    }
+  }
+
+  double loss_sum() const override { return loss_.loss_sum; }
+  std::int64_t targets() const override { return loss_.targets; }
+  std::vector<RoutingRecord> routing() const override { return routing_; }
+
+ private:
+  const FlintModel& model_;
+  Batch batch_;
+  FlintTokenContext ctx_;
+  float grad_scale_;
+  Tensor hidden_, grad_;
+  std::vector<std::shared_ptr<FlintBlockCache>> blocks_;
+  std::shared_ptr<FlintHeadCache> head_;
+  LossSum loss_;
+  std::vector<RoutingRecord> routing_;
+};
+
+}  // namespace
+
+OpKind FlintModel::op_kind(int op) const {
+  if (op == 0) return OpKind::embedding;
+  if (op == op_count() - 1) return OpKind::final;
+  return OpKind::layer;
+}
+
+std::int64_t FlintModel::op_layer(int op) const { return op_kind(op) == OpKind::layer ? op - 1 : -1; }
+
+std::unique_ptr<MicroBatchRun> FlintModel::start(const Batch& micro_batch, Precision precision,
+                                                 float grad_scale) const {
+  return std::make_unique<FlintMicroBatchRun>(*this, micro_batch, precision, grad_scale);
+}
+
+LossSum FlintModel::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
+  validate_positions(batch.positions);
+  FlintTokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
+  Tensor h = embed_forward(w, batch.input_ids);
+  for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l) h = block_forward(l, w, h, ctx, nullptr);
+  return head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
+}
+
+}  // namespace atl

@@ -1,0 +1,94 @@
+// Flint (MODELS.md §2, §10.3): pre-norm decoder with two residuals; GQA attention with per-head
+// q/k norms, RoPE on sliding layers only (full layers are NoPE) and a learned fp32 sink per head on
+// every layer; dense SwiGLU MLPs on mlp_only_layers, elsewhere an MoE with a softmax-over-E router
+// (logits in fp32), routing weights applied after the down projection and an ungated shared
+// expert; an fp32 lm_head island without softcap.
+//
+// The model is split into the pieces FSDP units run (embedding, one block per layer, head); each
+// piece has a forward that returns what its backward needs, so the reference trainer and the
+// actor runtime drive the same math.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "graph/data/batch.hpp"
+#include "graph/models/flint/config.hpp"
+#include "graph/models/model.hpp"
+#include "graph/param.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+// Per micro-batch inputs every Flint block reads.
+struct FlintTokenContext {
+  Tensor positions;  // i64 [B, S]
+  Tensor valid;      // bool [B, S]
+  std::int64_t rows = 0, seq = 0;
+  Precision precision = Precision::fp32;
+  std::int64_t tokens() const { return rows * seq; }
+};
+
+struct FlintBlockCache;  // activations a block's backward needs (defined in model.cpp)
+struct FlintHeadCache;
+
+// fp32 islands: the sink holders `self_attn._fp32_params` (one unit per layer) and `lm_head`,
+// which is also the head unit and takes the island policy (MODELS.md §2.3, §5.3).
+FamilyShardingRules flint_sharding_rules();
+
+class FlintModel : public Model {
+ public:
+  explicit FlintModel(FlintConfig config);
+  const FlintConfig& config() const { return config_; }
+
+  // --- Model ---
+  std::string family() const override { return "flint"; }
+  std::string preset() const override { return config_.preset; }
+  const std::vector<ParamSpec>& specs() const override { return specs_; }
+  std::int64_t vocab_size() const override { return config_.vocab_size; }
+  std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
+  float init_std() const override { return config_.init_std; }
+  FamilyShardingRules sharding_rules() const override { return flint_sharding_rules(); }
+
+  // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
+  Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;
+  void embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const;
+
+  Tensor block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const FlintTokenContext& ctx,
+                       std::shared_ptr<FlintBlockCache>* cache) const;
+  Tensor block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache, const Tensor& d_out,
+                        const FlintTokenContext& ctx, const TensorMap& grads) const;
+  // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
+  static Tensor routing_indices(const FlintBlockCache& cache);
+
+  // Final norm, fp32 lm_head, vocab mask (no softcap), cross entropy against targets i64 [B, S].
+  LossSum head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets, const FlintTokenContext& ctx,
+                       std::shared_ptr<FlintHeadCache>* cache, Tensor* logits_out = nullptr) const;
+  // Gradient of grad_scale * loss_sum.
+  Tensor head_backward(const TensorMap& w, const FlintHeadCache& cache, float grad_scale,
+                       const TensorMap& grads) const;
+
+  // HF layout (MODELS.md §10.3, state_dict_adapter.cpp): sinks are `self_attn.softmax_offset`,
+  // the shared expert is `mlp.shared_expert.*`, experts are per expert; all else keeps its name.
+  nlohmann::json hf_config() const override;
+  TensorMap to_hf(const TensorMap& native) const override;
+  TensorMap from_hf(const TensorMap& hf) const override;
+
+  // Forward only (no caches kept); logits_out gets the fp32 logits [B, S, V] after the mask.
+  LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
+                  Tensor* logits_out = nullptr) const override;
+
+  // --- StagedModel: op 0 = embedding, op 1 + l = layer l, op L + 1 = final norm, head and loss ---
+  int op_count() const override { return static_cast<int>(config_.num_hidden_layers) + 2; }
+  OpKind op_kind(int op) const override;
+  std::int64_t op_layer(int op) const override;
+  std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
+                                       float grad_scale) const override;
+
+ private:
+  std::string layer_prefix(std::int64_t layer) const;
+  FlintConfig config_;
+  std::vector<ParamSpec> specs_;
+};
+
+}  // namespace atl
