@@ -1,4 +1,5 @@
 #include "graph/models/beam/model.hpp"
+#include "graph/models/hidden_state_run.hpp"
 
 #include <cmath>
 
@@ -341,87 +342,16 @@ Tensor BeamModel::head_backward(const TensorMap& w, const BeamHeadCache& cache, 
   return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
 }
 
-namespace {
-
-// One micro-batch through the ops of BeamModel, keeping each op's cache until its backward.
-class BeamMicroBatchRun final : public MicroBatchRun {
- public:
-  BeamMicroBatchRun(const BeamModel& model, const Batch& batch, Precision precision, float grad_scale)
-      : model_(model),
-        batch_(batch),
-        ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
-        grad_scale_(grad_scale),
-        blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)) {
-    validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
-  }
-
-  void forward(int op, const TensorMap& w) override {
-    switch (model_.op_kind(op)) {
-      case OpKind::embedding: hidden_ = model_.embed_forward(w, batch_.input_ids); break;
-      case OpKind::layer: {
-        const std::int64_t l = model_.op_layer(op);
-        auto& cache = blocks_[static_cast<std::size_t>(l)];
-        hidden_ = model_.block_forward(l, w, hidden_, ctx_, &cache);
-        if (model_.config().is_sparse(l)) routing_.push_back({l, BeamModel::routing_indices(*cache)});
-        break;
-      }
-      case OpKind::final: loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_); break;
-    }
-  }
-
-  void backward(int op, const TensorMap& w, const TensorMap& grads) override {
-    switch (model_.op_kind(op)) {
-      case OpKind::final:
-        grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
-        head_.reset();
-        break;
-      case OpKind::layer: {
-        auto& cache = blocks_[static_cast<std::size_t>(model_.op_layer(op))];
-        grad_ = model_.block_backward(model_.op_layer(op), w, *cache, grad_, ctx_, grads);
-        cache.reset();  // free activations as soon as their backward is done
-        break;
-      }
-      case OpKind::embedding: model_.embed_backward(batch_.input_ids, grad_, grads); break;
-    }
-  }
-
-  double loss_sum() const override { return loss_.loss_sum; }
-  std::int64_t targets() const override { return loss_.targets; }
-  std::vector<RoutingRecord> routing() const override { return routing_; }
-
- private:
-  const BeamModel& model_;
-  Batch batch_;
-  TokenContext ctx_;
-  float grad_scale_;
-  Tensor hidden_, grad_;
-  std::vector<std::shared_ptr<BeamBlockCache>> blocks_;
-  std::shared_ptr<BeamHeadCache> head_;
-  LossSum loss_;
-  std::vector<RoutingRecord> routing_;
-};
-
-}  // namespace
-
-OpKind BeamModel::op_kind(int op) const {
-  if (op == 0) return OpKind::embedding;
-  if (op == op_count() - 1) return OpKind::final;
-  return OpKind::layer;
-}
-
-std::int64_t BeamModel::op_layer(int op) const { return op_kind(op) == OpKind::layer ? op - 1 : -1; }
+OpKind BeamModel::op_kind(int op) const { return layered_op_kind(op, op_count()); }
+std::int64_t BeamModel::op_layer(int op) const { return layered_op_layer(op, op_count()); }
 
 std::unique_ptr<MicroBatchRun> BeamModel::start(const Batch& micro_batch, Precision precision,
                                                 float grad_scale) const {
-  return std::make_unique<BeamMicroBatchRun>(*this, micro_batch, precision, grad_scale);
+  return std::make_unique<HiddenStateRun<BeamModel>>(*this, micro_batch, precision, grad_scale);
 }
 
 LossSum BeamModel::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
-  validate_positions(batch.positions);
-  TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
-  Tensor h = embed_forward(w, batch.input_ids);
-  for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l) h = block_forward(l, w, h, ctx, nullptr);
-  return head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
+  return hidden_state_forward(*this, w, batch, precision, logits_out);
 }
 
 }  // namespace atl

@@ -14,24 +14,20 @@
 #include "graph/models/beam/config.hpp"
 #include "graph/param.hpp"
 #include "graph/models/model.hpp"
+#include "graph/models/token_context.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
 
-// Per micro-batch inputs every block reads.
-struct TokenContext {
-  Tensor positions;  // i64 [B, S]
-  Tensor valid;      // bool [B, S]
-  std::int64_t rows = 0, seq = 0;
-  Precision precision = Precision::fp32;
-  std::int64_t tokens() const { return rows * seq; }
-};
 
 struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
 struct BeamHeadCache;
 
 class BeamModel : public Model {
  public:
+  using BlockCache = BeamBlockCache;
+  using HeadCache = BeamHeadCache;
+
   explicit BeamModel(BeamConfig config);
   const BeamConfig& config() const { return config_; }
 

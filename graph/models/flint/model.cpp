@@ -1,4 +1,5 @@
 #include "graph/models/flint/model.hpp"
+#include "graph/models/hidden_state_run.hpp"
 
 #include <cmath>
 
@@ -147,7 +148,7 @@ void FlintModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden,
 }
 
 Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
-                                 const FlintTokenContext& ctx, std::shared_ptr<FlintBlockCache>* cache_out) const {
+                                 const TokenContext& ctx, std::shared_ptr<FlintBlockCache>* cache_out) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -213,7 +214,7 @@ Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const T
 }
 
 Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
-                                  const Tensor& d_out, const FlintTokenContext& ctx, const TensorMap& grads) const {
+                                  const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
@@ -283,7 +284,7 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
 Tensor FlintModel::routing_indices(const FlintBlockCache& cache) { return cache.routing.indices; }
 
 LossSum FlintModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
-                                 const FlintTokenContext& ctx, std::shared_ptr<FlintHeadCache>* cache_out,
+                                 const TokenContext& ctx, std::shared_ptr<FlintHeadCache>* cache_out,
                                  Tensor* logits_out) const {
   const auto& c = config_;
   auto cache = std::make_shared<FlintHeadCache>();
@@ -309,87 +310,16 @@ Tensor FlintModel::head_backward(const TensorMap& w, const FlintHeadCache& cache
   return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
 }
 
-namespace {
-
-// One micro-batch through the ops of FlintModel, keeping each op's cache until its backward.
-class FlintMicroBatchRun final : public MicroBatchRun {
- public:
-  FlintMicroBatchRun(const FlintModel& model, const Batch& batch, Precision precision, float grad_scale)
-      : model_(model),
-        batch_(batch),
-        ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
-        grad_scale_(grad_scale),
-        blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)) {
-    validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
-  }
-
-  void forward(int op, const TensorMap& w) override {
-    switch (model_.op_kind(op)) {
-      case OpKind::embedding: hidden_ = model_.embed_forward(w, batch_.input_ids); break;
-      case OpKind::layer: {
-        const std::int64_t l = model_.op_layer(op);
-        auto& cache = blocks_[static_cast<std::size_t>(l)];
-        hidden_ = model_.block_forward(l, w, hidden_, ctx_, &cache);
-        if (model_.config().is_sparse(l)) routing_.push_back({l, FlintModel::routing_indices(*cache)});
-        break;
-      }
-      case OpKind::final: loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_); break;
-    }
-  }
-
-  void backward(int op, const TensorMap& w, const TensorMap& grads) override {
-    switch (model_.op_kind(op)) {
-      case OpKind::final:
-        grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
-        head_.reset();
-        break;
-      case OpKind::layer: {
-        auto& cache = blocks_[static_cast<std::size_t>(model_.op_layer(op))];
-        grad_ = model_.block_backward(model_.op_layer(op), w, *cache, grad_, ctx_, grads);
-        cache.reset();  // free activations as soon as their backward is done
-        break;
-      }
-      case OpKind::embedding: model_.embed_backward(batch_.input_ids, grad_, grads); break;
-    }
-  }
-
-  double loss_sum() const override { return loss_.loss_sum; }
-  std::int64_t targets() const override { return loss_.targets; }
-  std::vector<RoutingRecord> routing() const override { return routing_; }
-
- private:
-  const FlintModel& model_;
-  Batch batch_;
-  FlintTokenContext ctx_;
-  float grad_scale_;
-  Tensor hidden_, grad_;
-  std::vector<std::shared_ptr<FlintBlockCache>> blocks_;
-  std::shared_ptr<FlintHeadCache> head_;
-  LossSum loss_;
-  std::vector<RoutingRecord> routing_;
-};
-
-}  // namespace
-
-OpKind FlintModel::op_kind(int op) const {
-  if (op == 0) return OpKind::embedding;
-  if (op == op_count() - 1) return OpKind::final;
-  return OpKind::layer;
-}
-
-std::int64_t FlintModel::op_layer(int op) const { return op_kind(op) == OpKind::layer ? op - 1 : -1; }
+OpKind FlintModel::op_kind(int op) const { return layered_op_kind(op, op_count()); }
+std::int64_t FlintModel::op_layer(int op) const { return layered_op_layer(op, op_count()); }
 
 std::unique_ptr<MicroBatchRun> FlintModel::start(const Batch& micro_batch, Precision precision,
                                                  float grad_scale) const {
-  return std::make_unique<FlintMicroBatchRun>(*this, micro_batch, precision, grad_scale);
+  return std::make_unique<HiddenStateRun<FlintModel>>(*this, micro_batch, precision, grad_scale);
 }
 
 LossSum FlintModel::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
-  validate_positions(batch.positions);
-  FlintTokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
-  Tensor h = embed_forward(w, batch.input_ids);
-  for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l) h = block_forward(l, w, h, ctx, nullptr);
-  return head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
+  return hidden_state_forward(*this, w, batch, precision, logits_out);
 }
 
 }  // namespace atl

@@ -15,19 +15,13 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/flint/config.hpp"
 #include "graph/models/model.hpp"
+#include "graph/models/token_context.hpp"
 #include "graph/param.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
 
 // Per micro-batch inputs every Flint block reads.
-struct FlintTokenContext {
-  Tensor positions;  // i64 [B, S]
-  Tensor valid;      // bool [B, S]
-  std::int64_t rows = 0, seq = 0;
-  Precision precision = Precision::fp32;
-  std::int64_t tokens() const { return rows * seq; }
-};
 
 struct FlintBlockCache;  // activations a block's backward needs (defined in model.cpp)
 struct FlintHeadCache;
@@ -38,6 +32,9 @@ FamilyShardingRules flint_sharding_rules();
 
 class FlintModel : public Model {
  public:
+  using BlockCache = FlintBlockCache;
+  using HeadCache = FlintHeadCache;
+
   explicit FlintModel(FlintConfig config);
   const FlintConfig& config() const { return config_; }
 
@@ -54,15 +51,15 @@ class FlintModel : public Model {
   Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;
   void embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const;
 
-  Tensor block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const FlintTokenContext& ctx,
+  Tensor block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
                        std::shared_ptr<FlintBlockCache>* cache) const;
   Tensor block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache, const Tensor& d_out,
-                        const FlintTokenContext& ctx, const TensorMap& grads) const;
+                        const TokenContext& ctx, const TensorMap& grads) const;
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const FlintBlockCache& cache);
 
   // Final norm, fp32 lm_head, vocab mask (no softcap), cross entropy against targets i64 [B, S].
-  LossSum head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets, const FlintTokenContext& ctx,
+  LossSum head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets, const TokenContext& ctx,
                        std::shared_ptr<FlintHeadCache>* cache, Tensor* logits_out = nullptr) const;
   // Gradient of grad_scale * loss_sum.
   Tensor head_backward(const TensorMap& w, const FlintHeadCache& cache, float grad_scale,
