@@ -31,7 +31,8 @@ using stage_pointer = stage_actor::stateful_pointer<StageState>;
 void forward_op(stage_pointer self, int op);
 void backward_op(stage_pointer self, int op);
 
-// Units of op `op` (by role and layer): embedding; layer l = its islands and block; final = root, head.
+// Units of op `op` (by role and layer): embedding; layer l = its islands and block; final = root,
+// head and model-level islands (Inkling2's output_query).
 std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model) {
   std::vector<std::vector<std::size_t>> out(static_cast<std::size_t>(model.op_count()));
   for (int op = 0; op < model.op_count(); ++op) {
@@ -41,7 +42,10 @@ std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const Stage
       switch (model.op_kind(op)) {
         case OpKind::embedding: mine = unit.role == UnitRole::embedding; break;
         case OpKind::layer: mine = unit.layer == model.op_layer(op); break;
-        case OpKind::final: mine = unit.role == UnitRole::root || unit.role == UnitRole::head; break;
+        case OpKind::final:
+          mine = unit.role == UnitRole::root || unit.role == UnitRole::head ||
+                 (unit.role == UnitRole::island && unit.layer < 0);
+          break;
       }
       if (mine) out[static_cast<std::size_t>(op)].push_back(u);
     }

@@ -1,0 +1,723 @@
+#include "graph/models/inkling2/model.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "graph/models/hidden_state_run.hpp"  // layered_op_kind / layered_op_layer
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/ops/attention.hpp"
+#include "kernels/ops/elementwise.hpp"
+#include "kernels/ops/embedding.hpp"
+#include "kernels/ops/experts.hpp"
+#include "kernels/ops/gate.hpp"
+#include "kernels/ops/l2_clip.hpp"
+#include "kernels/ops/loss.hpp"
+#include "kernels/ops/matmul.hpp"
+#include "kernels/ops/norm.hpp"
+#include "kernels/ops/relative_attention.hpp"
+#include "kernels/ops/residual_mix.hpp"
+#include "kernels/ops/router.hpp"
+#include "kernels/ops/short_conv.hpp"
+
+namespace atl {
+
+struct Inkling2EmbedCache {
+  Tensor input_ids;  // i64 [T]
+  Tensor embedded;   // [T, H] lookup
+  RmsNormForward norm;
+};
+
+struct Inkling2AttnCache {
+  Tensor xq, xk, xv;                  // attention inputs [T, H] (the same tensor on local layers)
+  Tensor q_lin, k_lin, v_lin, r_lin;  // qkvr blocks [T, heads*width]
+  Tensor k_taps, v_taps;              // full layers: dynamic conv taps [T, Hkv*W]
+  Tensor k_conv, v_conv;              // after the short convs [T, Hkv*D]
+  L2ClipForward q_clip, k_clip, r_clip;
+  RmsNormForward v_norm;   // optional value norm (no gamma)
+  Tensor v_att;            // the values attention reads [T, Hkv*D]
+  Tensor rel;              // clipped r @ relative_table [T*Hq, R+1] (profiles | sink)
+  Tensor lambda;           // full-layer log scaling [T] (undefined when off)
+  Tensor q_att;            // q attention reads [T, Hq*D]
+  Tensor profiles, sinks;  // [B, Hq, S, R], [B, Hq, S]
+  AttentionForward attn;
+  Tensor o;                           // attention output [T, Hq*D]
+  Tensor gate_lin, gate_full, gated;  // optional output gate
+  Tensor a_lin;                       // wo_ud output [T, H]
+};
+
+struct Inkling2LayerCache {
+  Inkling2ResidualState in;
+  std::vector<ResidualMixForward> attn_mix;  // 1 (local) or 3 (full: q, k, v inputs)
+  std::vector<RmsNormForward> attn_norm;
+  Inkling2AttnCache attn;
+  std::vector<Tensor> mlp_sources;
+  ResidualMixForward mlp_mix;
+  RmsNormForward mlp_norm;
+  Tensor router_logits;
+  RouterForward routing;
+  ExpertsForward experts;
+};
+
+struct Inkling2HeadCache {
+  std::vector<Tensor> sources;
+  ResidualMixForward mix;
+  RmsNormForward norm;
+  LogitLossForward loss;
+  Tensor targets;
+};
+
+std::vector<Tensor> Inkling2ResidualState::sources() const {
+  std::vector<Tensor> out = completed;
+  if (partial.defined()) out.push_back(partial);
+  return out;
+}
+
+FamilyShardingRules inkling2_sharding_rules() {
+  FamilyShardingRules rules;
+  rules.family = "inkling2";
+  rules.fp32_modules = {"attn_query", "mlp_query", "output_query", "q_l2_clip", "rel_l2_clip", "mlp.gate"};
+  rules.layer_prefix = "layers.";
+  rules.embedding_modules = {"embed_tokens", "embed_norm"};
+  rules.head_modules = {"lm_head"};
+  rules.block_casts_inputs_itself = true;  // Inkling2Parallelizer keeps model-owned casts
+  return rules;
+}
+
+namespace {
+
+ParamSpec spec(std::string name, Shape shape, Init init = Init::normal, bool island = false) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.weight_decay = shape.size() >= 2;
+  s.shape = std::move(shape);
+  s.init = init;
+  s.island = island;
+  return s;
+}
+
+// Depth queries are vectors (one per mix) even when stored as [Q, H]: no weight decay.
+ParamSpec query_spec(std::string name, Shape shape) {
+  ParamSpec s = spec(std::move(name), std::move(shape), Init::zeros, /*island=*/true);
+  s.weight_decay = false;
+  return s;
+}
+
+Tensor rounded(Tensor t, Precision p) {
+  round_activation(p, t);
+  return t;
+}
+
+Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w), p); }
+
+// acc += g, making acc a private copy on first use (gradients are never aliased).
+void accumulate(Tensor& acc, const Tensor& g) {
+  if (!g.defined()) return;
+  if (!acc.defined()) {
+    acc = g.clone();
+  } else {
+    add_inplace(acc, g);
+  }
+}
+
+RouterConfig router_config(const Inkling2Config& c) {
+  RouterConfig r;
+  r.num_experts = c.n_routed_experts;
+  r.top_k = c.num_experts_per_tok;
+  r.score = ScoreFunction::sigmoid_with_bias;
+  r.n_group = c.n_group;
+  r.topk_group = c.topk_group;
+  r.norm_topk_prob = c.norm_topk_prob;
+  r.norm_topk_prob_top1 = false;
+  r.route_scale = c.route_scale;
+  r.router_weights_fp32 = c.router_weights_fp32;
+  return r;
+}
+
+ExpertsConfig experts_config(const Inkling2Config& c, Precision p) {
+  ExpertsConfig e;
+  e.activation = GluActivation::situ;
+  e.layout = GluLayout::interleaved;
+  e.weight_after_down = false;  // routing weight before the down GEMM
+  e.beta_gate = c.expert_gate_cap;
+  e.beta_up = c.expert_up_cap;
+  e.precision = p;
+  return e;
+}
+
+// Row q of a [Q, H] depth-query tensor as a view.
+Tensor query_row(const Tensor& queries, std::int64_t q) { return queries.slice_rows(q, q + 1); }
+
+// Row blocks of self_attn.qkvr (MODELS.md §10.2.2).
+struct QkvrBlocks {
+  std::int64_t q, k, v, r, kt, vt, end;  // start rows; end = total
+};
+QkvrBlocks qkvr_blocks(const Inkling2Config& c, bool local) {
+  const std::int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+  QkvrBlocks b;
+  b.q = 0;
+  b.k = b.q + Hq * D;
+  b.v = b.k + Hkv * D;
+  b.r = b.v + Hkv * D;
+  b.kt = b.r + Hq * c.d_rel;
+  b.vt = b.kt + (local ? 0 : Hkv * c.conv_kernel_size);
+  b.end = b.vt + (local ? 0 : Hkv * c.conv_kernel_size);
+  return b;
+}
+
+// λ_t = 1 + α log(max(1, (pos_t + 1) / n_floor)) on document positions (MODELS.md §1.4.6).
+Tensor log_scaling(const Inkling2Config& c, const Tensor& positions) {
+  Tensor lambda = Tensor::empty({positions.numel()});
+  const std::int64_t* pos = positions.data<std::int64_t>();
+  for (std::int64_t t = 0; t < positions.numel(); ++t) {
+    const double ratio = static_cast<double>(pos[t] + 1) / c.log_scaling_n_floor;
+    lambda.data<float>()[t] = static_cast<float>(1.0 + c.log_scaling_alpha * std::log(std::max(1.0, ratio)));
+  }
+  return lambda;
+}
+
+// x [T, width*k] rows scaled by λ_t, rounded.
+Tensor scale_rows(const Tensor& x, const Tensor& lambda, Precision p) {
+  Tensor y = Tensor::empty(x.shape());
+  const std::int64_t T = lambda.numel(), row = x.numel() / T;
+  for (std::int64_t t = 0; t < T; ++t) {
+    const float l = lambda.data<float>()[t];
+    for (std::int64_t i = 0; i < row; ++i)
+      y.data<float>()[t * row + i] = round_activation(p, l * x.data<float>()[t * row + i]);
+  }
+  return y;
+}
+
+}  // namespace
+
+Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config)) {
+  config_.validate();
+  const auto& c = config_;
+  const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, W = c.conv_kernel_size;
+  const std::int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+  specs_.push_back(spec("embed_tokens.weight", {c.vocab_size, H}));
+  specs_.push_back(spec("embed_norm.weight", {H}, Init::ones));
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    const bool local = c.is_local(l);
+    if (c.attn_query_count(l) > 0) specs_.push_back(query_spec(p + "attn_query.weight", {c.attn_query_count(l), H}));
+    for (std::int64_t i = 0; i < c.attn_norm_count(l); ++i) {
+      specs_.push_back(spec(p + "attn_norms." + std::to_string(i) + ".weight", {H}, Init::ones));
+    }
+    specs_.push_back(spec(p + "self_attn.qkvr.weight", {c.qkvr_rows(l), H}));
+    specs_.push_back(spec(p + "self_attn.q_l2_clip.scale", {D}, Init::ones, /*island=*/true));
+    specs_.push_back(spec(p + "self_attn.rel_l2_clip.scale", {c.d_rel}, Init::ones, /*island=*/true));
+    specs_.push_back(spec(p + "self_attn.relative_table", {c.d_rel, c.relative_extent(l) + 1}));
+    if (local) {
+      specs_.push_back(spec(p + "self_attn.k_sconv.weight", {c.num_key_value_heads, W}));
+      specs_.push_back(spec(p + "self_attn.v_sconv.weight", {c.num_key_value_heads, W}));
+    }
+    if (c.use_attention_gate) specs_.push_back(spec(p + "self_attn.gate.weight", {Hq, H}));
+    specs_.push_back(spec(p + "self_attn.wo_ud.weight", {H, Hq * D}));
+    specs_.push_back(spec(p + "attn_sconv.weight", {H / D, W}));
+    specs_.push_back(query_spec(p + "mlp_query.weight", {1, H}));
+    specs_.push_back(spec(p + "mlp_norm.weight", {H}, Init::ones));
+    specs_.push_back(spec(p + "mlp.gate.weight", {E, H}, Init::normal, /*island=*/true));
+    specs_.push_back(spec(p + "mlp.gate.e_score_correction_bias", {E}, Init::zeros, /*island=*/true));
+    specs_.push_back(spec(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
+    specs_.push_back(spec(p + "mlp.experts.down_projs", {E, I, H}));
+    specs_.push_back(spec(p + "mlp_sconv.weight", {H / D, W}));
+  }
+  ParamSpec out_query = query_spec("output_query.weight", {H});
+  specs_.push_back(out_query);
+  specs_.push_back(spec("norm.weight", {H}, Init::ones));
+  specs_.push_back(spec("lm_head.weight", {c.vocab_size, H}));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Embedding
+
+Inkling2ResidualState Inkling2Model::embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& ctx,
+                                                   std::shared_ptr<Inkling2EmbedCache>* cache_out) const {
+  auto cache = std::make_shared<Inkling2EmbedCache>();
+  cache->input_ids = input_ids.reshape({input_ids.numel()});
+  cache->embedded = embedding_forward(w.at("embed_tokens.weight"), cache->input_ids);  // a bf16 lookup is exact
+  cache->norm = rmsnorm_forward(cache->embedded, w.at("embed_norm.weight"), config_.rms_norm_eps, ctx.precision);
+  Inkling2ResidualState state;
+  state.partial = cache->norm.y;
+  if (cache_out) *cache_out = std::move(cache);
+  return state;
+}
+
+void Inkling2Model::embed_backward(const TensorMap& w, const Inkling2EmbedCache& cache,
+                                   const Inkling2StateGrad& d_state, const TensorMap& grads) const {
+  if (!d_state.completed.empty()) throw std::logic_error("inkling2: the embedding state has no completed blocks");
+  Tensor gn = grads.at("embed_norm.weight");
+  Tensor d_e = rmsnorm_backward(d_state.partial, cache.embedded, w.at("embed_norm.weight"), cache.norm.rstd, &gn);
+  embedding_backward(d_e, cache.input_ids, grads.at("embed_tokens.weight"));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Decoder layer
+
+namespace {
+
+struct AttnWeights {
+  Tensor q, k, v, r, kt, vt;  // row-block views of qkvr
+};
+AttnWeights attn_weights(const Tensor& qkvr, const QkvrBlocks& b, bool local) {
+  AttnWeights a;
+  a.q = qkvr.slice_rows(b.q, b.k);
+  a.k = qkvr.slice_rows(b.k, b.v);
+  a.v = qkvr.slice_rows(b.v, b.r);
+  a.r = qkvr.slice_rows(b.r, b.kt);
+  if (!local) {
+    a.kt = qkvr.slice_rows(b.kt, b.vt);
+    a.vt = qkvr.slice_rows(b.vt, b.end);
+  }
+  return a;
+}
+
+}  // namespace
+
+Inkling2ResidualState Inkling2Model::layer_forward(std::int64_t layer, const TensorMap& w,
+                                                   const Inkling2ResidualState& state, const TokenContext& ctx,
+                                                   std::shared_ptr<Inkling2LayerCache>* cache_out) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const Precision prec = ctx.precision;
+  const float eps = c.rms_norm_eps;
+  const std::int64_t T = ctx.tokens(), B = ctx.rows, S = ctx.seq, D = c.head_dim, Hq = c.num_attention_heads,
+                     Hkv = c.num_key_value_heads, dr = c.d_rel, W = c.conv_kernel_size;
+  const bool local = c.is_local(layer);
+  const std::int64_t R = c.relative_extent(layer);
+  if (!state.partial.defined() ||
+      static_cast<std::int64_t>(state.completed.size()) != c.completed_blocks_before(layer)) {
+    throw std::logic_error("inkling2 layer " + std::to_string(layer) + ": expected " +
+                           std::to_string(c.completed_blocks_before(layer)) + " completed blocks and a partial, got " +
+                           std::to_string(state.completed.size()));
+  }
+  auto cache = std::make_shared<Inkling2LayerCache>();
+  Inkling2LayerCache& k = *cache;
+  k.in = state;
+  Inkling2AttnCache& a = k.attn;
+
+  // 1. AttnRes mixes of the depth sources and the attention input norms.
+  const std::vector<Tensor> src = state.sources();
+  const std::int64_t mixes = c.attn_norm_count(layer);
+  for (std::int64_t i = 0; i < mixes; ++i) {
+    Tensor query = layer == 0 ? Tensor() : query_row(w.at(p + "attn_query.weight"), i);
+    k.attn_mix.push_back(residual_mix_forward(src, query, eps, prec));  // N = 1 at layer 0: the identity
+    k.attn_norm.push_back(
+        rmsnorm_forward(k.attn_mix.back().out, w.at(p + "attn_norms." + std::to_string(i) + ".weight"), eps, prec));
+  }
+  a.xq = k.attn_norm[0].y;
+  a.xk = local ? a.xq : k.attn_norm[1].y;
+  a.xv = local ? a.xq : k.attn_norm[2].y;
+
+  // 2. Boundary commit: the pre-attention partial becomes a completed block.
+  Inkling2ResidualState out;
+  out.completed = state.completed;
+  Tensor partial = state.partial;
+  if (c.is_boundary(layer)) {
+    out.completed.push_back(state.partial);
+    partial = Tensor();
+  }
+
+  // 3. Attention (MODELS.md §10.2.1).
+  const QkvrBlocks blocks = qkvr_blocks(c, local);
+  const AttnWeights aw = attn_weights(w.at(p + "self_attn.qkvr.weight"), blocks, local);
+  a.q_lin = project(a.xq, aw.q, prec);
+  a.r_lin = project(a.xq, aw.r, prec);
+  a.k_lin = project(a.xk, aw.k, prec);
+  a.v_lin = project(a.xv, aw.v, prec);
+  if (local) {
+    a.k_conv = short_conv_forward(a.k_lin, w.at(p + "self_attn.k_sconv.weight"), ctx.positions, ctx.valid, prec);
+    a.v_conv = short_conv_forward(a.v_lin, w.at(p + "self_attn.v_sconv.weight"), ctx.positions, ctx.valid, prec);
+  } else {
+    a.k_taps = project(a.xk, aw.kt, prec);
+    a.v_taps = project(a.xv, aw.vt, prec);
+    a.k_conv = dynamic_short_conv_forward(a.k_lin.reshape({T, Hkv, D}), a.k_taps.reshape({T, Hkv, W}), ctx.positions,
+                                          ctx.valid, prec)
+                   .reshape({T, Hkv * D});
+    a.v_conv = dynamic_short_conv_forward(a.v_lin.reshape({T, Hkv, D}), a.v_taps.reshape({T, Hkv, W}), ctx.positions,
+                                          ctx.valid, prec)
+                   .reshape({T, Hkv * D});
+  }
+  a.q_clip = l2_clip_forward(a.q_lin.reshape({T * Hq, D}), w.at(p + "self_attn.q_l2_clip.scale"), c.radius_q(), prec);
+  a.k_clip = l2_clip_forward(a.k_conv.reshape({T * Hkv, D}), Tensor(), c.radius_k(), prec);
+  a.r_clip =
+      l2_clip_forward(a.r_lin.reshape({T * Hq, dr}), w.at(p + "self_attn.rel_l2_clip.scale"), c.radius_r(), prec);
+  if (c.use_value_norm_no_gamma) {
+    a.v_norm = rmsnorm_forward(a.v_conv.reshape({T * Hkv, D}), Tensor(), eps, prec);
+    a.v_att = a.v_norm.y.reshape({T, Hkv * D});
+  } else {
+    a.v_att = a.v_conv;
+  }
+  // Relative profiles and the sink logit from the clipped r: [T*Hq, dr] @ relative_table [dr, R+1].
+  a.rel = rounded(matmul(a.r_clip.y, w.at(p + "self_attn.relative_table")), prec);
+  const bool log_scaled = !local && c.log_scaling_n_floor > 0;
+  a.q_att = a.q_clip.y.reshape({T, Hq * D});
+  if (log_scaled) {
+    a.lambda = log_scaling(c, ctx.positions);
+    a.q_att = scale_rows(a.q_att, a.lambda, prec);
+  }
+  a.profiles = Tensor::empty({B, Hq, S, R});
+  a.sinks = Tensor::empty({B, Hq, S});
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < Hq; ++h) {
+      for (std::int64_t s = 0; s < S; ++s) {
+        const float* rel_row = a.rel.data<float>() + ((b * S + s) * Hq + h) * (R + 1);
+        float* prof = a.profiles.data<float>() + ((b * Hq + h) * S + s) * R;
+        const float lambda = log_scaled ? a.lambda.data<float>()[b * S + s] : 1.0f;
+        for (std::int64_t d = 0; d < R; ++d)
+          prof[d] = log_scaled ? round_activation(prec, lambda * rel_row[d]) : rel_row[d];
+        a.sinks.data<float>()[(b * Hq + h) * S + s] = rel_row[R];  // the sink is not log-scaled
+      }
+    }
+  }
+  const AttentionOptions opts{local ? c.sliding_window_size : 0,
+                              static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  a.attn =
+      relative_attention_forward(a.q_att.reshape({B, S, Hq, D}), a.k_clip.y.reshape({B, S, Hkv, D}),
+                                 a.v_att.reshape({B, S, Hkv, D}), ctx.positions, ctx.valid, a.profiles, a.sinks, opts);
+  a.o = rounded(a.attn.out.reshape({T, Hq * D}).clone(), prec);
+  Tensor o_proj_in = a.o;
+  if (c.use_attention_gate) {
+    a.gate_lin = project(a.xq, w.at(p + "self_attn.gate.weight"), prec);  // [T, Hq]
+    a.gate_full = Tensor::empty({T, Hq * D});
+    for (std::int64_t i = 0; i < T * Hq; ++i) {
+      std::fill_n(a.gate_full.data<float>() + i * D, D, a.gate_lin.data<float>()[i]);
+    }
+    a.gated = rounded(output_gate_forward(a.o, a.gate_full, Tensor::zeros({Hq})), prec);
+    o_proj_in = a.gated;
+  }
+  a.a_lin = project(o_proj_in, w.at(p + "self_attn.wo_ud.weight"), prec);
+  Tensor attn_out = short_conv_forward(a.a_lin, w.at(p + "attn_sconv.weight"), ctx.positions, ctx.valid, prec);
+  partial = partial.defined() ? scaled_add(partial, 1.0f, attn_out, 1.0f, prec) : attn_out;
+
+  // 4. MoE on the MLP mix.
+  k.mlp_sources = out.completed;
+  k.mlp_sources.push_back(partial);
+  k.mlp_mix = residual_mix_forward(k.mlp_sources, query_row(w.at(p + "mlp_query.weight"), 0), eps, prec);
+  k.mlp_norm = rmsnorm_forward(k.mlp_mix.out, w.at(p + "mlp_norm.weight"), eps, prec);
+  const Tensor& x2 = k.mlp_norm.y;
+  k.router_logits = linear_forward(x2, w.at(p + "mlp.gate.weight"));  // fp32 island: logits never rounded
+  k.routing = router_forward(k.router_logits, w.at(p + "mlp.gate.e_score_correction_bias"), router_config(c), prec);
+  k.experts = experts_forward(x2, w.at(p + "mlp.experts.gate_and_up_projs"), w.at(p + "mlp.experts.down_projs"),
+                              k.routing.indices, k.routing.weights, ctx.valid.reshape({T}), experts_config(c, prec));
+  Tensor m = short_conv_forward(k.experts.out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, prec);
+  out.partial = scaled_add(partial, 1.0f, m, 1.0f, prec);
+  if (cache_out) *cache_out = std::move(cache);
+  return out;
+}
+
+Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& k,
+                                                const Inkling2StateGrad& d_out, const TokenContext& ctx,
+                                                const TensorMap& grads) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const Precision prec = ctx.precision;
+  const std::int64_t T = ctx.tokens(), B = ctx.rows, S = ctx.seq, D = c.head_dim, Hq = c.num_attention_heads,
+                     Hkv = c.num_key_value_heads, dr = c.d_rel, W = c.conv_kernel_size;
+  const bool local = c.is_local(layer), boundary = c.is_boundary(layer);
+  const std::int64_t R = c.relative_extent(layer);
+  const std::size_t nb = k.in.completed.size();
+  const Inkling2AttnCache& a = k.attn;
+  auto g = [&](const std::string& name) { return grads.at(p + name); };
+
+  std::vector<Tensor> d_completed(d_out.completed.size());  // private copies: gradients are accumulated
+  for (std::size_t i = 0; i < d_completed.size(); ++i) accumulate(d_completed[i], d_out.completed[i]);
+  if (d_completed.size() != nb + (boundary ? 1 : 0)) {
+    throw std::logic_error("inkling2 layer " + std::to_string(layer) + ": output gradient has " +
+                           std::to_string(d_completed.size()) + " completed blocks");
+  }
+
+  // MoE: partial_out = p1 + mlp_sconv(experts(mlp_norm(mix(completed' + [p1])))).
+  Tensor d_p1;
+  accumulate(d_p1, d_out.partial);
+  Tensor gms = g("mlp_sconv.weight");
+  Tensor d_ex =
+      short_conv_backward(d_out.partial, k.experts.out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, &gms);
+  Tensor dgu = g("mlp.experts.gate_and_up_projs"), ddown = g("mlp.experts.down_projs");
+  ExpertsGrads eg = experts_backward(d_ex, k.experts.saved, w.at(p + "mlp.experts.gate_and_up_projs"),
+                                     w.at(p + "mlp.experts.down_projs"), experts_config(c, prec), dgu, ddown);
+  Tensor d_logits = router_backward(eg.d_weights, k.routing, router_config(c));
+  Tensor dgate = g("mlp.gate.weight");
+  Tensor d_x2 = eg.dx;
+  add_inplace(d_x2, linear_backward(k.mlp_norm.y, w.at(p + "mlp.gate.weight"), d_logits, &dgate));
+  Tensor gmn = g("mlp_norm.weight");
+  Tensor d_mix = rmsnorm_backward(d_x2, k.mlp_mix.out, w.at(p + "mlp_norm.weight"), k.mlp_norm.rstd, &gmn);
+  Tensor gmq = query_row(g("mlp_query.weight"), 0);
+  std::vector<Tensor> d_msrc =
+      residual_mix_backward(d_mix, k.mlp_sources, query_row(w.at(p + "mlp_query.weight"), 0), k.mlp_mix, &gmq);
+  accumulate(d_p1, d_msrc.back());
+  for (std::size_t i = 0; i + 1 < d_msrc.size(); ++i) accumulate(d_completed[i], d_msrc[i]);
+
+  // p1 = (boundary ? 0 : partial_in) + attn_sconv(attention(...)).
+  Inkling2StateGrad d_in;
+  if (!boundary) accumulate(d_in.partial, d_p1);
+  Tensor gas = g("attn_sconv.weight");
+  Tensor d_a_lin = short_conv_backward(d_p1, a.a_lin, w.at(p + "attn_sconv.weight"), ctx.positions, ctx.valid, &gas);
+  Tensor gwo = g("self_attn.wo_ud.weight");
+  const Tensor& o_proj_in = c.use_attention_gate ? a.gated : a.o;
+  Tensor d_o = linear_backward(o_proj_in, w.at(p + "self_attn.wo_ud.weight"), d_a_lin, &gwo);
+  Tensor d_xq_gate;
+  if (c.use_attention_gate) {
+    OutputGateGrads og = output_gate_backward(d_o, a.o, a.gate_full, Tensor::zeros({Hq}), nullptr);
+    d_o = og.d_o;
+    Tensor d_gate_lin = Tensor::zeros({T, Hq});
+    for (std::int64_t i = 0; i < T * Hq; ++i) {
+      float s = 0;
+      for (std::int64_t d = 0; d < D; ++d) s += og.d_gate.data<float>()[i * D + d];
+      d_gate_lin.data<float>()[i] = s;
+    }
+    Tensor gg = g("self_attn.gate.weight");
+    d_xq_gate = linear_backward(a.xq, w.at(p + "self_attn.gate.weight"), d_gate_lin, &gg);
+  }
+  const AttentionOptions opts{local ? c.sliding_window_size : 0,
+                              static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  RelativeAttentionGrads ag = relative_attention_backward(
+      d_o.reshape({B, S, Hq, D}), a.q_att.reshape({B, S, Hq, D}), a.k_clip.y.reshape({B, S, Hkv, D}),
+      a.v_att.reshape({B, S, Hkv, D}), a.attn, ctx.positions, ctx.valid, a.profiles, a.sinks, opts);
+  const bool log_scaled = a.lambda.defined();
+  // Back to the [T*Hq, R+1] relative logits (profiles | sink), undoing the log scaling.
+  Tensor d_rel = Tensor::empty({T * Hq, R + 1});
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < Hq; ++h) {
+      for (std::int64_t s = 0; s < S; ++s) {
+        float* row = d_rel.data<float>() + ((b * S + s) * Hq + h) * (R + 1);
+        const float* dprof = ag.d_profiles.data<float>() + ((b * Hq + h) * S + s) * R;
+        const float lambda = log_scaled ? a.lambda.data<float>()[b * S + s] : 1.0f;
+        for (std::int64_t d = 0; d < R; ++d) row[d] = lambda * dprof[d];
+        row[R] = ag.d_sink_logits.data<float>()[(b * Hq + h) * S + s];
+      }
+    }
+  }
+  Tensor d_q_clip = ag.dq.reshape({T, Hq * D});
+  if (log_scaled) {
+    d_q_clip = d_q_clip.clone();
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float l = a.lambda.data<float>()[t];
+      for (std::int64_t i = 0; i < Hq * D; ++i) d_q_clip.data<float>()[t * Hq * D + i] *= l;
+    }
+  }
+  // rel = r_clip @ table:  d r_clip = d_rel @ tableᵀ,  d table += r_clipᵀ @ d_rel.
+  const Tensor& table = w.at(p + "self_attn.relative_table");
+  Tensor gtable = g("self_attn.relative_table");
+  Tensor d_r_clip = Tensor::empty({T * Hq, dr});
+  cpu::gemm<float>(false, true, T * Hq, dr, R + 1, 1.0f, d_rel.data<float>(), R + 1, table.data<float>(), R + 1, 0.0f,
+                   d_r_clip.data<float>(), dr);
+  cpu::gemm<float>(true, false, dr, R + 1, T * Hq, 1.0f, a.r_clip.y.data<float>(), dr, d_rel.data<float>(), R + 1, 1.0f,
+                   gtable.data<float>(), R + 1);
+  Tensor grs = g("self_attn.rel_l2_clip.scale"), gqs = g("self_attn.q_l2_clip.scale");
+  Tensor d_r_lin = l2_clip_backward(d_r_clip, a.r_lin.reshape({T * Hq, dr}), w.at(p + "self_attn.rel_l2_clip.scale"),
+                                    c.radius_r(), a.r_clip.norms, &grs);
+  Tensor d_q_lin = l2_clip_backward(d_q_clip.reshape({T * Hq, D}), a.q_lin.reshape({T * Hq, D}),
+                                    w.at(p + "self_attn.q_l2_clip.scale"), c.radius_q(), a.q_clip.norms, &gqs);
+  Tensor d_k_conv = l2_clip_backward(ag.dk.reshape({T * Hkv, D}), a.k_conv.reshape({T * Hkv, D}), Tensor(),
+                                     c.radius_k(), a.k_clip.norms, nullptr);
+  Tensor d_v_conv = ag.dv.reshape({T * Hkv, D});
+  if (c.use_value_norm_no_gamma) {
+    d_v_conv = rmsnorm_backward(d_v_conv, a.v_conv.reshape({T * Hkv, D}), Tensor(), a.v_norm.rstd, nullptr);
+  }
+  Tensor d_k_lin, d_v_lin, d_k_taps, d_v_taps;
+  if (local) {
+    Tensor gk = g("self_attn.k_sconv.weight"), gv = g("self_attn.v_sconv.weight");
+    d_k_lin = short_conv_backward(d_k_conv.reshape({T, Hkv * D}), a.k_lin, w.at(p + "self_attn.k_sconv.weight"),
+                                  ctx.positions, ctx.valid, &gk);
+    d_v_lin = short_conv_backward(d_v_conv.reshape({T, Hkv * D}), a.v_lin, w.at(p + "self_attn.v_sconv.weight"),
+                                  ctx.positions, ctx.valid, &gv);
+  } else {
+    DynamicShortConvGrads dk = dynamic_short_conv_backward(d_k_conv.reshape({T, Hkv, D}), a.k_lin.reshape({T, Hkv, D}),
+                                                           a.k_taps.reshape({T, Hkv, W}), ctx.positions, ctx.valid);
+    DynamicShortConvGrads dv = dynamic_short_conv_backward(d_v_conv.reshape({T, Hkv, D}), a.v_lin.reshape({T, Hkv, D}),
+                                                           a.v_taps.reshape({T, Hkv, W}), ctx.positions, ctx.valid);
+    d_k_lin = dk.dx.reshape({T, Hkv * D});
+    d_v_lin = dv.dx.reshape({T, Hkv * D});
+    d_k_taps = dk.dtaps.reshape({T, Hkv * W});
+    d_v_taps = dv.dtaps.reshape({T, Hkv * W});
+  }
+  // Projections: q and r read xq, k (+ k-taps) read xk, v (+ v-taps) read xv.
+  const QkvrBlocks blocks = qkvr_blocks(c, local);
+  const AttnWeights aw = attn_weights(w.at(p + "self_attn.qkvr.weight"), blocks, local);
+  const AttnWeights gw = attn_weights(g("self_attn.qkvr.weight"), blocks, local);
+  Tensor d_xq = linear_backward(a.xq, aw.q, d_q_lin.reshape({T, Hq * D}), &gw.q);
+  add_inplace(d_xq, linear_backward(a.xq, aw.r, d_r_lin.reshape({T, Hq * dr}), &gw.r));
+  accumulate(d_xq, d_xq_gate);
+  Tensor d_xk = linear_backward(a.xk, aw.k, d_k_lin, &gw.k);
+  Tensor d_xv = linear_backward(a.xv, aw.v, d_v_lin, &gw.v);
+  if (!local) {
+    add_inplace(d_xk, linear_backward(a.xk, aw.kt, d_k_taps, &gw.kt));
+    add_inplace(d_xv, linear_backward(a.xv, aw.vt, d_v_taps, &gw.vt));
+  }
+  std::vector<Tensor> d_norm_out;
+  if (local) {
+    add_inplace(d_xq, d_xk);
+    add_inplace(d_xq, d_xv);
+    d_norm_out = {d_xq};
+  } else {
+    d_norm_out = {d_xq, d_xk, d_xv};
+  }
+
+  // Attention norms and mixes back to the input sources.
+  Inkling2StateGrad d_src;  // gradient of sources(): completed then partial
+  d_src.completed.resize(nb);
+  const std::vector<Tensor> src = k.in.sources();
+  for (std::size_t i = 0; i < d_norm_out.size(); ++i) {
+    const std::string norm_name = "attn_norms." + std::to_string(i) + ".weight";
+    Tensor gn = g(norm_name);
+    Tensor d_mix_out =
+        rmsnorm_backward(d_norm_out[i], k.attn_mix[i].out, w.at(p + norm_name), k.attn_norm[i].rstd, &gn);
+    Tensor gq = layer == 0 ? Tensor() : query_row(g("attn_query.weight"), static_cast<std::int64_t>(i));
+    Tensor query = layer == 0 ? Tensor() : query_row(w.at(p + "attn_query.weight"), static_cast<std::int64_t>(i));
+    std::vector<Tensor> ds = residual_mix_backward(d_mix_out, src, query, k.attn_mix[i], layer == 0 ? nullptr : &gq);
+    for (std::size_t s = 0; s < nb; ++s) accumulate(d_src.completed[s], ds[s]);
+    accumulate(d_src.partial, ds.back());
+  }
+
+  // Input state gradient: the output's first nb completed blocks are the input's; a boundary
+  // layer's committed block is the input partial.
+  d_in.completed.resize(nb);
+  for (std::size_t s = 0; s < nb; ++s) {
+    accumulate(d_in.completed[s], d_completed[s]);
+    accumulate(d_in.completed[s], d_src.completed[s]);
+  }
+  if (boundary) accumulate(d_in.partial, d_completed[nb]);
+  accumulate(d_in.partial, d_src.partial);
+  return d_in;
+}
+
+Tensor Inkling2Model::routing_indices(const Inkling2LayerCache& cache) { return cache.routing.indices; }
+
+std::vector<Tensor> Inkling2Model::attn_mix_weights(const Inkling2LayerCache& cache) {
+  std::vector<Tensor> out;
+  for (const auto& m : cache.attn_mix) out.push_back(m.weights);
+  return out;
+}
+
+Tensor Inkling2Model::mlp_mix_weights(const Inkling2LayerCache& cache) { return cache.mlp_mix.weights; }
+
+// ------------------------------------------------------------------------------------------------
+// Final mix, norm, head, loss
+
+LossSum Inkling2Model::head_forward(const TensorMap& w, const Inkling2ResidualState& state, const Tensor& targets,
+                                    const TokenContext& ctx, std::shared_ptr<Inkling2HeadCache>* cache_out,
+                                    Tensor* logits_out) const {
+  const auto& c = config_;
+  auto cache = std::make_shared<Inkling2HeadCache>();
+  cache->sources = state.sources();
+  cache->mix = residual_mix_forward(cache->sources, w.at("output_query.weight"), c.rms_norm_eps, ctx.precision);
+  cache->norm = rmsnorm_forward(cache->mix.out, w.at("norm.weight"), c.rms_norm_eps, ctx.precision);
+  // lm_head is bulk (bf16 weight values in bf16), accumulates in fp32; the logits are never rounded.
+  Tensor logits = linear_forward(cache->norm.y, w.at("lm_head.weight"));
+  cache->targets = targets.reshape({targets.numel()});
+  cache->loss = logit_loss_forward(logits, cache->targets, c.unpadded_vocab_size, c.final_logit_softcapping);
+  if (logits_out) *logits_out = cache->loss.capped.reshape({ctx.rows, ctx.seq, c.vocab_size});
+  LossSum out{cache->loss.loss_sum, cache->loss.count};
+  if (cache_out) *cache_out = std::move(cache);
+  return out;
+}
+
+Inkling2StateGrad Inkling2Model::head_backward(const TensorMap& w, const Inkling2HeadCache& cache, float grad_scale,
+                                               const TensorMap& grads) const {
+  const auto& c = config_;
+  Tensor d_logits =
+      logit_loss_backward(cache.loss, cache.targets, c.unpadded_vocab_size, c.final_logit_softcapping, grad_scale);
+  Tensor gh = grads.at("lm_head.weight"), gn = grads.at("norm.weight"), gq = grads.at("output_query.weight");
+  Tensor d_norm = linear_backward(cache.norm.y, w.at("lm_head.weight"), d_logits, &gh);
+  Tensor d_mix = rmsnorm_backward(d_norm, cache.mix.out, w.at("norm.weight"), cache.norm.rstd, &gn);
+  std::vector<Tensor> ds = residual_mix_backward(d_mix, cache.sources, w.at("output_query.weight"), cache.mix, &gq);
+  Inkling2StateGrad d;
+  d.completed.resize(ds.size() - 1);
+  for (std::size_t s = 0; s + 1 < ds.size(); ++s) accumulate(d.completed[s], ds[s]);
+  accumulate(d.partial, ds.back());
+  return d;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Staged execution
+
+namespace {
+
+class Inkling2MicroBatchRun final : public MicroBatchRun {
+ public:
+  Inkling2MicroBatchRun(const Inkling2Model& model, const Batch& batch, Precision precision, float grad_scale)
+      : model_(model),
+        batch_(batch),
+        ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
+        grad_scale_(grad_scale),
+        layers_(static_cast<std::size_t>(model.config().num_hidden_layers)) {
+    validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
+  }
+
+  void forward(int op, const TensorMap& w) override {
+    switch (model_.op_kind(op)) {
+      case OpKind::embedding:
+        state_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
+        break;
+      case OpKind::layer: {
+        const std::int64_t l = model_.op_layer(op);
+        auto& cache = layers_[static_cast<std::size_t>(l)];
+        state_ = model_.layer_forward(l, w, state_, ctx_, &cache);
+        routing_.push_back({l, Inkling2Model::routing_indices(*cache)});
+        break;
+      }
+      case OpKind::final:
+        loss_ = model_.head_forward(w, state_, batch_.targets, ctx_, &head_);
+        break;
+    }
+  }
+
+  void backward(int op, const TensorMap& w, const TensorMap& grads) override {
+    switch (model_.op_kind(op)) {
+      case OpKind::final:
+        grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
+        head_.reset();
+        state_ = {};
+        break;
+      case OpKind::layer: {
+        auto& cache = layers_[static_cast<std::size_t>(model_.op_layer(op))];
+        grad_ = model_.layer_backward(model_.op_layer(op), w, *cache, grad_, ctx_, grads);
+        cache.reset();  // free activations as soon as their backward is done
+        break;
+      }
+      case OpKind::embedding:
+        model_.embed_backward(w, *embed_, grad_, grads);
+        embed_.reset();
+        break;
+    }
+  }
+
+  double loss_sum() const override { return loss_.loss_sum; }
+  std::int64_t targets() const override { return loss_.targets; }
+  std::vector<RoutingRecord> routing() const override { return routing_; }
+
+ private:
+  const Inkling2Model& model_;
+  Batch batch_;
+  TokenContext ctx_;
+  float grad_scale_;
+  Inkling2ResidualState state_;
+  Inkling2StateGrad grad_;
+  std::shared_ptr<Inkling2EmbedCache> embed_;
+  std::vector<std::shared_ptr<Inkling2LayerCache>> layers_;
+  std::shared_ptr<Inkling2HeadCache> head_;
+  LossSum loss_;
+  std::vector<RoutingRecord> routing_;
+};
+
+}  // namespace
+
+OpKind Inkling2Model::op_kind(int op) const { return layered_op_kind(op, op_count()); }
+
+std::int64_t Inkling2Model::op_layer(int op) const { return layered_op_layer(op, op_count()); }
+
+std::unique_ptr<MicroBatchRun> Inkling2Model::start(const Batch& micro_batch, Precision precision,
+                                                    float grad_scale) const {
+  return std::make_unique<Inkling2MicroBatchRun>(*this, micro_batch, precision, grad_scale);
+}
+
+LossSum Inkling2Model::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
+  validate_positions(batch.positions);
+  TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
+  Inkling2ResidualState state = embed_forward(w, batch.input_ids, ctx, nullptr);
+  for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l) state = layer_forward(l, w, state, ctx, nullptr);
+  return head_forward(w, state, batch.targets, ctx, nullptr, logits_out);
+}
+
+}  // namespace atl

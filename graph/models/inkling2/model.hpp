@@ -1,0 +1,110 @@
+// Inkling2 text decoder (MODELS.md §1, §10.2): AttnRes depth mixing over an immutable residual
+// state (completed blocks + partial), clipped Q/K/R attention with convolved K/V, relative logits
+// and a query-conditioned sink, no RoPE; an MoE with an fp32 sigmoid router and interleaved capped
+// SwiGLU experts; fp32 softcapped logits with an unused-vocabulary mask.
+//
+// Like Beam, the model is split into the pieces the actor runtime's ops run (embedding + embed_norm,
+// one decoder layer per op, the final output_query mix + norm + head + loss); each piece's forward
+// returns what its backward needs, so the reference trainer and the actor runtime share the math.
+// Native names have no `model.` prefix (MODELS.md §10.2.10).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "graph/data/batch.hpp"
+#include "graph/models/inkling2/config.hpp"
+#include "graph/models/model.hpp"
+#include "graph/models/token_context.hpp"
+#include "graph/param.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+// The depth state between layers (MODELS.md §1.3): tensors [T, H], T = B*S. Immutable: every
+// layer returns a new state (tensors are shared, never written after they are made).
+struct Inkling2ResidualState {
+  std::vector<Tensor> completed;  // completed AttnRes blocks, oldest first
+  Tensor partial;                 // the block being built (undefined only before a boundary commit)
+  // The depth sources a mix sees: completed blocks in order, then the partial.
+  std::vector<Tensor> sources() const;
+};
+
+// Gradient of the loss with respect to a residual state (same layout; undefined = zero).
+struct Inkling2StateGrad {
+  std::vector<Tensor> completed;
+  Tensor partial;
+};
+
+struct Inkling2EmbedCache;  // activations each piece's backward needs (defined in model.cpp)
+struct Inkling2LayerCache;
+struct Inkling2HeadCache;
+
+// Islands: attn_query, mlp_query, output_query, q_l2_clip, rel_l2_clip, mlp.gate (MODELS.md §1.6);
+// layers under "layers.", embed_tokens and embed_norm are embedding units, lm_head the (bulk) head.
+FamilyShardingRules inkling2_sharding_rules();
+
+class Inkling2Model : public Model {
+ public:
+  explicit Inkling2Model(Inkling2Config config);
+  const Inkling2Config& config() const { return config_; }
+
+  // --- Model ---
+  std::string family() const override { return "inkling2"; }
+  std::string preset() const override { return config_.preset; }
+  const std::vector<ParamSpec>& specs() const override { return specs_; }
+  std::int64_t vocab_size() const override { return config_.vocab_size; }
+  std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
+  float init_std() const override { return config_.init_std; }
+  FamilyShardingRules sharding_rules() const override { return inkling2_sharding_rules(); }
+
+  // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
+  // embed_norm(embed_tokens(ids)) as the initial state: no completed blocks, the partial.
+  Inkling2ResidualState embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& ctx,
+                                      std::shared_ptr<Inkling2EmbedCache>* cache) const;
+  void embed_backward(const TensorMap& w, const Inkling2EmbedCache& cache, const Inkling2StateGrad& d_state,
+                      const TensorMap& grads) const;
+
+  Inkling2ResidualState layer_forward(std::int64_t layer, const TensorMap& w, const Inkling2ResidualState& state,
+                                      const TokenContext& ctx, std::shared_ptr<Inkling2LayerCache>* cache) const;
+  // d_out: gradient of the layer's output state; returns the gradient of its input state.
+  Inkling2StateGrad layer_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& cache,
+                                   const Inkling2StateGrad& d_out, const TokenContext& ctx,
+                                   const TensorMap& grads) const;
+  static Tensor routing_indices(const Inkling2LayerCache& cache);
+  // The mixture weights of a layer's attention mixes (one [T, N] tensor per query; undefined at
+  // layer 0) and of its MLP mix: for AttnRes invariants in tests.
+  static std::vector<Tensor> attn_mix_weights(const Inkling2LayerCache& cache);
+  static Tensor mlp_mix_weights(const Inkling2LayerCache& cache);
+
+  // output_query mix, final norm, lm_head (fp32 accumulation, logits never rounded), softcap and
+  // vocab mask, cross entropy against targets i64 [B, S].
+  LossSum head_forward(const TensorMap& w, const Inkling2ResidualState& state, const Tensor& targets,
+                       const TokenContext& ctx, std::shared_ptr<Inkling2HeadCache>* cache,
+                       Tensor* logits_out = nullptr) const;
+  // Gradient of grad_scale * loss_sum with respect to the final state.
+  Inkling2StateGrad head_backward(const TensorMap& w, const Inkling2HeadCache& cache, float grad_scale,
+                                  const TensorMap& grads) const;
+
+  nlohmann::json hf_config() const override;
+  TensorMap to_hf(const TensorMap& native) const override;
+  TensorMap from_hf(const TensorMap& hf) const override;
+
+  // Forward only (no caches kept); logits_out gets the fp32 logits [B, S, V] after softcap and mask.
+  LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
+                  Tensor* logits_out = nullptr) const override;
+
+  // --- StagedModel: op 0 = embedding, op 1 + l = layer l, op L + 1 = final mix, norm, head and loss ---
+  int op_count() const override { return static_cast<int>(config_.num_hidden_layers) + 2; }
+  OpKind op_kind(int op) const override;
+  std::int64_t op_layer(int op) const override;
+  std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
+
+  static std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
+
+ private:
+  Inkling2Config config_;
+  std::vector<ParamSpec> specs_;
+};
+
+}  // namespace atl
