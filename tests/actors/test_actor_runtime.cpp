@@ -11,85 +11,16 @@
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model_config.hpp"
 #include "graph/reference/trainer.hpp"
+#include "tests/actors/actor_test_support.hpp"
 
 using namespace atl;
+using namespace atl::testing;
 
 namespace {
 
-struct Layout {
-  int dp_shard = 1, dp_replicate = 1;
-};
-
 RunConfig make_config(const std::string& preset, Precision precision, Layout layout, std::int64_t global_batch,
                       std::int64_t micro_batch, const std::string& extra = "") {
-  const std::string yaml = "model: {family: beam, preset: " + preset + "}\n" +
-                           "precision: " + precision_name(precision) + "\n" +
-                           "topology: {mesh: {dp_shard: " + std::to_string(layout.dp_shard) +
-                           ", dp_replicate: " + std::to_string(layout.dp_replicate) + "}" + extra + "}\n" +
-                           "train: {steps: 10, global_batch: " + std::to_string(global_batch) +
-                           ", micro_batch: " + std::to_string(micro_batch) +
-                           ", seq_len: 32, lr: 3.0e-3, warmup: 2, seed: 7}\n";
-  return parse_run_config(yaml, "test.yaml");
-}
-
-struct RunOutput {
-  std::vector<StepResult> steps;
-  TensorMap master;
-};
-
-// Runs `steps` steps with the engine the factory builds, on the same synthetic batches every time.
-RunOutput run(const RunConfig& config, const EngineFactory& factory, int steps, bool record_first_routing = false,
-              std::unique_ptr<TrainingEngine>* keep = nullptr) {
-  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
-  auto engine = factory(EngineInputs{config, model,
-                                     TensorMap::initialized(model->specs(), config.train.seed, model->init_std()),
-                                     optimizer_settings(config.train)});
-  DataConfig data;
-  data.synthetic_min_doc = 5;
-  data.synthetic_max_doc = 40;
-  auto source = make_data_source(data, model->unpadded_vocab_size(), 99);
-  RunOutput out;
-  for (int s = 0; s < steps; ++s) {
-    out.steps.push_back(engine->step(source->next(config.train.global_batch, config.train.seq_len),
-                                     record_first_routing && s == 0));
-  }
-  out.master = engine->master_weights();
-  if (keep) *keep = std::move(engine);
-  return out;
-}
-
-double max_relative_param_diff(const TensorMap& a, const TensorMap& b) {
-  double worst = 0;
-  for (const auto& name : a.names()) {
-    const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
-    for (std::size_t i = 0; i < pa.size(); ++i) {
-      const double scale = std::max(1e-2, static_cast<double>(std::abs(pa[i])));
-      worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / scale);
-    }
-  }
-  return worst;
-}
-
-bool bitwise_equal(const TensorMap& a, const TensorMap& b) {
-  for (const auto& name : a.names()) {
-    const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
-    for (std::size_t i = 0; i < pa.size(); ++i) {
-      if (std::bit_cast<std::uint32_t>(pa[i]) != std::bit_cast<std::uint32_t>(pb[i])) return false;
-    }
-  }
-  return true;
-}
-
-bool same_routing(const std::vector<std::vector<RoutingRecord>>& a, const std::vector<std::vector<RoutingRecord>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t m = 0; m < a.size(); ++m) {
-    if (a[m].size() != b[m].size()) return false;
-    for (std::size_t l = 0; l < a[m].size(); ++l) {
-      const auto x = a[m][l].indices.span<std::int32_t>(), y = b[m][l].indices.span<std::int32_t>();
-      if (a[m][l].layer != b[m][l].layer || !std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
-    }
-  }
-  return true;
+  return parity_config("beam", preset, precision, layout, global_batch, micro_batch, extra);
 }
 
 }  // namespace
@@ -109,13 +40,13 @@ TEST_CASE("Actor runtime matches the reference trainer on every dp / hsdp layout
     for (Precision precision : {Precision::fp32, Precision::bf16}) {
       std::map<std::int64_t, RunOutput> reference;
       for (std::int64_t gb : {6, 8}) {
-        reference[gb] = run(make_config(preset, precision, {}, gb, 1), make_reference_engine, 10, true);
+        reference[gb] = run_engine(make_config(preset, precision, {}, gb, 1), make_reference_engine, 10, true);
       }
       for (const Case& c : cases) {
         INFO(preset << " " << precision_name(precision) << " dp_shard " << c.layout.dp_shard << " dp_replicate "
                     << c.layout.dp_replicate);
         const RunOutput& ref = reference[c.global_batch];
-        RunOutput act = run(make_config(preset, precision, c.layout, c.global_batch, 1), make_actor_engine, 10, true);
+        RunOutput act = run_engine(make_config(preset, precision, c.layout, c.global_batch, 1), make_actor_engine, 10, true);
         REQUIRE(act.steps.size() == ref.steps.size());
         // The same router choices at step 0 (identical forward at init).
         CHECK(same_routing(act.steps[0].routing, ref.steps[0].routing));
@@ -133,7 +64,7 @@ TEST_CASE("Actor runtime matches the reference trainer on every dp / hsdp layout
 
 TEST_CASE("Collectives carry one dtype: islands gather fp32, bulk units bf16, reductions fp32", "[actors][record]") {
   std::unique_ptr<TrainingEngine> engine;
-  run(make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 2, 1), make_actor_engine, 2, false, &engine);
+  run_engine(make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 2, 1), make_actor_engine, 2, false, &engine);
   auto& actors = dynamic_cast<ActorEngine&>(*engine);
   const Plan& plan = actors.plan();
   int island_gathers = 0, bulk_gathers = 0;
@@ -156,7 +87,7 @@ TEST_CASE("Per step, bulk units gather once forward and again backward only when
   for (std::int64_t per_rank : {1, 2}) {
     INFO("micro-batches per rank: " << per_rank);
     std::unique_ptr<TrainingEngine> engine;
-    run(make_config("beam-tiny-moe", Precision::bf16, {2, 2}, 4 * per_rank, 1), make_actor_engine, 2, false,
+    run_engine(make_config("beam-tiny-moe", Precision::bf16, {2, 2}, 4 * per_rank, 1), make_actor_engine, 2, false,
         &engine);
     auto& actors = dynamic_cast<ActorEngine&>(*engine);
     const Plan& plan = actors.plan();
@@ -181,7 +112,7 @@ TEST_CASE("Per step, bulk units gather once forward and again backward only when
 
 TEST_CASE("The same config and seed give bitwise identical runs on the actor runtime", "[actors]") {
   const RunConfig config = make_config("beam-tiny-moe", Precision::bf16, {3, 1}, 6, 1);
-  RunOutput a = run(config, make_actor_engine, 4), b = run(config, make_actor_engine, 4);
+  RunOutput a = run_engine(config, make_actor_engine, 4), b = run_engine(config, make_actor_engine, 4);
   for (std::size_t s = 0; s < a.steps.size(); ++s) {
     CHECK(a.steps[s].loss == b.steps[s].loss);
     CHECK(a.steps[s].grad_norm == b.steps[s].grad_norm);
@@ -195,7 +126,7 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch overlaps
   const RunConfig plain = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 8, 4);
   const RunConfig slow = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 8, 4, ", sim_delay_ms: {all_gather: 20}");
   std::unique_ptr<TrainingEngine> engine;
-  RunOutput a = run(plain, make_actor_engine, 2), b = run(slow, make_actor_engine, 2, false, &engine);
+  RunOutput a = run_engine(plain, make_actor_engine, 2), b = run_engine(slow, make_actor_engine, 2, false, &engine);
   for (std::size_t s = 0; s < a.steps.size(); ++s) CHECK(a.steps[s].loss == b.steps[s].loss);
   CHECK(bitwise_equal(a.master, b.master));
 

@@ -11,84 +11,15 @@
 #include "graph/data/data_source.hpp"
 #include "graph/models/model.hpp"
 #include "graph/reference/trainer.hpp"
+#include "tests/actors/actor_test_support.hpp"
 
 using namespace atl;
+using namespace atl::testing;
 
 namespace {
 
-struct Layout {
-  int dp_shard = 1, dp_replicate = 1;
-};
-
 RunConfig flint_config(Precision precision, Layout layout, std::int64_t global_batch) {
-  const std::string yaml = std::string("model: {family: flint, preset: flint-tiny}\n") +
-                           "precision: " + precision_name(precision) + "\n" +
-                           "topology: {mesh: {dp_shard: " + std::to_string(layout.dp_shard) +
-                           ", dp_replicate: " + std::to_string(layout.dp_replicate) + "}}\n" +
-                           "train: {steps: 10, global_batch: " + std::to_string(global_batch) +
-                           ", micro_batch: 1, seq_len: 32, lr: 3.0e-3, warmup: 2, seed: 7}\n";
-  return parse_run_config(yaml, "flint-test.yaml");
-}
-
-struct RunOutput {
-  std::vector<StepResult> steps;
-  TensorMap master;
-};
-
-// Runs `steps` steps with the engine the factory builds, on the same synthetic batches every time.
-RunOutput run(const RunConfig& config, const EngineFactory& factory, int steps,
-              std::unique_ptr<TrainingEngine>* keep = nullptr) {
-  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
-  auto engine = factory(EngineInputs{.config = config,
-                                     .model = model,
-                                     .initial_master = TensorMap::initialized(model->specs(), config.train.seed,
-                                                                              model->init_std()),
-                                     .optimizer = optimizer_settings(config.train)});
-  DataConfig data;
-  data.synthetic_min_doc = 5;
-  data.synthetic_max_doc = 40;
-  auto source = make_data_source(data, model->unpadded_vocab_size(), 99);
-  RunOutput out;
-  for (int s = 0; s < steps; ++s) {
-    out.steps.push_back(engine->step(source->next(config.train.global_batch, config.train.seq_len), s == 0));
-  }
-  out.master = engine->master_weights();
-  if (keep) *keep = std::move(engine);
-  return out;
-}
-
-double max_relative_param_diff(const TensorMap& a, const TensorMap& b) {
-  double worst = 0;
-  for (const auto& name : a.names()) {
-    const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
-    for (std::size_t i = 0; i < pa.size(); ++i) {
-      const double scale = std::max(1e-2, static_cast<double>(std::abs(pa[i])));
-      worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / scale);
-    }
-  }
-  return worst;
-}
-
-bool bitwise_equal(const TensorMap& a, const TensorMap& b) {
-  for (const auto& name : a.names()) {
-    const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
-    for (std::size_t i = 0; i < pa.size(); ++i) {
-      if (std::bit_cast<std::uint32_t>(pa[i]) != std::bit_cast<std::uint32_t>(pb[i])) return false;
-    }
-  }
-  return true;
-}
-
-bool same_routing(const std::vector<std::vector<RoutingRecord>>& a, const std::vector<std::vector<RoutingRecord>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t m = 0; m < a.size(); ++m) {
-    if (a[m].size() != b[m].size()) return false;
-    for (std::size_t l = 0; l < a[m].size(); ++l) {
-      const auto x = a[m][l].indices.span<std::int32_t>(), y = b[m][l].indices.span<std::int32_t>();
-      if (a[m][l].layer != b[m][l].layer || !std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
-    }
-  }
-  return true;
+  return parity_config("flint", "flint-tiny", precision, layout, global_batch);
 }
 
 }  // namespace
@@ -105,11 +36,11 @@ TEST_CASE("Flint on the actor runtime matches the reference trainer on dp / hsdp
   const std::vector<Case> cases = {{{1, 1}, 8, true}, {{2, 1}, 8, true}, {{2, 2}, 8, true}, {{3, 1}, 6, false}};
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
     std::map<std::int64_t, RunOutput> reference;
-    for (std::int64_t gb : {6, 8}) reference[gb] = run(flint_config(precision, {}, gb), make_reference_engine, 10);
+    for (std::int64_t gb : {6, 8}) reference[gb] = run_engine(flint_config(precision, {}, gb), make_reference_engine, 10);
     for (const Case& c : cases) {
       INFO(precision_name(precision) << " dp_shard " << c.layout.dp_shard << " dp_replicate " << c.layout.dp_replicate);
       const RunOutput& ref = reference[c.global_batch];
-      RunOutput act = run(flint_config(precision, c.layout, c.global_batch), make_actor_engine, 10);
+      RunOutput act = run_engine(flint_config(precision, c.layout, c.global_batch), make_actor_engine, 10);
       REQUIRE(act.steps.size() == ref.steps.size());
       CHECK(same_routing(act.steps[0].routing, ref.steps[0].routing));
       REQUIRE(ref.steps[0].routing.size() == static_cast<std::size_t>(c.global_batch));
@@ -130,7 +61,7 @@ TEST_CASE("Flint on the actor runtime matches the reference trainer on dp / hsdp
 TEST_CASE("Flint collectives: sink holders and lm_head gather fp32, bulk units bf16, reductions fp32",
           "[actors][record][flint]") {
   std::unique_ptr<TrainingEngine> engine;
-  run(flint_config(Precision::bf16, {2, 1}, 2), make_actor_engine, 2, &engine);
+  run_engine(flint_config(Precision::bf16, {2, 1}, 2), make_actor_engine, 2, true, &engine);
   auto& actors = dynamic_cast<ActorEngine&>(*engine);
   const Plan& plan = actors.plan();
   std::map<std::string, int> gathers;

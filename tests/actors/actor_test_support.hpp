@@ -1,0 +1,99 @@
+// Shared by the actor runtime tests of every family: a run config for a mesh, running an engine
+// on fixed synthetic batches, and comparisons of the results.
+#pragma once
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/data/data_source.hpp"
+#include "graph/models/model.hpp"
+#include "graph/training/run.hpp"
+
+namespace atl::testing {
+
+struct Layout {
+  int dp_shard = 1, dp_replicate = 1;
+};
+
+// 10 steps of `global_batch` rows of 32 tokens; `topology_extra` is appended inside topology {...}.
+inline RunConfig parity_config(const std::string& family, const std::string& preset, Precision precision,
+                               Layout layout, std::int64_t global_batch, std::int64_t micro_batch = 1,
+                               const std::string& topology_extra = "") {
+  const std::string yaml = "model: {family: " + family + ", preset: " + preset + "}\n" +
+                           "precision: " + precision_name(precision) + "\n" +
+                           "topology: {mesh: {dp_shard: " + std::to_string(layout.dp_shard) +
+                           ", dp_replicate: " + std::to_string(layout.dp_replicate) + "}" + topology_extra + "}\n" +
+                           "train: {steps: 10, global_batch: " + std::to_string(global_batch) +
+                           ", micro_batch: " + std::to_string(micro_batch) +
+                           ", seq_len: 32, lr: 3.0e-3, warmup: 2, seed: 7}\n";
+  return parse_run_config(yaml, family + "-test.yaml");
+}
+
+struct RunOutput {
+  std::vector<StepResult> steps;
+  TensorMap master;
+};
+
+// Runs `steps` steps with the engine the factory builds, on the same synthetic batches every time.
+inline RunOutput run_engine(const RunConfig& config, const EngineFactory& factory, int steps,
+                            bool record_first_routing = true, std::unique_ptr<TrainingEngine>* keep = nullptr) {
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  auto engine = factory(EngineInputs{.config = config,
+                                     .model = model,
+                                     .initial_master = TensorMap::initialized(model->specs(), config.train.seed,
+                                                                              model->init_std()),
+                                     .optimizer = optimizer_settings(config.train)});
+  DataConfig data;
+  data.synthetic_min_doc = 5;
+  data.synthetic_max_doc = 40;
+  auto source = make_data_source(data, model->unpadded_vocab_size(), 99);
+  RunOutput out;
+  for (int s = 0; s < steps; ++s) {
+    out.steps.push_back(engine->step(source->next(config.train.global_batch, config.train.seq_len),
+                                     record_first_routing && s == 0));
+  }
+  out.master = engine->master_weights();
+  if (keep) *keep = std::move(engine);
+  return out;
+}
+
+// max |a - b| / max(1e-2, |a|) over every element.
+inline double max_relative_param_diff(const TensorMap& a, const TensorMap& b) {
+  double worst = 0;
+  for (const auto& name : a.names()) {
+    const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      const double scale = std::max(1e-2, static_cast<double>(std::abs(pa[i])));
+      worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / scale);
+    }
+  }
+  return worst;
+}
+
+inline bool bitwise_equal(const TensorMap& a, const TensorMap& b) {
+  for (const auto& name : a.names()) {
+    const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      if (std::bit_cast<std::uint32_t>(pa[i]) != std::bit_cast<std::uint32_t>(pb[i])) return false;
+    }
+  }
+  return true;
+}
+
+inline bool same_routing(const std::vector<std::vector<RoutingRecord>>& a,
+                         const std::vector<std::vector<RoutingRecord>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t m = 0; m < a.size(); ++m) {
+    if (a[m].size() != b[m].size()) return false;
+    for (std::size_t l = 0; l < a[m].size(); ++l) {
+      const auto x = a[m][l].indices.span<std::int32_t>(), y = b[m][l].indices.span<std::int32_t>();
+      if (a[m][l].layer != b[m][l].layer || !std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace atl::testing
