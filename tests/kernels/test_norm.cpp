@@ -79,3 +79,20 @@ TEST_CASE("Embedding rejects ids outside the table", "[embedding]") {
   ids.data<std::int64_t>()[1] = 9;
   CHECK_THROWS_WITH(embedding_forward(Tensor::zeros({4, 2}), ids), Catch::Contains("token id 9"));
 }
+
+TEST_CASE("Embedding of a bf16 table equals the fp32 lookup of the rounded table exactly", "[embedding][bf16]") {
+  auto table = random_vector(6 * 4, 19);
+  Tensor t32 = Tensor::from_floats({6, 4}, to_floats(table));
+  Tensor ids = Tensor::zeros({3}, DType::i64);
+  ids.data<std::int64_t>()[0] = 5;
+  ids.data<std::int64_t>()[2] = 2;
+  Tensor from_bf16 = embedding_forward(t32.to(DType::bf16), ids);
+  Tensor rounded = t32.clone();
+  round_to_bf16_inplace(rounded);
+  Tensor expect = embedding_forward(rounded, ids);
+  for (std::int64_t i = 0; i < expect.numel(); ++i) CHECK(from_bf16.data<float>()[i] == expect.data<float>()[i]);
+  Tensor exact = embedding_forward(t32, ids);
+  for (std::int64_t i = 0; i < expect.numel(); ++i) {
+    CHECK(from_bf16.data<float>()[i] == Approx(exact.data<float>()[i]).epsilon(1e-2).margin(1e-2));
+  }
+}
