@@ -1,10 +1,10 @@
 #include "actors/actor_engine.hpp"
 
-#include <cblas.h>
 
 #include "actors/spawn.hpp"
 #include "comm/sim/sim_world.hpp"
 #include "graph/plan/flat_shards.hpp"
+#include "kernels/cpu/gemm.hpp"
 
 namespace atl {
 
@@ -84,7 +84,7 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
   im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), in.model->sharding_rules(), mesh, config.precision));
   const Plan& plan = *im.plan;
   const int world = mesh.world_size();
-  if (world > 1) openblas_set_num_threads(1);  // the ranks are the parallelism (TOOLCHAIN.md pitfall 9)
+  cpu::use_one_blas_thread();  // the ranks are the parallelism (TOOLCHAIN.md pitfall 9)
 
   im.recorder = std::make_shared<CollectiveRecorder>();
   im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch());

@@ -14,6 +14,7 @@
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model.hpp"
 #include "graph/reference/trainer.hpp"
+#include "kernels/cpu/gemm.hpp"
 #include "kernels/ops/matmul.hpp"
 #include "kernels/rng.hpp"
 
@@ -103,6 +104,9 @@ int main() {
   bench_matmul(1024, 256, 256);
   bench_matmul(2048, 256, 1024);
   bench_matmul(2048, 1024, 256);
+  // Training uses one BLAS thread (kernels/cpu/gemm.hpp: results must not depend on the core
+  // count); the trainer numbers below run as training does.
+  cpu::use_one_blas_thread();
   const double fp32 = trainer_tokens_per_s(Precision::fp32, 3);
   const double bf16 = trainer_tokens_per_s(Precision::bf16, 3);
   std::printf("reference trainer beam-small (8x256 tokens/step, micro-batch 4): fp32 %.0f tokens/s, bf16 %.0f "

@@ -13,6 +13,7 @@
 #include "graph/models/beam/model_config.hpp"
 #include "graph/reference/trainer.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "kernels/cpu/gemm.hpp"
 #include "graph/checkpoint/durable_file.hpp"
 
 namespace atl {
@@ -153,6 +154,7 @@ nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, c
 
 double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
                     std::ostream& out) {
+  cpu::use_one_blas_thread();  // numbers must not depend on the core count (kernels/cpu/gemm.hpp)
   // Everything that can be wrong with the config is found before run_dir is touched.
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);

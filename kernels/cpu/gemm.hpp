@@ -9,6 +9,11 @@
 
 namespace atl::cpu {
 
+// OpenBLAS splits a GEMM differently for different thread counts, and the last bits of the result
+// follow the split. Training runs use one BLAS thread so results do not depend on the machine's
+// core count; simulated ranks (and detached compute actors) are the parallelism.
+inline void use_one_blas_thread() { openblas_set_num_threads(1); }
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
           std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
