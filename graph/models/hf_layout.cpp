@@ -1,6 +1,7 @@
 #include "graph/models/hf_layout.hpp"
 
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 namespace atl {
@@ -105,6 +106,64 @@ std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, std::int
     dn.push_back(transpose_last_two(down));
   }
   return {stack(gu), stack(dn)};
+}
+
+namespace {
+constexpr const char* kGateUp = "mlp.experts.gate_and_up_projs";
+constexpr const char* kDown = "mlp.experts.down_projs";
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+std::string without_tail(const std::string& s, const std::string& tail) { return s.substr(0, s.size() - tail.size()); }
+std::string experts_prefix(const std::string& native_gate_up) { return without_tail(native_gate_up, kGateUp) + "mlp.experts"; }
+}  // namespace
+
+TensorMap per_expert_layout_to_hf(const std::vector<ParamSpec>& specs, const TensorMap& native, HfName hf_name) {
+  TensorMap hf;
+  for (const auto& s : specs) {
+    if (ends_with(s.name, kDown)) continue;  // written together with its gate_and_up
+    if (ends_with(s.name, kGateUp)) {
+      per_expert_to_hf(experts_prefix(s.name), native.at(s.name), native.at(without_tail(s.name, kGateUp) + kDown), hf);
+    } else {
+      hf.insert(hf_name(s.name), native.at(s.name));
+    }
+  }
+  return hf;
+}
+
+TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const TensorMap& hf, std::int64_t experts,
+                                    HfName hf_name, const std::string& family) {
+  TensorMap native;
+  std::set<std::string> used;
+  Tensor pending_down;
+  for (const auto& s : specs) {
+    if (ends_with(s.name, kGateUp)) {
+      const std::string prefix = experts_prefix(s.name);
+      auto [gate_up, down] = per_expert_from_hf(prefix, experts, hf);
+      if (gate_up.shape() != s.shape) {
+        throw std::invalid_argument("HF state dict: experts under '" + prefix + "' assemble to " +
+                                    gate_up.describe() + ", expected " + shape_string(s.shape));
+      }
+      for (std::int64_t e = 0; e < experts; ++e) {
+        for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
+          used.insert(prefix + "." + std::to_string(e) + "." + w + ".weight");
+        }
+      }
+      native.insert(s.name, gate_up);
+      pending_down = down;
+    } else if (ends_with(s.name, kDown)) {
+      native.insert(s.name, pending_down);
+    } else {
+      const std::string name = hf_name(s.name);
+      native.insert(s.name, require_hf_tensor(hf, name, s.shape));
+      used.insert(name);
+    }
+  }
+  for (const auto& name : hf.names()) {
+    if (!used.count(name)) throw std::invalid_argument("HF state dict: unexpected tensor '" + name + "' for " + family);
+  }
+  return native;
 }
 
 const Tensor& require_hf_tensor(const TensorMap& hf, const std::string& name, const Shape& shape) {

@@ -25,6 +25,15 @@ void per_expert_to_hf(const std::string& prefix, const Tensor& gate_and_up, cons
 // Reads (and checks) the 3E per-expert tensors; returns {gate_and_up [E,H,2I], down [E,I,H]}.
 std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, std::int64_t experts, const TensorMap& hf);
 
+// The whole adapter of a family whose HF layout differs from the native one only by per-expert
+// experts (`...mlp.experts.gate_and_up_projs` / `down_projs`, converted as above) and by names
+// (`hf_name` maps every other native name). from_hf checks shapes and rejects unexpected tensors,
+// naming them; `family` appears in the message.
+using HfName = std::string (*)(const std::string& native);
+TensorMap per_expert_layout_to_hf(const std::vector<ParamSpec>& specs, const TensorMap& native, HfName hf_name);
+TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const TensorMap& hf, std::int64_t experts,
+                                    HfName hf_name, const std::string& family);
+
 // A tensor that must exist in an HF map, with the shape expected; the error names both.
 const Tensor& require_hf_tensor(const TensorMap& hf, const std::string& name, const Shape& shape);
 

@@ -1,23 +1,12 @@
 // Beam's HF layout (MODELS.md §10.4.7): native names equal HF names except the grouped experts,
 // which HF stores per expert (converted as Flint's, §5.8).
-#include <set>
-#include <stdexcept>
-
 #include "graph/models/beam/model.hpp"
 #include "graph/models/hf_layout.hpp"
 
 namespace atl {
 
 namespace {
-constexpr const char* kGateUp = "mlp.experts.gate_and_up_projs";
-constexpr const char* kDown = "mlp.experts.down_projs";
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-std::string experts_prefix(const std::string& native_gate_up) {
-  return native_gate_up.substr(0, native_gate_up.size() - std::string(kGateUp).size()) + "mlp.experts";
-}
+std::string same_name(const std::string& native) { return native; }  // HF names equal native ones
 }  // namespace
 
 nlohmann::json BeamModel::hf_config() const {
@@ -56,49 +45,11 @@ nlohmann::json BeamModel::hf_config() const {
 }
 
 TensorMap BeamModel::to_hf(const TensorMap& native) const {
-  TensorMap hf;
-  for (const auto& s : specs_) {
-    if (ends_with(s.name, kDown)) continue;  // written together with its gate_and_up
-    if (ends_with(s.name, kGateUp)) {
-      const std::string down = s.name.substr(0, s.name.size() - std::string(kGateUp).size()) + kDown;
-      per_expert_to_hf(experts_prefix(s.name), native.at(s.name), native.at(down), hf);
-    } else {
-      hf.insert(s.name, native.at(s.name));
-    }
-  }
-  return hf;
+  return per_expert_layout_to_hf(specs_, native, same_name);
 }
 
 TensorMap BeamModel::from_hf(const TensorMap& hf) const {
-  TensorMap native;
-  std::set<std::string> used;
-  Tensor pending_down;
-  for (const auto& s : specs_) {
-    if (ends_with(s.name, kGateUp)) {
-      const std::string prefix = experts_prefix(s.name);
-      auto [gate_up, down] = per_expert_from_hf(prefix, config_.n_routed_experts, hf);
-      if (gate_up.shape() != s.shape) {
-        throw std::invalid_argument("HF state dict: experts under '" + prefix + "' assemble to " +
-                                    gate_up.describe() + ", expected " + shape_string(s.shape));
-      }
-      for (std::int64_t e = 0; e < config_.n_routed_experts; ++e) {
-        for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
-          used.insert(prefix + "." + std::to_string(e) + "." + w + ".weight");
-        }
-      }
-      native.insert(s.name, gate_up);
-      pending_down = down;
-    } else if (ends_with(s.name, kDown)) {
-      native.insert(s.name, pending_down);
-    } else {
-      native.insert(s.name, require_hf_tensor(hf, s.name, s.shape));
-      used.insert(s.name);
-    }
-  }
-  for (const auto& name : hf.names()) {
-    if (!used.count(name)) throw std::invalid_argument("HF state dict: unexpected tensor '" + name + "' for Beam");
-  }
-  return native;
+  return per_expert_layout_from_hf(specs_, hf, config_.n_routed_experts, same_name, "Beam");
 }
 
 }  // namespace atl

@@ -4,17 +4,12 @@
 //   model.layers.L.mlp.experts.gate_and_up_projs [E,H,2I] / down_projs [E,I,H]
 //                                                     <-> per expert model.layers.L.mlp.experts.e.{gate,up,down}_proj.weight
 // Every tensor keeps its dtype and bytes, so from_hf(to_hf(x)) == x bitwise.
-#include <set>
-#include <stdexcept>
-
 #include "graph/models/flint/model.hpp"
 #include "graph/models/hf_layout.hpp"
 
 namespace atl {
 
 namespace {
-constexpr const char* kGateUp = "mlp.experts.gate_and_up_projs";
-constexpr const char* kDown = "mlp.experts.down_projs";
 constexpr const char* kNativeSinks = "self_attn._fp32_params.sinks";
 constexpr const char* kHfSinks = "self_attn.softmax_offset";
 constexpr const char* kNativeShared = ".mlp.shared_experts.";
@@ -24,7 +19,6 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 std::string without_tail(const std::string& s, const std::string& tail) { return s.substr(0, s.size() - tail.size()); }
-std::string experts_prefix(const std::string& native_gate_up) { return without_tail(native_gate_up, kGateUp) + "mlp.experts"; }
 
 // The HF name of a native tensor that is not one of the grouped experts.
 std::string hf_name(const std::string& native) {
@@ -67,49 +61,11 @@ nlohmann::json FlintModel::hf_config() const {
 }
 
 TensorMap FlintModel::to_hf(const TensorMap& native) const {
-  TensorMap hf;
-  for (const auto& s : specs_) {
-    if (ends_with(s.name, kDown)) continue;  // written together with its gate_and_up
-    if (ends_with(s.name, kGateUp)) {
-      per_expert_to_hf(experts_prefix(s.name), native.at(s.name), native.at(without_tail(s.name, kGateUp) + kDown), hf);
-    } else {
-      hf.insert(hf_name(s.name), native.at(s.name));
-    }
-  }
-  return hf;
+  return per_expert_layout_to_hf(specs_, native, hf_name);
 }
 
 TensorMap FlintModel::from_hf(const TensorMap& hf) const {
-  TensorMap native;
-  std::set<std::string> used;
-  Tensor pending_down;
-  for (const auto& s : specs_) {
-    if (ends_with(s.name, kGateUp)) {
-      const std::string prefix = experts_prefix(s.name);
-      auto [gate_up, down] = per_expert_from_hf(prefix, config_.num_experts, hf);
-      if (gate_up.shape() != s.shape) {
-        throw std::invalid_argument("HF state dict: experts under '" + prefix + "' assemble to " +
-                                    gate_up.describe() + ", expected " + shape_string(s.shape));
-      }
-      for (std::int64_t e = 0; e < config_.num_experts; ++e) {
-        for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
-          used.insert(prefix + "." + std::to_string(e) + "." + w + ".weight");
-        }
-      }
-      native.insert(s.name, gate_up);
-      pending_down = down;
-    } else if (ends_with(s.name, kDown)) {
-      native.insert(s.name, pending_down);
-    } else {
-      const std::string name = hf_name(s.name);
-      native.insert(s.name, require_hf_tensor(hf, name, s.shape));
-      used.insert(name);
-    }
-  }
-  for (const auto& name : hf.names()) {
-    if (!used.count(name)) throw std::invalid_argument("HF state dict: unexpected tensor '" + name + "' for Flint");
-  }
-  return native;
+  return per_expert_layout_from_hf(specs_, hf, config_.num_experts, hf_name, "Flint");
 }
 
 }  // namespace atl
