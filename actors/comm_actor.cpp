@@ -30,10 +30,18 @@ void issue_ready(comm_pointer self) {
     Completion done = [handle, seq = req.seq] { caf::anon_send(handle, completed_atom::value, seq); };
     Communicator& c = *st.communicator;
     switch (req.kind) {
-      case CollectiveKind::all_gather: c.all_gather(req.send, req.recv, req.tag, done); break;
-      case CollectiveKind::reduce_scatter: c.reduce_scatter(req.send, req.recv, req.tag, done); break;
-      case CollectiveKind::all_reduce: c.all_reduce(req.recv, req.tag, done); break;
-      case CollectiveKind::broadcast: c.broadcast(req.recv, 0, req.tag, done); break;
+      case CollectiveKind::all_gather:
+        c.all_gather(req.send, req.recv, req.tag, done);
+        break;
+      case CollectiveKind::reduce_scatter:
+        c.reduce_scatter(req.send, req.recv, req.tag, done);
+        break;
+      case CollectiveKind::all_reduce:
+        c.all_reduce(req.recv, req.tag, done);
+        break;
+      case CollectiveKind::broadcast:
+        c.broadcast(req.recv, 0, req.tag, done);
+        break;
       default:
         throw std::logic_error(std::string("comm actor: unsupported collective ") + collective_name(req.kind));
     }
@@ -47,7 +55,16 @@ comm_actor::behavior_type comm_behavior(comm_pointer self, std::shared_ptr<Commu
         auto rp = self->make_response_promise<done_atom>();
         self->state.pending.emplace(req.seq, rp);
         self->state.waiting.emplace(req.seq, std::move(req));
-        issue_ready(self);
+        try {
+          issue_ready(self);
+        } catch (const std::exception& e) {
+          // A collective the backend refuses (a mismatch between ranks is a bug) fails every
+          // request this actor holds rather than leaving them unanswered.
+          const caf::error error = caf::make_error(caf::sec::runtime_error, e.what());
+          for (auto& [seq, pending] : self->state.pending) pending.deliver(error);
+          self->state.pending.clear();
+          self->state.waiting.clear();
+        }
         return rp;
       },
       [=](completed_atom, std::uint64_t seq) {

@@ -15,12 +15,12 @@ struct StageState {
   StageActorSetup setup;
   int ops = 0;
   std::vector<std::vector<std::size_t>> op_units;  // op -> unit indices (plan order)
-  std::vector<bool> gathered;                       // as last told to each unit
+  std::vector<bool> gathered;                      // as last told to each unit
   std::uint64_t shard_seq = 0, replicate_seq = 0;
   // The step in flight.
   StageStep step;
   std::size_t micro_batch = 0;
-  std::unique_ptr<MicroBatchRun> run;
+  std::shared_ptr<MicroBatchRun> run;  // shared with compute jobs in flight
   std::vector<double> loss_sums;
   std::vector<std::vector<RoutingRecord>> routing;
   caf::typed_response_promise<StageReport> done;
@@ -31,6 +31,14 @@ using stage_pointer = stage_actor::stateful_pointer<StageState>;
 void forward_op(stage_pointer self, int op);
 void backward_op(stage_pointer self, int op);
 
+// Any failure during a step (a unit, a collective, a kernel) ends the step with that error, so
+// the trainer and the engine see it instead of waiting forever.
+void fail(stage_pointer self, const caf::error& error) {
+  auto& st = self->state;
+  st.run.reset();
+  if (st.done.pending()) st.done.deliver(error);
+}
+
 // Units of op `op` (by role and layer): embedding; layer l = its islands and block; final = root,
 // head and model-level islands (Inkling2's output_query).
 std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model) {
@@ -40,8 +48,12 @@ std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const Stage
       const UnitPlan& unit = plan.units[u];
       bool mine = false;
       switch (model.op_kind(op)) {
-        case OpKind::embedding: mine = unit.role == UnitRole::embedding; break;
-        case OpKind::layer: mine = unit.layer == model.op_layer(op); break;
+        case OpKind::embedding:
+          mine = unit.role == UnitRole::embedding;
+          break;
+        case OpKind::layer:
+          mine = unit.layer == model.op_layer(op);
+          break;
         case OpKind::final:
           mine = unit.role == UnitRole::root || unit.role == UnitRole::head ||
                  (unit.role == UnitRole::island && unit.layer < 0);
@@ -79,16 +91,18 @@ void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<
   auto remaining = std::make_shared<std::size_t>(units.size());
   for (std::size_t u : units) {
     self->request(self->state.setup.units[u], caf::infinite, params_atom::value)
-        .then([=](const GatheredParams& p) {
-          for (const auto& name : p.params->names()) merged->insert(name, p.params->at(name));
-          if (--*remaining == 0) next(merged);
-        });
+        .then(
+            [=](const GatheredParams& p) {
+              for (const auto& name : p.params->names()) merged->insert(name, p.params->at(name));
+              if (--*remaining == 0) next(merged);
+            },
+            [=](caf::error& e) { fail(self, e); });
   }
 }
 
 void compute(stage_pointer self, std::string name, std::function<void()> work, std::function<void()> next) {
   self->request(self->state.setup.compute, caf::infinite, run_atom::value, ComputeJob{std::move(name), std::move(work)})
-      .then([next = std::move(next)](done_atom) { next(); });
+      .then([next = std::move(next)](done_atom) { next(); }, [=](caf::error& e) { fail(self, e); });
 }
 
 bool last_micro_batch(const StageState& st) { return st.micro_batch + 1 == st.step.micro_batches.size(); }
@@ -102,7 +116,12 @@ void start_micro_batch(stage_pointer self) {
       if (st.setup.plan->units[u].schedule.resident_for_step) ensure_gathered(self, u);
     }
   }
-  st.run = st.setup.model->start(st.step.micro_batches[st.micro_batch], st.setup.plan->precision, st.step.grad_scale);
+  try {
+    st.run = st.setup.model->start(st.step.micro_batches[st.micro_batch], st.setup.plan->precision, st.step.grad_scale);
+  } catch (const std::exception& e) {
+    return fail(self,
+                caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(st.setup.rank) + ": " + e.what()));
+  }
   forward_op(self, 0);
 }
 
@@ -115,10 +134,13 @@ void finish_step(stage_pointer self) {
   report->unit_sum_squares.assign(n, 0.0);
   auto remaining = std::make_shared<std::size_t>(n);
   for (std::size_t u = 0; u < n; ++u) {
-    self->request(st.setup.units[u], caf::infinite, reduced_atom::value).then([=](double sum_squares) {
-      report->unit_sum_squares[u] = sum_squares;
-      if (--*remaining == 0) self->state.done.deliver(std::move(*report));
-    });
+    self->request(st.setup.units[u], caf::infinite, reduced_atom::value)
+        .then(
+            [=](double sum_squares) {
+              report->unit_sum_squares[u] = sum_squares;
+              if (--*remaining == 0) self->state.done.deliver(std::move(*report));
+            },
+            [=](caf::error& e) { fail(self, e); });
   }
 }
 
@@ -132,7 +154,7 @@ void forward_op(stage_pointer self, int op) {
     }
   }
   with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
-    auto* run = self->state.run.get();
+    auto run = self->state.run;
     compute(
         self, "forward op " + std::to_string(op), [run, op, weights] { run->forward(op, *weights); },
         [=] {
@@ -160,7 +182,7 @@ void backward_op(stage_pointer self, int op) {
     auto& s = self->state;
     auto grads = std::make_shared<TensorMap>();
     for (const auto& name : weights->names()) grads->insert(name, Tensor::zeros(weights->at(name).shape()));
-    auto* run = s.run.get();
+    auto run = s.run;
     compute(
         self, "backward op " + std::to_string(op), [run, op, weights, grads] { run->backward(op, *weights, *grads); },
         [=] {
@@ -212,19 +234,24 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         const auto u = static_cast<std::size_t>(unit);
         ensure_gathered(self, u);
         self->request(self->state.setup.units[u], caf::infinite, params_atom::value)
-            .then([=](const GatheredParams&) mutable {
-              release(self, u);
-              rp.deliver(done_atom::value);
-            });
+            .then(
+                [=](const GatheredParams&) mutable {
+                  release(self, u);
+                  rp.deliver(done_atom::value);
+                },
+                [=](caf::error& e) mutable { rp.deliver(e); });
         return rp;
       },
       [=](optimize_atom, OptimizerStep msg) -> caf::result<done_atom> {
         auto rp = self->make_response_promise<done_atom>();
         auto remaining = std::make_shared<std::size_t>(self->state.setup.units.size());
         for (const auto& unit : self->state.setup.units) {
-          self->request(unit, caf::infinite, optimize_atom::value, msg).then([=](done_atom) mutable {
-            if (--*remaining == 0) rp.deliver(done_atom::value);
-          });
+          self->request(unit, caf::infinite, optimize_atom::value, msg)
+              .then(
+                  [=](done_atom) mutable {
+                    if (--*remaining == 0) rp.deliver(done_atom::value);
+                  },
+                  [=](caf::error& e) mutable { rp.deliver(e); });
         }
         return rp;
       },

@@ -33,9 +33,20 @@ struct UnitState {
   bool reduced = false;
   double sum_squares = 0;
   std::vector<caf::typed_response_promise<double>> waiting_reduced;
+  caf::error failure;  // a collective of this unit failed; later requests get this error
 };
 
 using unit_pointer = unit_actor::stateful_pointer<UnitState>;
+
+// A failed collective fails everyone waiting on this unit.
+void fail(unit_pointer self, const caf::error& error) {
+  auto& st = self->state;
+  for (auto& rp : st.waiting_params) rp.deliver(error);
+  st.waiting_params.clear();
+  for (auto& rp : st.waiting_reduced) rp.deliver(error);
+  st.waiting_reduced.clear();
+  st.failure = error;
+}
 
 void start_gather(unit_pointer self, std::uint64_t seq) {
   auto& st = self->state;
@@ -47,14 +58,16 @@ void start_gather(unit_pointer self, std::uint64_t seq) {
   const double start = st.setup.tracer->now_us();
   self->request(st.setup.shard_comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{seq, CollectiveKind::all_gather, send, recv, u.name})
-      .then([=](done_atom) {
-        auto& s = self->state;
-        s.full = std::make_shared<const TensorMap>(unpack_gathered(*s.unit, recv, s.unit->shard_count));
-        s.gather = GatherState::gathered;
-        s.setup.tracer->add({s.setup.rank, s.actor_name, "gather", "gather", start, s.setup.tracer->now_us()});
-        for (auto& rp : s.waiting_params) rp.deliver(GatheredParams{s.full});
-        s.waiting_params.clear();
-      });
+      .then(
+          [=](done_atom) {
+            auto& s = self->state;
+            s.full = std::make_shared<const TensorMap>(unpack_gathered(*s.unit, recv, s.unit->shard_count));
+            s.gather = GatherState::gathered;
+            s.setup.tracer->add({s.setup.rank, s.actor_name, "gather", "gather", start, s.setup.tracer->now_us()});
+            for (auto& rp : s.waiting_params) rp.deliver(GatheredParams{s.full});
+            s.waiting_params.clear();
+          },
+          [=](caf::error& e) { fail(self, e); });
 }
 
 void finish_reduce(unit_pointer self, Tensor shard, double start) {
@@ -73,16 +86,22 @@ void start_reduce(unit_pointer self, const UnitGrads& msg) {
   TensorMap summed = st.grad_tree->finish();
   st.grad_tree.reset();
   Tensor send = pack_for_reduce_scatter(u, summed, u.shard_count);
-  Tensor recv = Tensor::empty({u.shard_numel}, DType::f32);
+  // Gradients are summed in the policy's reduce dtype; the planner chooses fp32 for every unit.
+  if (u.policy.reduce_dtype != DType::f32) {
+    return fail(self, caf::make_error(caf::sec::runtime_error, u.name + ": only fp32 gradient reduction is built"));
+  }
+  Tensor recv = Tensor::empty({u.shard_numel}, u.policy.reduce_dtype);
   const double start = st.setup.tracer->now_us();
   self->request(st.setup.shard_comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{msg.shard_seq, CollectiveKind::reduce_scatter, send, recv, u.name})
-      .then([=](done_atom) {
-        if (self->state.setup.replicate_count == 1) return finish_reduce(self, recv, start);
-        self->request(self->state.setup.replicate_comm, caf::infinite, collect_atom::value,
-                      CollectiveRequest{msg.replicate_seq, CollectiveKind::all_reduce, Tensor(), recv, u.name})
-            .then([=](done_atom) { finish_reduce(self, recv, start); });
-      });
+      .then(
+          [=](done_atom) {
+            if (self->state.setup.replicate_count == 1) return finish_reduce(self, recv, start);
+            self->request(self->state.setup.replicate_comm, caf::infinite, collect_atom::value,
+                          CollectiveRequest{msg.replicate_seq, CollectiveKind::all_reduce, Tensor(), recv, u.name})
+                .then([=](done_atom) { finish_reduce(self, recv, start); }, [=](caf::error& e) { fail(self, e); });
+          },
+          [=](caf::error& e) { fail(self, e); });
 }
 
 void optimize(UnitState& st, const OptimizerStep& msg) {
@@ -116,6 +135,7 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
       },
       [=](params_atom) -> caf::result<GatheredParams> {
         auto& s = self->state;
+        if (s.failure) return s.failure;
         if (s.gather == GatherState::gathered) return GatheredParams{s.full};
         if (s.gather == GatherState::sharded) {
           return caf::make_error(caf::sec::runtime_error, s.actor_name + ": params asked before a gather");
@@ -137,6 +157,7 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
       },
       [=](reduced_atom) -> caf::result<double> {
         auto& s = self->state;
+        if (s.failure) return s.failure;
         if (s.reduced) return s.sum_squares;
         auto rp = self->make_response_promise<double>();
         s.waiting_reduced.push_back(rp);
@@ -146,7 +167,9 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
         optimize(self->state, msg);
         return done_atom::value;
       },
-      [=](master_atom) { return UnitShards{self->state.master, self->state.exp_avg, self->state.exp_avg_sq}; },
+      [=](master_atom) {
+        return UnitShards{self->state.master, self->state.exp_avg, self->state.exp_avg_sq};
+      },
   };
 }
 

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
     const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint);
     if (!dump_logits.empty()) {
       atl::TensorMap out;
-      out.insert("logits", atl::model_logits(*model, master, config.precision, atl::read_token_rows(tokens)));
+      out.insert("logits", atl::model_logits(*model, master, config.precision, atl::read_token_rows(tokens, model->unpadded_vocab_size())));
       atl::write_safetensors(dump_logits, out);
       std::cout << "logits " << out.at("logits").describe() << " written to " << dump_logits << "\n";
       return 0;

@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/actor_engine.hpp"
+#include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/config.hpp"
+#include "graph/data/data_source.hpp"
 #include "graph/training/run.hpp"
 
 int main(int argc, char** argv) {
@@ -39,6 +41,12 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const atl::ConfigError& e) {
     std::cerr << "atoll-train: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const atl::CheckpointError& e) {  // bad input: a damaged or mismatched checkpoint
+    std::cerr << "atoll-train: " << e.what() << "\n";
+    return 2;
+  } catch (const atl::DataError& e) {  // bad input: a data file
+    std::cerr << "atoll-train: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "atoll-train: error: " << e.what() << "\n";

@@ -161,11 +161,18 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   }
   for (const auto& dir : stale) fs::remove_all(dir);
 
-  if (keep > 0) {
-    std::vector<fs::path> others;
-    for (const auto& dir : complete_checkpoints(root)) {
-      if (dir.filename() != final_dir.filename()) others.push_back(dir);
+  // Checkpoints of later steps belong to the timeline this save diverged from (a run resumed from
+  // an earlier step): left in place, a bare --resume would pick them. Retire them.
+  std::vector<fs::path> others;
+  for (const auto& dir : complete_checkpoints(root)) {
+    if (dir.filename() == final_dir.filename()) continue;
+    if (parse_step_dir_name(dir.filename().string()).value_or(0) > contents.step) {
+      retire_directory(root, dir);
+    } else {
+      others.push_back(dir);
     }
+  }
+  if (keep > 0) {
     // Ascending by step: the oldest come first; the newest keep-1 stay.
     std::size_t stay = static_cast<std::size_t>(keep - 1);
     if (others.size() > stay) {

@@ -42,9 +42,15 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   const fs::path tmp = out_dir.parent_path() / (".tmp-" + out_dir.filename().string() + "-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  write_sharded_safetensors(tmp, model->to_hf(native), max_shard_bytes);
-  write_file_durably(tmp / "config.json", model->hf_config().dump(2) + "\n");
-  fs::rename(tmp, out_dir);
+  try {
+    write_sharded_safetensors(tmp, model->to_hf(native), max_shard_bytes);
+    write_file_durably(tmp / "config.json", model->hf_config().dump(2) + "\n");
+    fs::rename(tmp, out_dir);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);  // nothing half-written is left behind
+    throw;
+  }
   fsync_directory(out_dir.parent_path().empty() ? fs::path(".") : out_dir.parent_path());
 }
 
@@ -55,7 +61,7 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   TensorMap native;
   try {
     native = model->from_hf(files.tensors);
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::logic_error& e) {  // invalid_argument and out_of_range: a tensor missing or misshapen
     throw CheckpointError(hf_dir.string() + ": " + e.what());
   }
   CheckpointContents contents;

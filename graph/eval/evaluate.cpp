@@ -4,11 +4,14 @@
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/safetensors.hpp"
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/ops/attention.hpp"
 
 namespace atl {
 
 EvalResult evaluate(const Model& model, const TensorMap& master, Precision precision, DataSource& data,
                     std::int64_t rows, std::int64_t seq, std::int64_t batches) {
+  cpu::use_one_blas_thread();  // the same numbers on every machine (kernels/cpu/gemm.hpp)
   const TensorMap weights = compute_weights(model.specs(), master, precision);
   double loss_sum = 0;
   EvalResult r;
@@ -23,7 +26,7 @@ EvalResult evaluate(const Model& model, const TensorMap& master, Precision preci
   return r;
 }
 
-Batch read_token_rows(const std::filesystem::path& file) {
+Batch read_token_rows(const std::filesystem::path& file, std::int64_t usable_vocab) {
   SafetensorsContents c = read_safetensors(file);
   auto get = [&](const char* name, DType dtype) -> Tensor {
     if (!c.tensors.contains(name)) throw CheckpointError(file.string() + ": no tensor '" + name + "'");
@@ -41,12 +44,25 @@ Batch read_token_rows(const std::filesystem::path& file) {
   if (batch.positions.shape() != batch.input_ids.shape() || batch.valid.shape() != batch.input_ids.shape()) {
     throw CheckpointError(file.string() + ": input_ids, positions and valid must share one shape");
   }
+  const auto ids = batch.input_ids.span<std::int64_t>();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= usable_vocab) {
+      throw CheckpointError(file.string() + ": input_ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                            " is outside the usable vocabulary [0, " + std::to_string(usable_vocab) + ")");
+    }
+  }
+  try {
+    validate_positions(batch.positions);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(file.string() + ": positions: " + e.what());
+  }
   batch.targets = Tensor::empty(batch.input_ids.shape(), DType::i64);
   for (auto& t : batch.targets.span<std::int64_t>()) t = kIgnoreTarget;
   return batch;
 }
 
 Tensor model_logits(const Model& model, const TensorMap& master, Precision precision, const Batch& rows) {
+  cpu::use_one_blas_thread();
   Tensor logits;
   model.forward(compute_weights(model.specs(), master, precision), rows, precision, &logits);
   return logits;

@@ -21,8 +21,9 @@ EvalResult evaluate(const Model& model, const TensorMap& master, Precision preci
                     std::int64_t rows, std::int64_t seq, std::int64_t batches);
 
 // Rows to score, from a safetensors file with `input_ids` (i64 [B,S]), `positions` (i64 [B,S]) and
-// `valid` (bool [B,S]); errors name the file and the tensor. Targets are all ignored.
-Batch read_token_rows(const std::filesystem::path& file);
+// `valid` (bool [B,S]); errors name the file and the tensor. Token ids must be below usable_vocab
+// and positions follow MODELS.md §0.3. Targets are all ignored.
+Batch read_token_rows(const std::filesystem::path& file, std::int64_t usable_vocab);
 
 // fp32 logits [B, S, V] of the rows (after the family's softcap; columns >= Vu are -inf).
 Tensor model_logits(const Model& model, const TensorMap& master, Precision precision, const Batch& rows);

@@ -99,6 +99,9 @@ std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, std::int
   std::vector<Tensor> gu, dn;
   for (std::int64_t e = 0; e < experts; ++e) {
     const std::string p = prefix + "." + std::to_string(e) + ".";
+    if (!hf.contains(p + "gate_proj.weight")) {
+      throw std::invalid_argument("HF state dict: missing tensor '" + p + "gate_proj.weight'");
+    }
     const Tensor& gate = hf.at(p + "gate_proj.weight");
     const Tensor& up = require_hf_tensor(hf, p + "up_proj.weight", gate.shape());
     const Tensor& down = require_hf_tensor(hf, p + "down_proj.weight", {gate.size(1), gate.size(0)});

@@ -93,6 +93,29 @@ void check_matches_model(const Model& model, const TensorMap& tensors, const std
   }
 }
 
+// Resuming continues the same run: the model, the seed and the data must be those the checkpoint
+// was saved with (anything else silently changes the batches). train.steps may grow.
+void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state, const std::filesystem::path& dir) {
+  if (!trainer_state.contains("config")) return;  // imported checkpoints carry no run to continue
+  const nlohmann::json& saved = trainer_state.at("config");
+  const nlohmann::json now = to_json(config);
+  auto same = [&](const char* section, const char* key) {
+    const nlohmann::json& a = key ? saved.at(section).at(key) : saved.at(section);
+    const nlohmann::json& b = key ? now.at(section).at(key) : now.at(section);
+    if (a != b) {
+      const std::string name = key ? std::string(section) + "." + key : std::string(section);
+      throw ConfigError(config.source_file, name,
+                        "--resume continues the run saved in " + dir.string() + ", which had " + a.dump() +
+                            "; this config has " + b.dump());
+    }
+  };
+  same("model", nullptr);
+  same("train", "seed");
+  same("train", "global_batch");
+  same("train", "seq_len");
+  same("data", nullptr);
+}
+
 // Where the run starts: a resumed checkpoint, weights to fine-tune from, or a fresh init.
 struct StartingPoint {
   TrainingState state;
@@ -116,6 +139,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
     }
     CheckpointContents c = load_checkpoint(dir);
     check_matches_model(model, c.model, dir.string());
+    check_same_run(config, c.trainer_state, dir);
     if (c.step >= config.train.steps) {
       throw ConfigError(config.source_file, "train.steps",
                         "the checkpoint " + dir.string() + " is at step " + std::to_string(c.step) +
@@ -168,6 +192,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       make_engine(EngineInputs{config, model, std::move(begin.state.master), optimizer_settings(t),
                                std::move(begin.state.exp_avg), std::move(begin.state.exp_avg_sq), first_step - 1});
 
+  // The first batch is read before anything is written, so a bad data file leaves run_dir alone.
+  std::optional<Batch> first_batch = data->next(t.global_batch, t.seq_len);
+
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
@@ -185,20 +212,22 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
   write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
 
-  // metrics.jsonl is written beside under a temporary name and renamed over any old one at the
-  // end, so an interrupted run never leaves a half-replaced file behind.
-  const fs::path metrics_tmp = run_dir / "metrics.jsonl.partial";
-  std::ofstream metrics(metrics_tmp, std::ios::trunc);
-  if (!metrics) throw std::runtime_error("cannot write " + metrics_tmp.string());
+  // metrics.jsonl is the live record: one line appended and flushed per step, so a crash keeps
+  // every finished step. It starts as the history this run continues (empty for a fresh run;
+  // on resume, the lines before the resumed step), written durably in one piece.
+  std::string history;
   if (options.resume && fs::exists(metrics_path)) {
-    // Keep the history up to the resumed step; later lines belong to the run being replaced.
     std::ifstream old(metrics_path);
     for (std::string line; std::getline(old, line);) {
-      if (!line.empty() && nlohmann::json::parse(line).value("step", std::int64_t{0}) < first_step) {
-        metrics << line << "\n";
+      // A line cut short by a crash is not history.
+      if (nlohmann::json::accept(line) && nlohmann::json::parse(line).value("step", std::int64_t{0}) < first_step) {
+        history += line + "\n";
       }
     }
   }
+  write_file_durably(metrics_path, history);
+  std::ofstream metrics(metrics_path, std::ios::app);
+  if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
 
   const auto& mesh = config.topology.mesh;
   out << fmt::format("atoll-train: {} {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
@@ -215,7 +244,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   std::int64_t tokens_total = tokens_before;
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
     const auto step_start = clock::now();
-    Batch batch = data->next(t.global_batch, t.seq_len);
+    Batch batch = first_batch ? std::move(*first_batch) : data->next(t.global_batch, t.seq_len);
+    first_batch.reset();
     StepResult r = engine->step(batch);
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
@@ -247,7 +277,6 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     }
   }
   metrics.close();
-  fs::rename(metrics_tmp, metrics_path);
   if (!options.trace_path.empty()) {
     auto trace = engine->chrome_trace();
     if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");

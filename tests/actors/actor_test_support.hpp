@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,8 +61,18 @@ inline RunOutput run_engine(const RunConfig& config, const EngineFactory& factor
   return out;
 }
 
-// max |a - b| / max(1e-2, |a|) over every element.
+// The same tensor names in the same order with the same shapes (else the comparisons below fail).
+inline bool same_layout(const TensorMap& a, const TensorMap& b) {
+  if (a.names() != b.names()) return false;
+  for (const auto& name : a.names()) {
+    if (a.at(name).shape() != b.at(name).shape()) return false;
+  }
+  return true;
+}
+
+// max |a - b| / max(1e-2, |a|) over every element; infinity when the layouts differ.
 inline double max_relative_param_diff(const TensorMap& a, const TensorMap& b) {
+  if (!same_layout(a, b)) return std::numeric_limits<double>::infinity();
   double worst = 0;
   for (const auto& name : a.names()) {
     const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
@@ -74,6 +85,7 @@ inline double max_relative_param_diff(const TensorMap& a, const TensorMap& b) {
 }
 
 inline bool bitwise_equal(const TensorMap& a, const TensorMap& b) {
+  if (!same_layout(a, b)) return false;
   for (const auto& name : a.names()) {
     const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
     for (std::size_t i = 0; i < pa.size(); ++i) {

@@ -154,3 +154,20 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch overlaps
   CHECK(trace.find("\"traceEvents\"") != std::string::npos);
   CHECK(trace.find("unit model.layers.1.mlp.gate") != std::string::npos);
 }
+
+TEST_CASE("A step that fails on a rank ends with the error instead of hanging, and the engine shuts down",
+          "[actors]") {
+  const RunConfig config = make_config("beam-tiny-moe", Precision::fp32, {2, 1}, 2, 1);
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  auto engine = make_actor_engine(EngineInputs{.config = config,
+                                               .model = model,
+                                               .initial_master = TensorMap::initialized(model->specs(), 7, 0.02f),
+                                               .optimizer = optimizer_settings(config.train)});
+  auto data = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 3);
+  Batch bad = data->next(2, 32);
+  bad.positions = bad.positions.clone();
+  bad.positions.data<std::int64_t>()[32 + 5] = 17;  // rank 1's row: a position that neither continues nor restarts
+  CHECK_THROWS_WITH(engine->step(bad), Catch::Contains("rank 1") && Catch::Contains("row 0"));
+  // The engine must still shut down without waiting on anything (a hang here fails by timeout).
+  engine.reset();
+}

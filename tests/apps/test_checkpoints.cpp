@@ -1,6 +1,7 @@
 // Checkpoints end to end: resume, cross-mesh loading, corruption, HF conversion, evaluation and
 // logits that Python's safetensors package reads.
 #include <cmath>
+#include <thread>
 
 #include "graph/checkpoint/safetensors.hpp"
 #include "tests/apps/app_test_support.hpp"
@@ -34,7 +35,8 @@ std::vector<nlohmann::json> metrics_without_timing_lines(const fs::path& file) {
 std::string python_with_safetensors() {
   for (const std::string& python : {source_path(".venv-tools/bin/python").string(), std::string("/usr/bin/python3")}) {
     if (!fs::exists(python)) continue;
-    const std::string probe = "'" + python + "' -c 'import safetensors.numpy, numpy' >/dev/null 2>&1";
+    std::string probe = shell_quote(python);
+    probe.append(" -c 'import safetensors.numpy, numpy' >/dev/null 2>&1");
     if (std::system(probe.c_str()) == 0) return python;
   }
   return "";
@@ -140,7 +142,7 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
   resume.push_back("--resume");
   resume.push_back(bad.string());
   const Result r = run_app("atoll-train", resume, tmp.path);
-  CHECK(r.exit_code != 0);
+  CHECK(r.exit_code == 2);
   CHECK(r.err.find("model.safetensors") != std::string::npos);
   CHECK(r.err.find("truncated") != std::string::npos);
   CHECK_FALSE(fs::exists(tmp.path / "r" / "metrics.jsonl"));
@@ -153,7 +155,7 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
   other.push_back("--resume");
   other.push_back(good.string());
   const Result ro = run_app("atoll-train", other, tmp.path);
-  CHECK(ro.exit_code != 0);
+  CHECK(ro.exit_code == 2);
   CHECK(ro.err.find("step-00000004") != std::string::npos);
 }
 
@@ -250,5 +252,62 @@ TEST_CASE("apps: atoll-eval --dump-logits writes fp32 logits that Python's safet
     INFO("python: " << read_file(tmp.path / "py.txt"));
     CHECK(status == 0);
     CHECK(read_file(tmp.path / "py.txt").rfind("ok", 0) == 0);
+  }
+}
+
+TEST_CASE("apps: a run killed mid-way resumes with its whole metrics history", "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
+  std::string command = shell_quote(app_binary("atoll-train").string());
+  for (const auto& a : train_args(run)) command.append(" ").append(shell_quote(a));
+  command.append(" --set train.steps=100000 --set checkpoint.every=3 >/dev/null 2>&1 & echo $! > ")
+      .append(shell_quote((tmp.path / "pid").string()));
+  REQUIRE(std::system(command.c_str()) == 0);
+  std::string pid = read_file(tmp.path / "pid");
+  pid.erase(pid.find_last_not_of(" \n") + 1);
+  // Wait (bounded) for the second checkpoint, then kill the run without warning.
+  const fs::path second = run / "checkpoints" / "step-00000006" / "COMPLETE";
+  for (int i = 0; i < 600 && !fs::exists(second); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::string kill = "kill -9 ";
+  kill.append(pid).append(" 2>/dev/null; sleep 0.2");
+  REQUIRE(std::system(kill.c_str()) == 0);
+  REQUIRE(fs::exists(second));
+  const std::size_t lines_before = read_metrics(run / "metrics.jsonl").size();
+  CHECK(lines_before >= 6);  // every finished step was on disk when the run died
+
+  auto resume = train_args(run);
+  for (const char* s : {"train.steps=12", "checkpoint.every=3"}) {
+    resume.push_back("--set");
+    resume.push_back(s);
+  }
+  resume.push_back("--resume");
+  const Result r = must_run("atoll-train", resume, tmp.path);
+  const auto metrics = read_metrics(run / "metrics.jsonl");
+  REQUIRE(metrics.size() == 12);
+  for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
+}
+
+TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or data", "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
+  auto args = train_args(run);
+  for (const char* s : {"train.steps=2", "checkpoint.every=2"}) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  must_run("atoll-train", args, tmp.path);
+  for (const auto& [change, key] : std::vector<std::pair<std::string, std::string>>{
+           {"train.seed=99", "train.seed"}, {"data.synthetic_branching=3", "data"}}) {
+    auto resume = train_args(tmp.path / "other");
+    for (const std::string& s : {std::string("train.steps=4"), change}) {
+      resume.push_back("--set");
+      resume.push_back(s);
+    }
+    resume.push_back("--resume");
+    resume.push_back((run / "checkpoints" / "step-00000002").string());
+    const Result r = run_app("atoll-train", resume, tmp.path);
+    INFO(change << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(key) != std::string::npos);
   }
 }

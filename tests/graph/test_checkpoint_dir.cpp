@@ -110,9 +110,11 @@ TEST_CASE("checkpoint dir: keep rotation removes the oldest complete checkpoints
   CHECK(entries(root) == std::vector<std::string>{"step-00000004", "step-00000005"});
   check_same(load_checkpoint(root / "step-00000004"), make_contents(4, 14));
 
-  // The checkpoint just saved always stays, even when it is not the highest step.
+  // Saving an earlier step (a run resumed from there) retires the later ones of the abandoned
+  // timeline, so a bare --resume cannot pick them; the checkpoint just saved stays.
   save_checkpoint(root, make_contents(3, 33), 2);
-  CHECK(entries(root) == std::vector<std::string>{"step-00000003", "step-00000005"});
+  CHECK(entries(root) == std::vector<std::string>{"step-00000003"});
+  CHECK(latest_checkpoint(root) == root / "step-00000003");
   save_checkpoint(root, make_contents(6, 16), 1);
   CHECK(entries(root) == std::vector<std::string>{"step-00000006"});
   CHECK(latest_checkpoint(root) == root / "step-00000006");

@@ -57,10 +57,12 @@ void Inkling2Config::validate() const {
   require(topk_group > 0 && topk_group <= n_group, "topk_group", "must be in [1, n_group]");
   require(topk_group * (n_routed_experts / n_group) >= num_experts_per_tok, "topk_group",
           "the kept groups must hold at least num_experts_per_tok experts");
-  require(expert_gate_cap > 0 && expert_up_cap > 0, "expert_gate_cap", "the SwiGLU caps must be positive");
+  require(expert_gate_cap > 0, "expert_gate_cap", "must be positive");
+  require(expert_up_cap > 0, "expert_up_cap", "must be positive");
   require(log_scaling_n_floor >= 0, "log_scaling_n_floor", "must be >= 0 (0 = no log scaling)");
-  require(l2_clip_radius_q >= 0 && l2_clip_radius_k >= 0 && l2_clip_radius_r >= 0, "l2_clip_radius_q",
-          "clip radii must be >= 0 (0 = the default sqrt(head_dim) / sqrt(d_rel))");
+  require(l2_clip_radius_q >= 0, "l2_clip_radius_q", "must be >= 0 (0 = the default sqrt(head_dim))");
+  require(l2_clip_radius_k >= 0, "l2_clip_radius_k", "must be >= 0 (0 = the default sqrt(head_dim))");
+  require(l2_clip_radius_r >= 0, "l2_clip_radius_r", "must be >= 0 (0 = the default sqrt(d_rel))");
   require(final_logit_softcapping >= 0, "final_logit_softcapping", "must be >= 0 (0 = none)");
 }
 
