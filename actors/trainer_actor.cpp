@@ -54,7 +54,7 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   }
   r.grad_norm = std::sqrt(total);
   const OptimizerSettings& o = st.setup.optimizer;
-  const double clip = o.grad_clip > 0 ? std::min(1.0, o.grad_clip / (r.grad_norm + 1e-6)) : 1.0;
+  const double clip = clip_factor(r.grad_norm, o.grad_clip);  // the reference trainer's rule
   r.lr = warmup_cosine_lr(r.step, o.warmup, o.total_steps, o.lr, o.min_lr_ratio);
   OptimizerStep msg{r.step, static_cast<float>(r.lr), clip, o};
   progress->remaining = st.setup.stages.size();

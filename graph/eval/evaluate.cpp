@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/model_weights.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/ops/attention.hpp"
@@ -69,16 +70,7 @@ Tensor model_logits(const Model& model, const TensorMap& master, Precision preci
 }
 
 TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir) {
-  CheckpointContents c = load_checkpoint(checkpoint_dir);
-  for (const auto& s : model.specs()) {
-    if (!c.model.contains(s.name) || c.model.at(s.name).shape() != s.shape) {
-      throw CheckpointError(checkpoint_dir.string() + ": tensor '" + s.name + "' is missing or not shaped " +
-                            shape_string(s.shape) + " for " + model.family() + " " + model.preset());
-    }
-  }
-  TensorMap out;
-  for (const auto& s : model.specs()) out.insert(s.name, c.model.at(s.name));
-  return out;
+  return model_weights_from(model, load_checkpoint(checkpoint_dir).model, checkpoint_dir.string());
 }
 
 }  // namespace atl

@@ -13,6 +13,7 @@
 #include "graph/models/beam/model_config.hpp"
 #include "graph/reference/trainer.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/model_weights.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "graph/checkpoint/durable_file.hpp"
 
@@ -77,22 +78,6 @@ std::string format_duration(double seconds) {
   return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
 }
 
-// Loaded tensors must be the model's, name by name and shape by shape.
-void check_matches_model(const Model& model, const TensorMap& tensors, const std::string& what) {
-  for (const auto& s : model.specs()) {
-    if (!tensors.contains(s.name)) throw CheckpointError(what + ": no tensor '" + s.name + "' for this model");
-    const Tensor& t = tensors.at(s.name);
-    if (t.shape() != s.shape || t.dtype() != DType::f32) {
-      throw CheckpointError(what + ": tensor '" + s.name + "' is " + t.describe() + ", the model expects f32" +
-                            shape_string(s.shape));
-    }
-  }
-  if (tensors.names().size() != model.specs().size()) {
-    throw CheckpointError(what + ": holds " + std::to_string(tensors.names().size()) + " tensors, the model has " +
-                          std::to_string(model.specs().size()));
-  }
-}
-
 // Resuming continues the same run: the model, the seed and the data must be those the checkpoint
 // was saved with (anything else silently changes the batches). train.steps may grow.
 void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state, const std::filesystem::path& dir) {
@@ -138,14 +123,15 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
       dir = *latest;
     }
     CheckpointContents c = load_checkpoint(dir);
-    check_matches_model(model, c.model, dir.string());
+    TensorMap master = model_weights_from(model, c.model, dir.string());
     check_same_run(config, c.trainer_state, dir);
     if (c.step >= config.train.steps) {
       throw ConfigError(config.source_file, "train.steps",
                         "the checkpoint " + dir.string() + " is at step " + std::to_string(c.step) +
                             "; expected train.steps above it to continue");
     }
-    start.state = {c.step, std::move(c.model), std::move(c.exp_avg), std::move(c.exp_avg_sq)};
+    start.state = {c.step, std::move(master), model_weights_from(model, c.exp_avg, dir.string() + " (exp_avg)"),
+                   model_weights_from(model, c.exp_avg_sq, dir.string() + " (exp_avg_sq)")};
     if (c.trainer_state.contains("data_cursor")) start.data_cursor = c.trainer_state.at("data_cursor");
     start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
     start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
@@ -153,8 +139,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
   }
   if (!config.checkpoint.load.empty()) {
     CheckpointContents c = load_checkpoint(config.checkpoint.load);
-    check_matches_model(model, c.model, config.checkpoint.load);
-    start.state.master = std::move(c.model);
+    start.state.master = model_weights_from(model, c.model, config.checkpoint.load);
     start.description = "weights from " + config.checkpoint.load;
     return start;
   }

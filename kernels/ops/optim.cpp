@@ -33,9 +33,12 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
   return std::sqrt(total);
 }
 
+double clip_factor(double norm, double max_norm) {
+  return max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
+}
+
 double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_norm) {
-  if (max_norm <= 0) return 1.0;
-  const double factor = std::min(1.0, max_norm / (norm + 1e-6));
+  const double factor = clip_factor(norm, max_norm);
   if (factor < 1.0) {
     for (const Tensor& g : grads) scale_inplace(g, static_cast<float>(factor));
   }

@@ -25,8 +25,9 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
 double grad_sum_of_squares(const Tensor& grad);
 // sqrt of the sum of per-tensor sums of squares, added in the order given.
 double global_grad_norm(const std::vector<Tensor>& grads);
-// Scales every gradient by min(1, max_norm / (norm + 1e-6)) when max_norm > 0 (PyTorch
-// clip_grad_norm_); returns the factor applied.
+// min(1, max_norm / (norm + 1e-6)) when max_norm > 0, else 1 (PyTorch clip_grad_norm_).
+double clip_factor(double norm, double max_norm);
+// Scales every gradient by clip_factor(norm, max_norm); returns the factor applied.
 double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_norm);
 
 // Linear warmup over `warmup` steps to peak_lr, then cosine decay to min_lr_ratio * peak_lr at

@@ -1,4 +1,5 @@
 #include "graph/models/flint/model.hpp"
+#include "graph/models/model_parts.hpp"
 #include "graph/models/hidden_state_run.hpp"
 
 #include <cmath>
@@ -47,23 +48,6 @@ namespace {
 
 constexpr const char* kSinks = "self_attn._fp32_params.sinks";
 
-ParamSpec spec(std::string name, Shape shape, Init init = Init::normal, bool island = false) {
-  ParamSpec s;
-  s.name = std::move(name);
-  s.weight_decay = shape.size() >= 2;
-  s.shape = std::move(shape);
-  s.init = init;
-  s.island = island;
-  return s;
-}
-
-Tensor rounded(Tensor t, Precision p) {
-  round_activation(p, t);
-  return t;
-}
-
-Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w), p); }
-
 RouterConfig router_config(const FlintConfig& c) {
   RouterConfig r;
   r.num_experts = c.num_experts;
@@ -101,37 +85,37 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   config_.validate();
   const auto& c = config_;
   const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  specs_.push_back(spec("model.embed_tokens.weight", {c.vocab_size, H}));
+  specs_.push_back(make_param("model.embed_tokens.weight", {c.vocab_size, H}));
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
-    specs_.push_back(spec(p + "input_layernorm.weight", {H}, Init::ones));
-    specs_.push_back(spec(p + "self_attn.q_proj.weight", {Hq * D, H}));
-    specs_.push_back(spec(p + "self_attn.k_proj.weight", {Hkv * D, H}));
-    specs_.push_back(spec(p + "self_attn.v_proj.weight", {Hkv * D, H}));
-    specs_.push_back(spec(p + "self_attn.o_proj.weight", {H, Hq * D}));
-    specs_.push_back(spec(p + "self_attn.q_norm.weight", {D}, Init::ones));
-    specs_.push_back(spec(p + "self_attn.k_norm.weight", {D}, Init::ones));
-    specs_.push_back(spec(p + kSinks, {Hq}, Init::zeros, /*island=*/true));
-    specs_.push_back(spec(p + "post_attention_layernorm.weight", {H}, Init::ones));
+    specs_.push_back(make_param(p + "input_layernorm.weight", {H}, Init::ones));
+    specs_.push_back(make_param(p + "self_attn.q_proj.weight", {Hq * D, H}));
+    specs_.push_back(make_param(p + "self_attn.k_proj.weight", {Hkv * D, H}));
+    specs_.push_back(make_param(p + "self_attn.v_proj.weight", {Hkv * D, H}));
+    specs_.push_back(make_param(p + "self_attn.o_proj.weight", {H, Hq * D}));
+    specs_.push_back(make_param(p + "self_attn.q_norm.weight", {D}, Init::ones));
+    specs_.push_back(make_param(p + "self_attn.k_norm.weight", {D}, Init::ones));
+    specs_.push_back(make_param(p + kSinks, {Hq}, Init::zeros, /*island=*/true));
+    specs_.push_back(make_param(p + "post_attention_layernorm.weight", {H}, Init::ones));
     if (c.is_sparse(l)) {
       const std::int64_t E = c.num_experts, I = c.moe_intermediate_size;
-      specs_.push_back(spec(p + "mlp.gate.weight", {E, H}));  // bulk: bf16 in bf16 runs (§10.3.4)
-      specs_.push_back(spec(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
-      specs_.push_back(spec(p + "mlp.experts.down_projs", {E, I, H}));
+      specs_.push_back(make_param(p + "mlp.gate.weight", {E, H}));  // bulk: bf16 in bf16 runs (§10.3.4)
+      specs_.push_back(make_param(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
+      specs_.push_back(make_param(p + "mlp.experts.down_projs", {E, I, H}));
       if (const std::int64_t S = c.shared_expert_intermediate_size; S > 0) {
-        specs_.push_back(spec(p + "mlp.shared_experts.gate_proj.weight", {S, H}));
-        specs_.push_back(spec(p + "mlp.shared_experts.up_proj.weight", {S, H}));
-        specs_.push_back(spec(p + "mlp.shared_experts.down_proj.weight", {H, S}));
+        specs_.push_back(make_param(p + "mlp.shared_experts.gate_proj.weight", {S, H}));
+        specs_.push_back(make_param(p + "mlp.shared_experts.up_proj.weight", {S, H}));
+        specs_.push_back(make_param(p + "mlp.shared_experts.down_proj.weight", {H, S}));
       }
     } else {
       const std::int64_t I = c.intermediate_size;
-      specs_.push_back(spec(p + "mlp.gate_proj.weight", {I, H}));
-      specs_.push_back(spec(p + "mlp.up_proj.weight", {I, H}));
-      specs_.push_back(spec(p + "mlp.down_proj.weight", {H, I}));
+      specs_.push_back(make_param(p + "mlp.gate_proj.weight", {I, H}));
+      specs_.push_back(make_param(p + "mlp.up_proj.weight", {I, H}));
+      specs_.push_back(make_param(p + "mlp.down_proj.weight", {H, I}));
     }
   }
-  specs_.push_back(spec("model.norm.weight", {H}, Init::ones));
-  specs_.push_back(spec("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
+  specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
+  specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
 }
 
 std::string FlintModel::layer_prefix(std::int64_t layer) const {

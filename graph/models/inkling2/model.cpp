@@ -1,4 +1,5 @@
 #include "graph/models/inkling2/model.hpp"
+#include "graph/models/model_parts.hpp"
 
 #include <cmath>
 #include <stdexcept>
@@ -85,29 +86,12 @@ FamilyShardingRules inkling2_sharding_rules() {
 
 namespace {
 
-ParamSpec spec(std::string name, Shape shape, Init init = Init::normal, bool island = false) {
-  ParamSpec s;
-  s.name = std::move(name);
-  s.weight_decay = shape.size() >= 2;
-  s.shape = std::move(shape);
-  s.init = init;
-  s.island = island;
-  return s;
-}
-
 // Depth queries are vectors (one per mix) even when stored as [Q, H]: no weight decay.
 ParamSpec query_spec(std::string name, Shape shape) {
-  ParamSpec s = spec(std::move(name), std::move(shape), Init::zeros, /*island=*/true);
+  ParamSpec s = make_param(std::move(name), std::move(shape), Init::zeros, /*island=*/true);
   s.weight_decay = false;
   return s;
 }
-
-Tensor rounded(Tensor t, Precision p) {
-  round_activation(p, t);
-  return t;
-}
-
-Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w), p); }
 
 // acc += g, making acc a private copy on first use (gradients are never aliased).
 void accumulate(Tensor& acc, const Tensor& g) {
@@ -194,38 +178,38 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config))
   const auto& c = config_;
   const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, W = c.conv_kernel_size;
   const std::int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
-  specs_.push_back(spec("embed_tokens.weight", {c.vocab_size, H}));
-  specs_.push_back(spec("embed_norm.weight", {H}, Init::ones));
+  specs_.push_back(make_param("embed_tokens.weight", {c.vocab_size, H}));
+  specs_.push_back(make_param("embed_norm.weight", {H}, Init::ones));
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
     const bool local = c.is_local(l);
     if (c.attn_query_count(l) > 0) specs_.push_back(query_spec(p + "attn_query.weight", {c.attn_query_count(l), H}));
     for (std::int64_t i = 0; i < c.attn_norm_count(l); ++i) {
-      specs_.push_back(spec(p + "attn_norms." + std::to_string(i) + ".weight", {H}, Init::ones));
+      specs_.push_back(make_param(p + "attn_norms." + std::to_string(i) + ".weight", {H}, Init::ones));
     }
-    specs_.push_back(spec(p + "self_attn.qkvr.weight", {c.qkvr_rows(l), H}));
-    specs_.push_back(spec(p + "self_attn.q_l2_clip.scale", {D}, Init::ones, /*island=*/true));
-    specs_.push_back(spec(p + "self_attn.rel_l2_clip.scale", {c.d_rel}, Init::ones, /*island=*/true));
-    specs_.push_back(spec(p + "self_attn.relative_table", {c.d_rel, c.relative_extent(l) + 1}));
+    specs_.push_back(make_param(p + "self_attn.qkvr.weight", {c.qkvr_rows(l), H}));
+    specs_.push_back(make_param(p + "self_attn.q_l2_clip.scale", {D}, Init::ones, /*island=*/true));
+    specs_.push_back(make_param(p + "self_attn.rel_l2_clip.scale", {c.d_rel}, Init::ones, /*island=*/true));
+    specs_.push_back(make_param(p + "self_attn.relative_table", {c.d_rel, c.relative_extent(l) + 1}));
     if (local) {
-      specs_.push_back(spec(p + "self_attn.k_sconv.weight", {c.num_key_value_heads, W}));
-      specs_.push_back(spec(p + "self_attn.v_sconv.weight", {c.num_key_value_heads, W}));
+      specs_.push_back(make_param(p + "self_attn.k_sconv.weight", {c.num_key_value_heads, W}));
+      specs_.push_back(make_param(p + "self_attn.v_sconv.weight", {c.num_key_value_heads, W}));
     }
-    if (c.use_attention_gate) specs_.push_back(spec(p + "self_attn.gate.weight", {Hq, H}));
-    specs_.push_back(spec(p + "self_attn.wo_ud.weight", {H, Hq * D}));
-    specs_.push_back(spec(p + "attn_sconv.weight", {H / D, W}));
+    if (c.use_attention_gate) specs_.push_back(make_param(p + "self_attn.gate.weight", {Hq, H}));
+    specs_.push_back(make_param(p + "self_attn.wo_ud.weight", {H, Hq * D}));
+    specs_.push_back(make_param(p + "attn_sconv.weight", {H / D, W}));
     specs_.push_back(query_spec(p + "mlp_query.weight", {1, H}));
-    specs_.push_back(spec(p + "mlp_norm.weight", {H}, Init::ones));
-    specs_.push_back(spec(p + "mlp.gate.weight", {E, H}, Init::normal, /*island=*/true));
-    specs_.push_back(spec(p + "mlp.gate.e_score_correction_bias", {E}, Init::zeros, /*island=*/true));
-    specs_.push_back(spec(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
-    specs_.push_back(spec(p + "mlp.experts.down_projs", {E, I, H}));
-    specs_.push_back(spec(p + "mlp_sconv.weight", {H / D, W}));
+    specs_.push_back(make_param(p + "mlp_norm.weight", {H}, Init::ones));
+    specs_.push_back(make_param(p + "mlp.gate.weight", {E, H}, Init::normal, /*island=*/true));
+    specs_.push_back(make_param(p + "mlp.gate.e_score_correction_bias", {E}, Init::zeros, /*island=*/true));
+    specs_.push_back(make_param(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
+    specs_.push_back(make_param(p + "mlp.experts.down_projs", {E, I, H}));
+    specs_.push_back(make_param(p + "mlp_sconv.weight", {H / D, W}));
   }
   ParamSpec out_query = query_spec("output_query.weight", {H});
   specs_.push_back(out_query);
-  specs_.push_back(spec("norm.weight", {H}, Init::ones));
-  specs_.push_back(spec("lm_head.weight", {c.vocab_size, H}));
+  specs_.push_back(make_param("norm.weight", {H}, Init::ones));
+  specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
 }
 
 // ------------------------------------------------------------------------------------------------

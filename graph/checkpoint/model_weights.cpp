@@ -1,0 +1,27 @@
+#include "graph/checkpoint/model_weights.hpp"
+
+#include "graph/checkpoint/checkpoint_error.hpp"
+
+namespace atl {
+
+TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const std::string& where) {
+  TensorMap out;
+  for (const auto& s : model.specs()) {
+    if (!tensors.contains(s.name)) {
+      throw CheckpointError(where + ": no tensor '" + s.name + "' for " + model.family() + " " + model.preset());
+    }
+    const Tensor& t = tensors.at(s.name);
+    if (t.shape() != s.shape || t.dtype() != DType::f32) {
+      throw CheckpointError(where + ": tensor '" + s.name + "' is " + t.describe() + ", " + model.family() + " " +
+                            model.preset() + " expects f32" + shape_string(s.shape));
+    }
+    out.insert(s.name, t);
+  }
+  if (tensors.names().size() != model.specs().size()) {
+    throw CheckpointError(where + ": holds " + std::to_string(tensors.names().size()) + " tensors, " + model.family() +
+                          " " + model.preset() + " has " + std::to_string(model.specs().size()));
+  }
+  return out;
+}
+
+}  // namespace atl

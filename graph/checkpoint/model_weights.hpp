@@ -1,0 +1,12 @@
+// The masters of a checkpoint as a model's weights: every tensor the model declares, f32, of its
+// shape, nothing else, in the model's spec order. Errors name `where` (the checkpoint) and the tensor.
+#pragma once
+#include <string>
+
+#include "graph/models/model.hpp"
+
+namespace atl {
+
+TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const std::string& where);
+
+}  // namespace atl

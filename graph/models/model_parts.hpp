@@ -1,0 +1,33 @@
+// Small pieces every family's model code uses: declaring a parameter, and the bf16 emulation
+// point after a projection (MODELS.md §10.1.12).
+#pragma once
+#include <string>
+#include <utility>
+
+#include "graph/param.hpp"
+#include "kernels/ops/matmul.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+// Matrices decay, vectors (norms, biases, sinks) do not.
+inline ParamSpec make_param(std::string name, Shape shape, Init init = Init::normal, bool island = false) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.weight_decay = shape.size() >= 2;
+  s.shape = std::move(shape);
+  s.init = init;
+  s.island = island;
+  return s;
+}
+
+// The tensor rounded at an emulation point (unchanged in fp32).
+inline Tensor rounded(Tensor t, Precision p) {
+  round_activation(p, t);
+  return t;
+}
+
+// A bulk linear output: x @ w^T, rounded in bf16.
+inline Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w), p); }
+
+}  // namespace atl
