@@ -48,4 +48,23 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return c;
 }
 
+Tensor matmul_backward(const Tensor& a_in, const Tensor& b_in, const Tensor& dc, const Tensor* db) {
+  constexpr const char* op = "matmul_backward";
+  Tensor a = as_f32(op, "a", a_in), b = as_f32(op, "b", b_in);
+  require(a.rank() == 2 && b.rank() == 2 && a.size(1) == b.size(0), op,
+          "expected a[M,K] and b[K,N], got " + a.describe() + " and " + b.describe());
+  const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  detail::require_dtype(op, "dc", dc, DType::f32);
+  require(dc.numel() == m * n, op, "dc " + dc.describe() + " does not match [" + std::to_string(m) + ", " +
+                                       std::to_string(n) + "]");
+  Tensor da = Tensor::empty({m, k});
+  cpu::gemm<float>(false, true, m, k, n, 1.0f, dc.data<float>(), n, b.data<float>(), n, 0.0f, da.data<float>(), k);
+  if (db) {
+    detail::require_dtype(op, "db", *db, DType::f32);
+    require(db->shape() == b.shape(), op, "db " + db->describe() + " must match b " + b.describe());
+    cpu::gemm<float>(true, false, k, n, m, 1.0f, a.data<float>(), k, dc.data<float>(), n, 1.0f, db->data<float>(), n);
+  }
+  return da;
+}
+
 }  // namespace atl

@@ -12,5 +12,7 @@ Tensor linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const
 
 // Plain a[M,K] @ b[K,N] -> [M,N] (f32 or bf16 operands; result f32).
 Tensor matmul(const Tensor& a, const Tensor& b);
+// Returns da = dc @ b^T [M,K]; accumulates db[K,N] += a^T @ dc when db is given.
+Tensor matmul_backward(const Tensor& a, const Tensor& b, const Tensor& dc, const Tensor* db);
 
 }  // namespace atl

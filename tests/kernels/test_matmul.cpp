@@ -54,3 +54,24 @@ TEST_CASE("linear with bf16 operands agrees with fp32 to bf16 precision", "[matm
 TEST_CASE("linear rejects mismatched shapes with a message", "[matmul]") {
   CHECK_THROWS_WITH(linear_forward(Tensor::zeros({2, 3}), Tensor::zeros({4, 5})), Catch::Contains("linear_forward"));
 }
+
+TEST_CASE("matmul backward matches finite differences through the Tensor API", "[matmul][grad]") {
+  // fp32 through the Tensor API: a directional check with a stated tolerance.
+  const std::int64_t m = 3, k = 4, n = 5;
+  auto a = random_vector(m * k, 41), b = random_vector(k * n, 42), r = random_vector(m * n, 43);
+  auto loss = [&](const std::vector<double>& av, const std::vector<double>& bv) {
+    Tensor c = matmul(Tensor::from_floats({m, k}, std::vector<float>(av.begin(), av.end())),
+                      Tensor::from_floats({k, n}, std::vector<float>(bv.begin(), bv.end())));
+    double s = 0;
+    for (std::int64_t i = 0; i < m * n; ++i) s += c.data<float>()[i] * r[static_cast<std::size_t>(i)];
+    return s;
+  };
+  Tensor db = Tensor::zeros({k, n});
+  Tensor da = matmul_backward(Tensor::from_floats({m, k}, std::vector<float>(a.begin(), a.end())),
+                              Tensor::from_floats({k, n}, std::vector<float>(b.begin(), b.end())),
+                              Tensor::from_floats({m, n}, std::vector<float>(r.begin(), r.end())), &db);
+  auto num_a = numeric_gradient([&](const auto& v) { return loss(v, b); }, a, 1e-2);
+  auto num_b = numeric_gradient([&](const auto& v) { return loss(a, v); }, b, 1e-2);
+  CHECK(scaled_max_error(std::vector<double>(da.span<float>().begin(), da.span<float>().end()), num_a) < 1e-4);
+  CHECK(scaled_max_error(std::vector<double>(db.span<float>().begin(), db.span<float>().end()), num_b) < 1e-4);
+}

@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "graph/models/hidden_state_run.hpp"  // layered_op_kind / layered_op_layer
-#include "kernels/cpu/gemm.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/elementwise.hpp"
 #include "kernels/ops/embedding.hpp"
@@ -483,11 +482,8 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   // rel = r_clip @ table:  d r_clip = d_rel @ tableᵀ,  d table += r_clipᵀ @ d_rel.
   const Tensor& table = w.at(p + "self_attn.relative_table");
   Tensor gtable = g("self_attn.relative_table");
-  Tensor d_r_clip = Tensor::empty({T * Hq, dr});
-  cpu::gemm<float>(false, true, T * Hq, dr, R + 1, 1.0f, d_rel.data<float>(), R + 1, table.data<float>(), R + 1, 0.0f,
-                   d_r_clip.data<float>(), dr);
-  cpu::gemm<float>(true, false, dr, R + 1, T * Hq, 1.0f, a.r_clip.y.data<float>(), dr, d_rel.data<float>(), R + 1, 1.0f,
-                   gtable.data<float>(), R + 1);
+  Tensor d_r_clip =
+      matmul_backward(a.r_clip.y.reshape({T * Hq, dr}), table, d_rel.reshape({T * Hq, R + 1}), &gtable);
   Tensor grs = g("self_attn.rel_l2_clip.scale"), gqs = g("self_attn.q_l2_clip.scale");
   Tensor d_r_lin = l2_clip_backward(d_r_clip, a.r_lin.reshape({T * Hq, dr}), w.at(p + "self_attn.rel_l2_clip.scale"),
                                     c.radius_r(), a.r_clip.norms, &grs);
