@@ -1,5 +1,6 @@
 #include "graph/models/beam/model.hpp"
 #include "graph/models/model_parts.hpp"
+#include "graph/models/gqa_attention.hpp"
 #include "graph/models/hidden_state_run.hpp"
 
 #include <cmath>
@@ -13,7 +14,6 @@
 #include "kernels/ops/loss.hpp"
 #include "kernels/ops/matmul.hpp"
 #include "kernels/ops/norm.hpp"
-#include "kernels/ops/rope.hpp"
 #include "kernels/ops/router.hpp"
 
 namespace atl {
@@ -21,12 +21,8 @@ namespace atl {
 struct BeamBlockCache {
   Tensor h_in;
   RmsNormForward ln_in;                 // input_layernorm
-  Tensor q_lin, k_lin, v;               // projections [T, heads*D]
+  GqaAttentionCache attn;               // q/k/v, norms, RoPE / SSMax, attention; attn.out [T, Hq*D]
   Tensor gate_lin;                      // output_gate_proj(x) [T, Hq*D]
-  RmsNormForward q_norm, k_norm;        // per-head norms
-  Tensor q_att, k_att;                  // after RoPE / SSMax
-  AttentionForward attn;
-  Tensor attn_flat;                     // attention output [T, Hq*D]
   Tensor gated;                         // after the output gate
   Tensor a_lin;                         // o_proj output
   RmsNormForward ln_post_attn;
@@ -149,35 +145,18 @@ Tensor BeamModel::block_forward(std::int64_t layer, const TensorMap& w, const Te
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
-  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const std::int64_t T = ctx.tokens();
   const float eps = c.rms_norm_eps;
   auto cache = std::make_shared<BeamBlockCache>();
   BeamBlockCache& k = *cache;
-  Tensor flat_pos = ctx.positions.reshape({T});
 
   // Attention sublayer.
   k.h_in = hidden;
   k.ln_in = rmsnorm_forward(hidden, w.at(p + "input_layernorm.weight"), eps, prec);
   const Tensor& x = k.ln_in.y;
-  k.q_lin = project(x, w.at(p + "self_attn.q_proj.weight"), prec);
-  k.k_lin = project(x, w.at(p + "self_attn.k_proj.weight"), prec);
-  k.v = project(x, w.at(p + "self_attn.v_proj.weight"), prec);
   k.gate_lin = project(x, w.at(p + "self_attn.output_gate_proj.weight"), prec);
-  k.q_norm = rmsnorm_forward(k.q_lin.reshape({T * Hq, D}), w.at(p + "self_attn.q_norm.weight"), eps, prec);
-  k.k_norm = rmsnorm_forward(k.k_lin.reshape({T * Hkv, D}), w.at(p + "self_attn.k_norm.weight"), eps, prec);
-  const bool sliding = c.is_sliding(layer);
-  if (sliding) {
-    k.q_att = rounded(rope_forward(k.q_norm.y.reshape({T, Hq, D}), flat_pos, c.rope_theta), prec);
-    k.k_att = rounded(rope_forward(k.k_norm.y.reshape({T, Hkv, D}), flat_pos, c.rope_theta), prec);
-  } else {
-    k.q_att = rounded(ssmax_forward(k.q_norm.y.reshape({T, Hq, D}), flat_pos, c.ssmax_base, c.ssmax_exponent), prec);
-    k.k_att = k.k_norm.y.reshape({T, Hkv, D});
-  }
-  AttentionOptions opts{sliding ? c.sliding_window : 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
-  k.attn = attention_forward(k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}), k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}),
-                             k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), ctx.positions, ctx.valid, Tensor(), opts);
-  k.attn_flat = rounded(k.attn.out.reshape({T, Hq * D}).clone(), prec);
-  k.gated = rounded(output_gate_forward(k.attn_flat, k.gate_lin, w.at(p + "self_attn.output_gate_bias")), prec);
+  gqa_attention_forward(p, w, x, ctx, attention_spec(layer), k.attn);
+  k.gated = rounded(output_gate_forward(k.attn.out, k.gate_lin, w.at(p + "self_attn.output_gate_bias")), prec);
   k.a_lin = project(k.gated, w.at(p + "self_attn.o_proj.weight"), prec);
   k.ln_post_attn = rmsnorm_forward(k.a_lin, w.at(p + "post_attention_layernorm.weight"), eps, prec);
   auto [cs1, cr1] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 2);
@@ -217,8 +196,6 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
                                  const TokenContext& ctx, const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
-  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  Tensor flat_pos = ctx.positions.reshape({T});
   auto g = [&](const char* name) { return grads.at(p + name); };
 
   // MLP sublayer: out = cs2 * norm(m) + cr2 * h_mid.
@@ -265,32 +242,10 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
   Tensor d_gated = linear_backward(k.gated, w.at(p + "self_attn.o_proj.weight"), d_a, &go);
   Tensor gbias = g("self_attn.output_gate_bias");
   OutputGateGrads og =
-      output_gate_backward(d_gated, k.attn_flat, k.gate_lin, w.at(p + "self_attn.output_gate_bias"), &gbias);
-  const bool sliding = c.is_sliding(layer);
-  AttentionOptions opts{sliding ? c.sliding_window : 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
-  AttentionGrads ag = attention_backward(
-      og.d_o.reshape({ctx.rows, ctx.seq, Hq, D}), k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}),
-      k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}), k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), k.attn, ctx.positions,
-      ctx.valid, Tensor(), nullptr, opts);
-  Tensor d_qn, d_kn;
-  if (sliding) {
-    d_qn = rope_backward(ag.dq.reshape({T, Hq, D}), flat_pos, c.rope_theta);
-    d_kn = rope_backward(ag.dk.reshape({T, Hkv, D}), flat_pos, c.rope_theta);
-  } else {
-    d_qn = ssmax_backward(ag.dq.reshape({T, Hq, D}), flat_pos, c.ssmax_base, c.ssmax_exponent);
-    d_kn = ag.dk;
-  }
-  Tensor gqn = g("self_attn.q_norm.weight"), gkn = g("self_attn.k_norm.weight");
-  Tensor d_q = rmsnorm_backward(d_qn.reshape({T * Hq, D}), k.q_lin.reshape({T * Hq, D}),
-                                w.at(p + "self_attn.q_norm.weight"), k.q_norm.rstd, &gqn);
-  Tensor d_k = rmsnorm_backward(d_kn.reshape({T * Hkv, D}), k.k_lin.reshape({T * Hkv, D}),
-                                w.at(p + "self_attn.k_norm.weight"), k.k_norm.rstd, &gkn);
+      output_gate_backward(d_gated, k.attn.out, k.gate_lin, w.at(p + "self_attn.output_gate_bias"), &gbias);
   const Tensor& x = k.ln_in.y;
-  Tensor gq = g("self_attn.q_proj.weight"), gk = g("self_attn.k_proj.weight"), gv = g("self_attn.v_proj.weight"),
-         gg = g("self_attn.output_gate_proj.weight");
-  Tensor d_x = linear_backward(x, w.at(p + "self_attn.q_proj.weight"), d_q.reshape({T, Hq * D}), &gq);
-  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.k_proj.weight"), d_k.reshape({T, Hkv * D}), &gk));
-  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.v_proj.weight"), ag.dv.reshape({T, Hkv * D}), &gv));
+  Tensor d_x = gqa_attention_backward(p, w, x, ctx, attention_spec(layer), k.attn, og.d_o, grads);
+  Tensor gg = g("self_attn.output_gate_proj.weight");
   add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.output_gate_proj.weight"), og.d_gate, &gg));
   Tensor gin = g("input_layernorm.weight");
   add_inplace(d_h_in, rmsnorm_backward(d_x, k.h_in, w.at(p + "input_layernorm.weight"), k.ln_in.rstd, &gin));
@@ -298,6 +253,22 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
 }
 
 Tensor BeamModel::routing_indices(const BeamBlockCache& cache) { return cache.routing.indices; }
+
+GqaAttentionSpec BeamModel::attention_spec(std::int64_t layer) const {
+  const auto& c = config_;
+  GqaAttentionSpec s;
+  s.heads = c.num_attention_heads;
+  s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.norm_eps = c.rms_norm_eps;
+  s.sliding = c.is_sliding(layer);
+  s.window = c.sliding_window;
+  s.rope_theta = c.rope_theta;
+  s.ssmax = true;  // full layers: NoPE + SSMax (MODELS.md §10.4.2)
+  s.ssmax_base = c.ssmax_base;
+  s.ssmax_exponent = c.ssmax_exponent;
+  return s;
+}
 
 LossSum BeamModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
                                 const TokenContext& ctx, std::shared_ptr<BeamHeadCache>* cache_out,

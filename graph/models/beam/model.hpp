@@ -13,6 +13,7 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/beam/config.hpp"
 #include "graph/param.hpp"
+#include "graph/models/gqa_attention.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/token_context.hpp"
 #include "kernels/precision.hpp"
@@ -75,6 +76,7 @@ class BeamModel : public Model {
 
  private:
   std::string layer_prefix(std::int64_t layer) const;
+  GqaAttentionSpec attention_spec(std::int64_t layer) const;
   BeamConfig config_;
   std::vector<ParamSpec> specs_;
 };

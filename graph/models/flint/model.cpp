@@ -1,5 +1,6 @@
 #include "graph/models/flint/model.hpp"
 #include "graph/models/model_parts.hpp"
+#include "graph/models/gqa_attention.hpp"
 #include "graph/models/hidden_state_run.hpp"
 
 #include <cmath>
@@ -12,7 +13,6 @@
 #include "kernels/ops/loss.hpp"
 #include "kernels/ops/matmul.hpp"
 #include "kernels/ops/norm.hpp"
-#include "kernels/ops/rope.hpp"
 #include "kernels/ops/router.hpp"
 
 namespace atl {
@@ -20,11 +20,7 @@ namespace atl {
 struct FlintBlockCache {
   Tensor h_in;
   RmsNormForward ln_in;           // input_layernorm
-  Tensor q_lin, k_lin, v;         // projections [T, heads*D]
-  RmsNormForward q_norm, k_norm;  // per-head norms
-  Tensor q_att, k_att;            // after RoPE (sliding) or the normed q/k (full)
-  AttentionForward attn;
-  Tensor attn_flat;  // attention output [T, Hq*D]
+  GqaAttentionCache attn;         // q/k/v, norms, RoPE, attention with sinks; attn.out [T, Hq*D]
   Tensor a_lin;      // o_proj output
   Tensor h_mid;
   RmsNormForward ln_post;  // post_attention_layernorm
@@ -65,10 +61,6 @@ ExpertsConfig experts_config(Precision p) {
   e.weight_after_down = true;  // MODELS.md §2.2, §10.3.4
   e.precision = p;
   return e;
-}
-
-AttentionOptions attention_options(const FlintConfig& c, bool sliding) {
-  return {sliding ? c.sliding_window : 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
 }
 
 }  // namespace
@@ -136,35 +128,17 @@ Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const T
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
-  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const std::int64_t T = ctx.tokens();
   const float eps = c.rms_norm_eps;
   auto cache = std::make_shared<FlintBlockCache>();
   FlintBlockCache& k = *cache;
-  Tensor flat_pos = ctx.positions.reshape({T});
 
   // Attention: h_mid = h + o_proj(attn(input_layernorm(h))).
   k.h_in = hidden;
   k.ln_in = rmsnorm_forward(hidden, w.at(p + "input_layernorm.weight"), eps, prec);
   const Tensor& x = k.ln_in.y;
-  k.q_lin = project(x, w.at(p + "self_attn.q_proj.weight"), prec);
-  k.k_lin = project(x, w.at(p + "self_attn.k_proj.weight"), prec);
-  k.v = project(x, w.at(p + "self_attn.v_proj.weight"), prec);
-  k.q_norm = rmsnorm_forward(k.q_lin.reshape({T * Hq, D}), w.at(p + "self_attn.q_norm.weight"), eps, prec);
-  k.k_norm = rmsnorm_forward(k.k_lin.reshape({T * Hkv, D}), w.at(p + "self_attn.k_norm.weight"), eps, prec);
-  const bool sliding = c.is_sliding(layer);
-  if (sliding) {
-    k.q_att = rounded(rope_forward(k.q_norm.y.reshape({T, Hq, D}), flat_pos, c.rope_theta), prec);
-    k.k_att = rounded(rope_forward(k.k_norm.y.reshape({T, Hkv, D}), flat_pos, c.rope_theta), prec);
-  } else {  // NoPE
-    k.q_att = k.q_norm.y.reshape({T, Hq, D});
-    k.k_att = k.k_norm.y.reshape({T, Hkv, D});
-  }
-  // The sinks are an fp32 island: never rounded, whatever the precision.
-  k.attn = attention_forward(k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}), k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}),
-                             k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), ctx.positions, ctx.valid, w.at(p + kSinks),
-                             attention_options(c, sliding));
-  k.attn_flat = rounded(k.attn.out.reshape({T, Hq * D}).clone(), prec);
-  k.a_lin = project(k.attn_flat, w.at(p + "self_attn.o_proj.weight"), prec);
+  gqa_attention_forward(p, w, x, ctx, attention_spec(layer), k.attn);
+  k.a_lin = project(k.attn.out, w.at(p + "self_attn.o_proj.weight"), prec);
   k.h_mid = scaled_add(k.a_lin, 1.0f, hidden, 1.0f, prec);
 
   // MLP: out = h_mid + mlp(post_attention_layernorm(h_mid)).
@@ -201,8 +175,6 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
                                   const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
-  const std::int64_t T = ctx.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  Tensor flat_pos = ctx.positions.reshape({T});
   auto g = [&](const std::string& name) { return grads.at(p + name); };
 
   // MLP sublayer: out = h_mid + m, so d_m = d_out and d_h_mid starts as d_out.
@@ -237,28 +209,8 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
 
   // Attention sublayer: h_mid = h_in + a, so d_a = d_h_mid and d_h_in starts as d_h_mid.
   Tensor go = g("self_attn.o_proj.weight");
-  Tensor d_attn = linear_backward(k.attn_flat, w.at(p + "self_attn.o_proj.weight"), d_h_mid, &go);
-  const bool sliding = c.is_sliding(layer);
-  Tensor dsinks = g(kSinks);
-  AttentionGrads ag = attention_backward(
-      d_attn.reshape({ctx.rows, ctx.seq, Hq, D}), k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}),
-      k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}), k.v.reshape({ctx.rows, ctx.seq, Hkv, D}), k.attn, ctx.positions,
-      ctx.valid, w.at(p + kSinks), &dsinks, attention_options(c, sliding));
-  Tensor d_qn = ag.dq.reshape({T, Hq, D}), d_kn = ag.dk.reshape({T, Hkv, D});
-  if (sliding) {
-    d_qn = rope_backward(d_qn, flat_pos, c.rope_theta);
-    d_kn = rope_backward(d_kn, flat_pos, c.rope_theta);
-  }
-  Tensor gqn = g("self_attn.q_norm.weight"), gkn = g("self_attn.k_norm.weight");
-  Tensor d_q = rmsnorm_backward(d_qn.reshape({T * Hq, D}), k.q_lin.reshape({T * Hq, D}),
-                                w.at(p + "self_attn.q_norm.weight"), k.q_norm.rstd, &gqn);
-  Tensor d_k = rmsnorm_backward(d_kn.reshape({T * Hkv, D}), k.k_lin.reshape({T * Hkv, D}),
-                                w.at(p + "self_attn.k_norm.weight"), k.k_norm.rstd, &gkn);
-  const Tensor& x = k.ln_in.y;
-  Tensor gq = g("self_attn.q_proj.weight"), gk = g("self_attn.k_proj.weight"), gv = g("self_attn.v_proj.weight");
-  Tensor d_x = linear_backward(x, w.at(p + "self_attn.q_proj.weight"), d_q.reshape({T, Hq * D}), &gq);
-  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.k_proj.weight"), d_k.reshape({T, Hkv * D}), &gk));
-  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.v_proj.weight"), ag.dv.reshape({T, Hkv * D}), &gv));
+  Tensor d_attn = linear_backward(k.attn.out, w.at(p + "self_attn.o_proj.weight"), d_h_mid, &go);
+  Tensor d_x = gqa_attention_backward(p, w, k.ln_in.y, ctx, attention_spec(layer), k.attn, d_attn, grads);
   Tensor gin = g("input_layernorm.weight");
   Tensor d_h_in = rmsnorm_backward(d_x, k.h_in, w.at(p + "input_layernorm.weight"), k.ln_in.rstd, &gin);
   add_inplace(d_h_in, d_h_mid);
@@ -266,6 +218,21 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
 }
 
 Tensor FlintModel::routing_indices(const FlintBlockCache& cache) { return cache.routing.indices; }
+
+GqaAttentionSpec FlintModel::attention_spec(std::int64_t layer) const {
+  const auto& c = config_;
+  GqaAttentionSpec s;
+  s.heads = c.num_attention_heads;
+  s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.norm_eps = c.rms_norm_eps;
+  s.sliding = c.is_sliding(layer);
+  s.window = c.sliding_window;  // visible 0 <= q-k <= w-1 (MODELS.md §10.3.5)
+  s.rope_theta = c.rope_theta;
+  s.ssmax = false;               // full layers are plain NoPE
+  s.sinks = kSinks;              // on every layer (§10.3.1)
+  return s;
+}
 
 LossSum FlintModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
                                  const TokenContext& ctx, std::shared_ptr<FlintHeadCache>* cache_out,

@@ -14,6 +14,7 @@
 
 #include "graph/data/batch.hpp"
 #include "graph/models/flint/config.hpp"
+#include "graph/models/gqa_attention.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/token_context.hpp"
 #include "graph/param.hpp"
@@ -84,6 +85,7 @@ class FlintModel : public Model {
 
  private:
   std::string layer_prefix(std::int64_t layer) const;
+  GqaAttentionSpec attention_spec(std::int64_t layer) const;
   FlintConfig config_;
   std::vector<ParamSpec> specs_;
 };
