@@ -83,6 +83,19 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
   im.model = in.model;
   im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), in.model->sharding_rules(), mesh, config.precision));
   const Plan& plan = *im.plan;
+  // Every unit must be read by exactly one op: a unit no op reads would never be gathered, get a
+  // gradient or reduce, and the step would wait on it forever.
+  std::vector<int> readers(plan.units.size(), 0);
+  for (const auto& units : units_per_op(plan, *in.model)) {
+    for (std::size_t u : units) ++readers[u];
+  }
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    if (readers[u] != 1) {
+      throw std::logic_error("actor runtime: unit '" + plan.units[u].name + "' (" + unit_role_name(plan.units[u].role) +
+                             ") is read by " + std::to_string(readers[u]) + " ops of " + in.model->family() +
+                             "; expected exactly 1");
+    }
+  }
   const int world = mesh.world_size();
   cpu::use_one_blas_thread();  // the ranks are the parallelism (TOOLCHAIN.md pitfall 9)
 

@@ -30,6 +30,10 @@ struct UnitActorSetup {
 };
 unit_actor spawn_unit_actor(caf::actor_system& system, UnitActorSetup setup);
 
+// For each op of the model (embedding, each layer, final), the plan's units it reads: the
+// embedding units; a layer's islands and block; the root, the head and model-level islands.
+std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model);
+
 struct StageActorSetup {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const StagedModel> model;

@@ -9,6 +9,32 @@
 
 namespace atl {
 
+// Units of op `op` (by role and layer): embedding; layer l = its islands and block; final = root,
+// head and model-level islands (Inkling2's output_query).
+std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model) {
+  std::vector<std::vector<std::size_t>> out(static_cast<std::size_t>(model.op_count()));
+  for (int op = 0; op < model.op_count(); ++op) {
+    for (std::size_t u = 0; u < plan.units.size(); ++u) {
+      const UnitPlan& unit = plan.units[u];
+      bool mine = false;
+      switch (model.op_kind(op)) {
+        case OpKind::embedding:
+          mine = unit.role == UnitRole::embedding;
+          break;
+        case OpKind::layer:
+          mine = unit.layer == model.op_layer(op);
+          break;
+        case OpKind::final:
+          mine = unit.role == UnitRole::root || unit.role == UnitRole::head ||
+                 (unit.role == UnitRole::island && unit.layer < 0);
+          break;
+      }
+      if (mine) out[static_cast<std::size_t>(op)].push_back(u);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 struct StageState {
@@ -37,32 +63,6 @@ void fail(stage_pointer self, const caf::error& error) {
   auto& st = self->state;
   st.run.reset();
   if (st.done.pending()) st.done.deliver(error);
-}
-
-// Units of op `op` (by role and layer): embedding; layer l = its islands and block; final = root,
-// head and model-level islands (Inkling2's output_query).
-std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model) {
-  std::vector<std::vector<std::size_t>> out(static_cast<std::size_t>(model.op_count()));
-  for (int op = 0; op < model.op_count(); ++op) {
-    for (std::size_t u = 0; u < plan.units.size(); ++u) {
-      const UnitPlan& unit = plan.units[u];
-      bool mine = false;
-      switch (model.op_kind(op)) {
-        case OpKind::embedding:
-          mine = unit.role == UnitRole::embedding;
-          break;
-        case OpKind::layer:
-          mine = unit.layer == model.op_layer(op);
-          break;
-        case OpKind::final:
-          mine = unit.role == UnitRole::root || unit.role == UnitRole::head ||
-                 (unit.role == UnitRole::island && unit.layer < 0);
-          break;
-      }
-      if (mine) out[static_cast<std::size_t>(op)].push_back(u);
-    }
-  }
-  return out;
 }
 
 void ensure_gathered(stage_pointer self, std::size_t u) {
