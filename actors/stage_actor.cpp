@@ -94,7 +94,7 @@ void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<
         .then(
             [=](const GatheredParams& p) {
               for (const auto& name : p.params->names()) merged->insert(name, p.params->at(name));
-              if (--*remaining == 0) next(merged);
+              if (--*remaining == 0 && self->state.run) next(merged);  // not after a failure
             },
             [=](caf::error& e) { fail(self, e); });
   }
@@ -102,7 +102,11 @@ void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<
 
 void compute(stage_pointer self, std::string name, std::function<void()> work, std::function<void()> next) {
   self->request(self->state.setup.compute, caf::infinite, run_atom::value, ComputeJob{std::move(name), std::move(work)})
-      .then([next = std::move(next)](done_atom) { next(); }, [=](caf::error& e) { fail(self, e); });
+      .then(
+          [=, next = std::move(next)](done_atom) {
+            if (self->state.run) next();  // a failed step (run reset by fail) goes no further
+          },
+          [=](caf::error& e) { fail(self, e); });
 }
 
 bool last_micro_batch(const StageState& st) { return st.micro_batch + 1 == st.step.micro_batches.size(); }
