@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "tests/graph/model_test_support.hpp"
 #include "graph/config.hpp"
 #include "graph/models/flint/model.hpp"
 #include "graph/models/hf_layout.hpp"
@@ -23,18 +24,9 @@ namespace {
 // Mean loss and the router choices of every sparse layer (forward only).
 std::pair<double, std::vector<RoutingRecord>> loss_and_routing(const FlintModel& model, const TensorMap& w,
                                                                 const Batch& batch) {
-  auto run = model.start(batch, Precision::fp32, 1.0f);
-  for (int op = 0; op < model.op_count(); ++op) run->forward(op, w);
-  return {run->loss_sum() / static_cast<double>(run->targets()), run->routing()};
-}
-
-bool same_routing(const std::vector<RoutingRecord>& a, const std::vector<RoutingRecord>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto x = a[i].indices.span<std::int32_t>(), y = b[i].indices.span<std::int32_t>();
-    if (!std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
-  }
-  return true;
+  std::vector<RoutingRecord> routing;
+  const double loss = testing::mean_loss_with_routing(model, w, batch, &routing);
+  return {loss, routing};
 }
 
 // Same approach as Beam's whole-model check: for every parameter tensor, the directional
@@ -83,7 +75,7 @@ double worst_directional_error(const FlintConfig& config, std::string* worst_nam
     for (double step : {1e-2, 3e-3, 1e-3, 3e-4, 1e-4}) {
       const auto [up, up_routing] = shifted(step);
       const auto [down, down_routing] = shifted(-step);
-      if (!same_routing(up_routing, base_routing) || !same_routing(down_routing, base_routing)) continue;
+      if (!testing::same_layer_routing(up_routing, base_routing) || !testing::same_layer_routing(down_routing, base_routing)) continue;
       ++stable_steps;
       const double n = (up - down) / (2 * step);
       if (std::abs(n - norm) / norm < err) {

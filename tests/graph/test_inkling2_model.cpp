@@ -11,6 +11,7 @@
 #include <limits>
 #include <set>
 
+#include "tests/graph/model_test_support.hpp"
 #include "graph/config.hpp"
 #include "graph/config_reader.hpp"
 #include "graph/models/inkling2/model.hpp"
@@ -37,24 +38,6 @@ Inkling2Config features_config(const std::string& preset) {
   c.l2_clip_radius_k = 0.5f;
   c.l2_clip_radius_r = 0.35f;
   return c;
-}
-
-// Mean loss of the fp32 forward, with the router choices of every layer.
-double mean_loss(const Inkling2Model& model, const TensorMap& w, const Batch& batch,
-                 std::vector<RoutingRecord>* routing = nullptr) {
-  std::unique_ptr<MicroBatchRun> run = model.start(batch, Precision::fp32, 1.0f);
-  for (int op = 0; op < model.op_count(); ++op) run->forward(op, w);
-  if (routing) *routing = run->routing();
-  return run->loss_sum() / static_cast<double>(run->targets());
-}
-
-bool same_routing(const std::vector<RoutingRecord>& a, const std::vector<RoutingRecord>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t l = 0; l < a.size(); ++l) {
-    const auto x = a[l].indices.span<std::int32_t>(), y = b[l].indices.span<std::int32_t>();
-    if (!std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
-  }
-  return true;
 }
 
 // Weights with every ones/zeros-initialised parameter (gammas, clip scales, depth queries)
@@ -92,7 +75,7 @@ double worst_directional_error(const Inkling2Config& config, std::string* worst_
   LossSum l = model.forward_backward(w, batch, Precision::fp32, 1.0f / static_cast<float>(batch.target_count()), grads);
   REQUIRE(l.targets == batch.target_count());
   std::vector<RoutingRecord> base_routing;
-  const double base_loss = mean_loss(model, w, batch, &base_routing);
+  const double base_loss = testing::mean_loss_with_routing(model, w, batch, &base_routing);
   double worst = 0;
   for (const auto& s : model.specs()) {
     const Tensor g = grads.at(s.name);
@@ -112,8 +95,8 @@ double worst_directional_error(const Inkling2Config& config, std::string* worst_
       const float* pg = g.data<float>();
       for (std::int64_t i = 0; i < p.numel(); ++i) pp[i] = ps[i] + static_cast<float>(eps * pg[i] / norm);
       std::vector<RoutingRecord> routing;
-      const double loss = mean_loss(model, w, batch, &routing);
-      *same = same_routing(routing, base_routing);
+      const double loss = testing::mean_loss_with_routing(model, w, batch, &routing);
+      *same = testing::same_layer_routing(routing, base_routing);
       return loss;
     };
     double err = 1e30, numeric = 0;
