@@ -43,6 +43,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   }
   Tensor t;
   t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(t.bytes(), device);
   return t;
@@ -96,6 +97,7 @@ Tensor Tensor::reshape(Shape shape) const {
   }
   Tensor t = *this;
   t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
   return t;
 }
 
@@ -108,6 +110,7 @@ Tensor Tensor::slice_rows(std::int64_t begin, std::int64_t end) const {
   std::int64_t row = numel() / std::max<std::int64_t>(shape_[0], 1);
   t.byte_offset_ += static_cast<std::size_t>(begin * row) * element_size(dtype_);
   t.shape_[0] = end - begin;
+  t.numel_ = shape_numel(t.shape_);
   return t;
 }
 

@@ -49,7 +49,7 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   std::int64_t rank() const { return static_cast<std::int64_t>(shape_.size()); }
   std::int64_t size(std::int64_t dim) const;  // negative dims count from the end
-  std::int64_t numel() const { return shape_numel(shape_); }
+  std::int64_t numel() const { return numel_; }
   std::size_t bytes() const { return static_cast<std::size_t>(numel()) * element_size(dtype_); }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::cpu; }
@@ -78,6 +78,7 @@ class Tensor {
   void check_dtype(DType expected) const;
 
   Shape shape_;
+  std::int64_t numel_ = 1;  // product of shape_, kept with it (loops read numel() per element)
   DType dtype_ = DType::f32;
   std::shared_ptr<Storage> storage_;
   std::size_t byte_offset_ = 0;
