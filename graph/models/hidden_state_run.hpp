@@ -82,14 +82,4 @@ LossSum hidden_state_forward(const M& model, const TensorMap& w, const Batch& ba
   return model.head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
 }
 
-// Op numbering shared by the families: op 0 embedding, op 1 + l layer l, last op final.
-inline OpKind layered_op_kind(int op, int op_count) {
-  if (op == 0) return OpKind::embedding;
-  if (op == op_count - 1) return OpKind::final;
-  return OpKind::layer;
-}
-inline std::int64_t layered_op_layer(int op, int op_count) {
-  return layered_op_kind(op, op_count) == OpKind::layer ? op - 1 : -1;
-}
-
 }  // namespace atl

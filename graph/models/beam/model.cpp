@@ -297,9 +297,6 @@ Tensor BeamModel::head_backward(const TensorMap& w, const BeamHeadCache& cache, 
   return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
 }
 
-OpKind BeamModel::op_kind(int op) const { return layered_op_kind(op, op_count()); }
-std::int64_t BeamModel::op_layer(int op) const { return layered_op_layer(op, op_count()); }
-
 std::unique_ptr<MicroBatchRun> BeamModel::start(const Batch& micro_batch, Precision precision,
                                                 float grad_scale) const {
   return std::make_unique<HiddenStateRun<BeamModel>>(*this, micro_batch, precision, grad_scale);

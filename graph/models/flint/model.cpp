@@ -261,9 +261,6 @@ Tensor FlintModel::head_backward(const TensorMap& w, const FlintHeadCache& cache
   return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
 }
 
-OpKind FlintModel::op_kind(int op) const { return layered_op_kind(op, op_count()); }
-std::int64_t FlintModel::op_layer(int op) const { return layered_op_layer(op, op_count()); }
-
 std::unique_ptr<MicroBatchRun> FlintModel::start(const Batch& micro_batch, Precision precision,
                                                  float grad_scale) const {
   return std::make_unique<HiddenStateRun<FlintModel>>(*this, micro_batch, precision, grad_scale);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "graph/models/hidden_state_run.hpp"  // layered_op_kind / layered_op_layer
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/elementwise.hpp"
 #include "kernels/ops/embedding.hpp"
@@ -682,10 +681,6 @@ class Inkling2MicroBatchRun final : public MicroBatchRun {
 };
 
 }  // namespace
-
-OpKind Inkling2Model::op_kind(int op) const { return layered_op_kind(op, op_count()); }
-
-std::int64_t Inkling2Model::op_layer(int op) const { return layered_op_layer(op, op_count()); }
 
 std::unique_ptr<MicroBatchRun> Inkling2Model::start(const Batch& micro_batch, Precision precision,
                                                     float grad_scale) const {

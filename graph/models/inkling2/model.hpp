@@ -95,9 +95,7 @@ class Inkling2Model : public Model {
                   Tensor* logits_out = nullptr) const override;
 
   // --- StagedModel: op 0 = embedding, op 1 + l = layer l, op L + 1 = final mix, norm, head and loss ---
-  int op_count() const override { return static_cast<int>(config_.num_hidden_layers) + 2; }
-  OpKind op_kind(int op) const override;
-  std::int64_t op_layer(int op) const override;
+  std::int64_t num_layers() const override { return config_.num_hidden_layers; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
   static std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
