@@ -1,17 +1,17 @@
 #include "graph/models/beam/model.hpp"
-#include "graph/models/model_parts.hpp"
-#include "graph/models/gqa_attention.hpp"
-#include "graph/models/hidden_state_run.hpp"
 
 #include <cmath>
 
+#include "graph/models/gqa_attention.hpp"
+#include "graph/models/hidden_state_run.hpp"
+#include "graph/models/lm_head.hpp"
+#include "graph/models/model_parts.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/elementwise.hpp"
 #include "kernels/ops/embedding.hpp"
 #include "kernels/ops/experts.hpp"
 #include "kernels/ops/gate.hpp"
-#include "kernels/ops/loss.hpp"
 #include "kernels/ops/matmul.hpp"
 #include "kernels/ops/norm.hpp"
 #include "kernels/ops/router.hpp"
@@ -20,11 +20,11 @@ namespace atl {
 
 struct BeamBlockCache {
   Tensor h_in;
-  RmsNormForward ln_in;                 // input_layernorm
-  GqaAttentionCache attn;               // q/k/v, norms, RoPE / SSMax, attention; attn.out [T, Hq*D]
-  Tensor gate_lin;                      // output_gate_proj(x) [T, Hq*D]
-  Tensor gated;                         // after the output gate
-  Tensor a_lin;                         // o_proj output
+  RmsNormForward ln_in;    // input_layernorm
+  GqaAttentionCache attn;  // q/k/v, norms, RoPE / SSMax, attention; attn.out [T, Hq*D]
+  Tensor gate_lin;         // output_gate_proj(x) [T, Hq*D]
+  Tensor gated;            // after the output gate
+  Tensor a_lin;            // o_proj output
   RmsNormForward ln_post_attn;
   Tensor h_mid;
   RmsNormForward ln_pre_ff;
@@ -37,13 +37,6 @@ struct BeamBlockCache {
   ExpertsForward experts;
   Tensor m_lin;
   RmsNormForward ln_post_ff;
-};
-
-struct BeamHeadCache {
-  Tensor hidden;
-  RmsNormForward norm;
-  LogitLossForward loss;
-  Tensor targets;
 };
 
 namespace {
@@ -127,9 +120,7 @@ BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
 }
 
-std::string BeamModel::layer_prefix(std::int64_t layer) const {
-  return "model.layers." + std::to_string(layer) + ".";
-}
+std::string BeamModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
 
 Tensor BeamModel::embed_forward(const TensorMap& w, const Tensor& input_ids) const {
   Tensor ids = input_ids.reshape({input_ids.numel()});
@@ -229,8 +220,8 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
                     linear_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du));
   }
   Tensor gpre = g("pre_feedforward_layernorm.weight");
-  add_inplace(d_h_mid, rmsnorm_backward(d_x2, k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"),
-                                        k.ln_pre_ff.rstd, &gpre));
+  add_inplace(d_h_mid,
+              rmsnorm_backward(d_x2, k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"), k.ln_pre_ff.rstd, &gpre));
 
   // Attention sublayer: h_mid = cs1 * norm(a) + cr1 * h_in.
   auto [cs1, cr1] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 2);
@@ -273,32 +264,25 @@ GqaAttentionSpec BeamModel::attention_spec(std::int64_t layer) const {
 LossSum BeamModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
                                 const TokenContext& ctx, std::shared_ptr<BeamHeadCache>* cache_out,
                                 Tensor* logits_out) const {
-  const auto& c = config_;
   auto cache = std::make_shared<BeamHeadCache>();
-  cache->hidden = hidden;
-  cache->norm = rmsnorm_forward(hidden, w.at("model.norm.weight"), c.rms_norm_eps, ctx.precision);
-  Tensor logits = linear_forward(cache->norm.y, w.at("lm_head.weight"));
-  round_activation(ctx.precision, logits);  // Beam's head is bulk: logits rounded before the fp32 softcap
-  cache->targets = targets.reshape({targets.numel()});
-  cache->loss = logit_loss_forward(logits, cache->targets, c.unpadded_vocab_size, c.final_logit_softcapping);
-  if (logits_out) *logits_out = cache->loss.capped.reshape({ctx.rows, ctx.seq, c.vocab_size});
-  LossSum out{cache->loss.loss_sum, cache->loss.count};
+  LossSum out = lm_head_forward(w, head_spec(), hidden, targets, ctx, *cache, logits_out);
   if (cache_out) *cache_out = std::move(cache);
   return out;
 }
 
 Tensor BeamModel::head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale,
                                 const TensorMap& grads) const {
-  const auto& c = config_;
-  Tensor d_logits = logit_loss_backward(cache.loss, cache.targets, c.unpadded_vocab_size, c.final_logit_softcapping,
-                                        grad_scale);
-  Tensor gh = grads.at("lm_head.weight"), gn = grads.at("model.norm.weight");
-  Tensor d_norm = linear_backward(cache.norm.y, w.at("lm_head.weight"), d_logits, &gh);
-  return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
+  return lm_head_backward(w, head_spec(), cache, grad_scale, grads);
 }
 
-std::unique_ptr<MicroBatchRun> BeamModel::start(const Batch& micro_batch, Precision precision,
-                                                float grad_scale) const {
+LmHeadSpec BeamModel::head_spec() const {
+  const auto& c = config_;
+  return {"model.norm.weight",   "lm_head.weight",          c.rms_norm_eps,       c.vocab_size,
+          c.unpadded_vocab_size, c.final_logit_softcapping, /*round_logits=*/true};  // Beam's head is bulk (MODELS.md
+                                                                                     // §10.4.5)
+}
+
+std::unique_ptr<MicroBatchRun> BeamModel::start(const Batch& micro_batch, Precision precision, float grad_scale) const {
   return std::make_unique<HiddenStateRun<BeamModel>>(*this, micro_batch, precision, grad_scale);
 }
 

@@ -14,6 +14,7 @@
 #include "graph/models/beam/config.hpp"
 #include "graph/param.hpp"
 #include "graph/models/gqa_attention.hpp"
+#include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/token_context.hpp"
 #include "kernels/precision.hpp"
@@ -22,7 +23,7 @@ namespace atl {
 
 
 struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
-struct BeamHeadCache;
+using BeamHeadCache = LmHeadCache;
 
 class BeamModel : public Model {
  public:
@@ -75,6 +76,7 @@ class BeamModel : public Model {
  private:
   std::string layer_prefix(std::int64_t layer) const;
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
+  LmHeadSpec head_spec() const;
   BeamConfig config_;
   std::vector<ParamSpec> specs_;
 };

@@ -1,16 +1,16 @@
 #include "graph/models/flint/model.hpp"
-#include "graph/models/model_parts.hpp"
-#include "graph/models/gqa_attention.hpp"
-#include "graph/models/hidden_state_run.hpp"
 
 #include <cmath>
 
+#include "graph/models/gqa_attention.hpp"
+#include "graph/models/hidden_state_run.hpp"
+#include "graph/models/lm_head.hpp"
+#include "graph/models/model_parts.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/elementwise.hpp"
 #include "kernels/ops/embedding.hpp"
 #include "kernels/ops/experts.hpp"
-#include "kernels/ops/loss.hpp"
 #include "kernels/ops/matmul.hpp"
 #include "kernels/ops/norm.hpp"
 #include "kernels/ops/router.hpp"
@@ -19,9 +19,9 @@ namespace atl {
 
 struct FlintBlockCache {
   Tensor h_in;
-  RmsNormForward ln_in;           // input_layernorm
-  GqaAttentionCache attn;         // q/k/v, norms, RoPE, attention with sinks; attn.out [T, Hq*D]
-  Tensor a_lin;      // o_proj output
+  RmsNormForward ln_in;    // input_layernorm
+  GqaAttentionCache attn;  // q/k/v, norms, RoPE, attention with sinks; attn.out [T, Hq*D]
+  Tensor a_lin;            // o_proj output
   Tensor h_mid;
   RmsNormForward ln_post;  // post_attention_layernorm
   // dense MLP
@@ -31,13 +31,6 @@ struct FlintBlockCache {
   RouterForward routing;
   ExpertsForward experts;
   Tensor sg, su, sact;
-};
-
-struct FlintHeadCache {
-  Tensor hidden;
-  RmsNormForward norm;
-  LogitLossForward loss;
-  Tensor targets;
 };
 
 namespace {
@@ -110,9 +103,7 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
 }
 
-std::string FlintModel::layer_prefix(std::int64_t layer) const {
-  return "model.layers." + std::to_string(layer) + ".";
-}
+std::string FlintModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
 
 Tensor FlintModel::embed_forward(const TensorMap& w, const Tensor& input_ids) const {
   Tensor ids = input_ids.reshape({input_ids.numel()});
@@ -123,8 +114,8 @@ void FlintModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden,
   embedding_backward(d_hidden, input_ids.reshape({input_ids.numel()}), grads.at("model.embed_tokens.weight"));
 }
 
-Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
-                                 const TokenContext& ctx, std::shared_ptr<FlintBlockCache>* cache_out) const {
+Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
+                                 std::shared_ptr<FlintBlockCache>* cache_out) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -171,8 +162,8 @@ Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const T
   return out;
 }
 
-Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
-                                  const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const {
+Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k, const Tensor& d_out,
+                                  const TokenContext& ctx, const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   auto g = [&](const std::string& name) { return grads.at(p + name); };
@@ -229,36 +220,30 @@ GqaAttentionSpec FlintModel::attention_spec(std::int64_t layer) const {
   s.sliding = c.is_sliding(layer);
   s.window = c.sliding_window;  // visible 0 <= q-k <= w-1 (MODELS.md §10.3.5)
   s.rope_theta = c.rope_theta;
-  s.ssmax = false;               // full layers are plain NoPE
-  s.sinks = kSinks;              // on every layer (§10.3.1)
+  s.ssmax = false;   // full layers are plain NoPE
+  s.sinks = kSinks;  // on every layer (§10.3.1)
   return s;
 }
 
 LossSum FlintModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
                                  const TokenContext& ctx, std::shared_ptr<FlintHeadCache>* cache_out,
                                  Tensor* logits_out) const {
-  const auto& c = config_;
   auto cache = std::make_shared<FlintHeadCache>();
-  cache->hidden = hidden;
-  cache->norm = rmsnorm_forward(hidden, w.at("model.norm.weight"), c.rms_norm_eps, ctx.precision);
-  // fp32 island: the (bf16 in bf16 runs) hidden state times the fp32 weight, fp32 logits never
-  // rounded; no softcap, columns >= Vu masked.
-  Tensor logits = linear_forward(cache->norm.y, w.at("lm_head.weight"));
-  cache->targets = targets.reshape({targets.numel()});
-  cache->loss = logit_loss_forward(logits, cache->targets, c.unpadded_vocab_size, 0.0f);
-  if (logits_out) *logits_out = cache->loss.capped.reshape({ctx.rows, ctx.seq, c.vocab_size});
-  LossSum out{cache->loss.loss_sum, cache->loss.count};
+  LossSum out = lm_head_forward(w, head_spec(), hidden, targets, ctx, *cache, logits_out);
   if (cache_out) *cache_out = std::move(cache);
   return out;
 }
 
 Tensor FlintModel::head_backward(const TensorMap& w, const FlintHeadCache& cache, float grad_scale,
                                  const TensorMap& grads) const {
+  return lm_head_backward(w, head_spec(), cache, grad_scale, grads);
+}
+
+LmHeadSpec FlintModel::head_spec() const {
   const auto& c = config_;
-  Tensor d_logits = logit_loss_backward(cache.loss, cache.targets, c.unpadded_vocab_size, 0.0f, grad_scale);
-  Tensor gh = grads.at("lm_head.weight"), gn = grads.at("model.norm.weight");
-  Tensor d_norm = linear_backward(cache.norm.y, w.at("lm_head.weight"), d_logits, &gh);
-  return rmsnorm_backward(d_norm, cache.hidden, w.at("model.norm.weight"), cache.norm.rstd, &gn);
+  // fp32 island: bf16-valued hidden times the fp32 weight, fp32 logits never rounded, no softcap.
+  return {"model.norm.weight",   "lm_head.weight", c.rms_norm_eps, c.vocab_size, c.unpadded_vocab_size, 0.0f,
+          /*round_logits=*/false};
 }
 
 std::unique_ptr<MicroBatchRun> FlintModel::start(const Batch& micro_batch, Precision precision,

@@ -15,6 +15,7 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/flint/config.hpp"
 #include "graph/models/gqa_attention.hpp"
+#include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/token_context.hpp"
 #include "graph/param.hpp"
@@ -25,7 +26,7 @@ namespace atl {
 // Per micro-batch inputs every Flint block reads.
 
 struct FlintBlockCache;  // activations a block's backward needs (defined in model.cpp)
-struct FlintHeadCache;
+using FlintHeadCache = LmHeadCache;
 
 // fp32 islands: the sink holders `self_attn._fp32_params` (one unit per layer) and `lm_head`,
 // which is also the head unit and takes the island policy (MODELS.md §2.3, §5.3).
@@ -84,6 +85,7 @@ class FlintModel : public Model {
  private:
   std::string layer_prefix(std::int64_t layer) const;
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
+  LmHeadSpec head_spec() const;
   FlintConfig config_;
   std::vector<ParamSpec> specs_;
 };

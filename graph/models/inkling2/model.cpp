@@ -1,4 +1,5 @@
 #include "graph/models/inkling2/model.hpp"
+#include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
 
 #include <cmath>
@@ -10,7 +11,6 @@
 #include "kernels/ops/experts.hpp"
 #include "kernels/ops/gate.hpp"
 #include "kernels/ops/l2_clip.hpp"
-#include "kernels/ops/loss.hpp"
 #include "kernels/ops/matmul.hpp"
 #include "kernels/ops/norm.hpp"
 #include "kernels/ops/relative_attention.hpp"
@@ -59,10 +59,8 @@ struct Inkling2LayerCache {
 
 struct Inkling2HeadCache {
   std::vector<Tensor> sources;
-  ResidualMixForward mix;
-  RmsNormForward norm;
-  LogitLossForward loss;
-  Tensor targets;
+  ResidualMixForward mix;  // output_query's depth mix
+  LmHeadCache head;        // norm, lm_head, softcap, mask, loss
 };
 
 std::vector<Tensor> Inkling2ResidualState::sources() const {
@@ -581,25 +579,22 @@ LossSum Inkling2Model::head_forward(const TensorMap& w, const Inkling2ResidualSt
   auto cache = std::make_shared<Inkling2HeadCache>();
   cache->sources = state.sources();
   cache->mix = residual_mix_forward(cache->sources, w.at("output_query.weight"), c.rms_norm_eps, ctx.precision);
-  cache->norm = rmsnorm_forward(cache->mix.out, w.at("norm.weight"), c.rms_norm_eps, ctx.precision);
   // lm_head is bulk (bf16 weight values in bf16), accumulates in fp32; the logits are never rounded.
-  Tensor logits = linear_forward(cache->norm.y, w.at("lm_head.weight"));
-  cache->targets = targets.reshape({targets.numel()});
-  cache->loss = logit_loss_forward(logits, cache->targets, c.unpadded_vocab_size, c.final_logit_softcapping);
-  if (logits_out) *logits_out = cache->loss.capped.reshape({ctx.rows, ctx.seq, c.vocab_size});
-  LossSum out{cache->loss.loss_sum, cache->loss.count};
+  LossSum out = lm_head_forward(w, head_spec(), cache->mix.out, targets, ctx, cache->head, logits_out);
   if (cache_out) *cache_out = std::move(cache);
   return out;
 }
 
+LmHeadSpec Inkling2Model::head_spec() const {
+  const auto& c = config_;
+  return {"norm.weight", "lm_head.weight", c.rms_norm_eps, c.vocab_size, c.unpadded_vocab_size,
+          c.final_logit_softcapping, /*round_logits=*/false};
+}
+
 Inkling2StateGrad Inkling2Model::head_backward(const TensorMap& w, const Inkling2HeadCache& cache, float grad_scale,
                                                const TensorMap& grads) const {
-  const auto& c = config_;
-  Tensor d_logits =
-      logit_loss_backward(cache.loss, cache.targets, c.unpadded_vocab_size, c.final_logit_softcapping, grad_scale);
-  Tensor gh = grads.at("lm_head.weight"), gn = grads.at("norm.weight"), gq = grads.at("output_query.weight");
-  Tensor d_norm = linear_backward(cache.norm.y, w.at("lm_head.weight"), d_logits, &gh);
-  Tensor d_mix = rmsnorm_backward(d_norm, cache.mix.out, w.at("norm.weight"), cache.norm.rstd, &gn);
+  Tensor d_mix = lm_head_backward(w, head_spec(), cache.head, grad_scale, grads);
+  Tensor gq = grads.at("output_query.weight");
   std::vector<Tensor> ds = residual_mix_backward(d_mix, cache.sources, w.at("output_query.weight"), cache.mix, &gq);
   Inkling2StateGrad d;
   d.completed.resize(ds.size() - 1);

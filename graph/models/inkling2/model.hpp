@@ -14,6 +14,7 @@
 
 #include "graph/data/batch.hpp"
 #include "graph/models/inkling2/config.hpp"
+#include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/token_context.hpp"
 #include "graph/param.hpp"
@@ -101,6 +102,7 @@ class Inkling2Model : public Model {
   static std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
 
  private:
+  LmHeadSpec head_spec() const;
   Inkling2Config config_;
   std::vector<ParamSpec> specs_;
 };

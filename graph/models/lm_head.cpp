@@ -1,0 +1,27 @@
+#include "graph/models/lm_head.hpp"
+
+#include "kernels/ops/matmul.hpp"
+
+namespace atl {
+
+LossSum lm_head_forward(const TensorMap& w, const LmHeadSpec& s, const Tensor& hidden, const Tensor& targets,
+                        const TokenContext& ctx, LmHeadCache& k, Tensor* logits_out) {
+  k.hidden = hidden;
+  k.norm = rmsnorm_forward(hidden, w.at(s.norm), s.norm_eps, ctx.precision);
+  Tensor logits = linear_forward(k.norm.y, w.at(s.head));
+  if (s.round_logits) round_activation(ctx.precision, logits);
+  k.targets = targets.reshape({targets.numel()});
+  k.loss = logit_loss_forward(logits, k.targets, s.usable_vocab, s.softcap);
+  if (logits_out) *logits_out = k.loss.capped.reshape({ctx.rows, ctx.seq, s.vocab_size});
+  return {k.loss.loss_sum, k.loss.count};
+}
+
+Tensor lm_head_backward(const TensorMap& w, const LmHeadSpec& s, const LmHeadCache& k, float grad_scale,
+                        const TensorMap& grads) {
+  Tensor d_logits = logit_loss_backward(k.loss, k.targets, s.usable_vocab, s.softcap, grad_scale);
+  Tensor gh = grads.at(s.head), gn = grads.at(s.norm);
+  Tensor d_norm = linear_backward(k.norm.y, w.at(s.head), d_logits, &gh);
+  return rmsnorm_backward(d_norm, k.hidden, w.at(s.norm), k.norm.rstd, &gn);
+}
+
+}  // namespace atl
