@@ -14,6 +14,14 @@ std::vector<std::string> train_args(const fs::path& run_dir, const std::string& 
   return {source_path(config).string(), "--set", "run_dir=" + run_dir.string(), "--set", "train.log_every=100"};
 }
 
+// Appends `--set key=value` for each assignment.
+void add_sets(std::vector<std::string>& args, std::initializer_list<const char*> sets) {
+  for (const char* s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+}
+
 Result must_run(const std::string& app, const std::vector<std::string>& args, const fs::path& scratch) {
   Result r = run_app(app, args, scratch);
   INFO(app << " stdout: " << r.out << "\nstderr: " << r.err);
@@ -48,10 +56,7 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
   TempDir tmp;
   const fs::path a = tmp.path / "a", b = tmp.path / "b", c = tmp.path / "c";
   auto args = train_args(a);
-  for (const char* s : {"train.steps=20", "checkpoint.every=10", "topology.mesh.dp_shard=4"}) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
+  add_sets(args, {"train.steps=20", "checkpoint.every=10", "topology.mesh.dp_shard=4"});
   must_run("atoll-train", args, tmp.path);
   const fs::path step10 = a / "checkpoints" / "step-00000010";
   REQUIRE(fs::exists(step10 / "COMPLETE"));
@@ -59,10 +64,7 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
 
   // Resumed on the same mesh: steps 11-20 are byte-identical lines (timing aside).
   auto resume_same = train_args(tmp.path / "same");
-  for (const char* s : {"train.steps=20", "topology.mesh.dp_shard=4"}) {
-    resume_same.push_back("--set");
-    resume_same.push_back(s);
-  }
+  add_sets(resume_same, {"train.steps=20", "topology.mesh.dp_shard=4"});
   resume_same.push_back("--resume");
   resume_same.push_back(step10.string());
   const Result rs = must_run("atoll-train", resume_same, tmp.path);
@@ -80,10 +82,7 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
   // reproduces the reduction tree); the gradient norm is summed over other shards, so only its
   // last bits may differ, and the bytes moved differ by design.
   auto resume_b = train_args(b);
-  for (const char* s : {"train.steps=20", "topology.mesh.dp_shard=2"}) {
-    resume_b.push_back("--set");
-    resume_b.push_back(s);
-  }
+  add_sets(resume_b, {"train.steps=20", "topology.mesh.dp_shard=2"});
   resume_b.push_back("--resume");
   resume_b.push_back(step10.string());
   must_run("atoll-train", resume_b, tmp.path);
@@ -98,10 +97,7 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
 
   // ...and under the reference trainer: the next step's loss agrees to 1e-6.
   auto resume_c = train_args(c);
-  for (const char* s : {"train.steps=11", "topology.engine=reference"}) {
-    resume_c.push_back("--set");
-    resume_c.push_back(s);
-  }
+  add_sets(resume_c, {"train.steps=11", "topology.engine=reference"});
   resume_c.push_back("--resume");
   resume_c.push_back(step10.string());
   must_run("atoll-train", resume_c, tmp.path);
@@ -112,10 +108,7 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
 
   // --resume without a value continues from the latest checkpoint of the run's checkpoint.dir.
   auto latest = train_args(a);
-  for (const char* s : {"train.steps=22", "checkpoint.every=0"}) {
-    latest.push_back("--set");
-    latest.push_back(s);
-  }
+  add_sets(latest, {"train.steps=22", "checkpoint.every=0"});
   latest.push_back("--resume");
   const Result rl = must_run("atoll-train", latest, tmp.path);
   CHECK(rl.out.find("step-00000020") != std::string::npos);
@@ -126,10 +119,7 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
   TempDir tmp;
   const fs::path run = tmp.path / "run";
   auto args = train_args(run);
-  for (const char* s : {"train.steps=4", "checkpoint.every=2"}) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
+  add_sets(args, {"train.steps=4", "checkpoint.every=2"});
   must_run("atoll-train", args, tmp.path);
   const fs::path good = run / "checkpoints" / "step-00000004";
   const fs::path bad = tmp.path / "bad" / "step-00000004";
@@ -148,10 +138,7 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
   CHECK_FALSE(fs::exists(tmp.path / "r" / "metrics.jsonl"));
   // The checkpoint of another model is a mismatch, named as such.
   auto other = train_args(tmp.path / "o");
-  for (const char* s : {"train.steps=6", "model.preset=beam-tiny-dense"}) {
-    other.push_back("--set");
-    other.push_back(s);
-  }
+  add_sets(other, {"train.steps=6", "model.preset=beam-tiny-dense"});
   other.push_back("--resume");
   other.push_back(good.string());
   const Result ro = run_app("atoll-train", other, tmp.path);
@@ -164,10 +151,7 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise; atoll-e
   TempDir tmp;
   const fs::path run = tmp.path / "run";
   auto args = train_args(run);
-  for (const char* s : {"train.steps=3", "checkpoint.every=3"}) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
+  add_sets(args, {"train.steps=3", "checkpoint.every=3"});
   must_run("atoll-train", args, tmp.path);
   const fs::path ckpt = run / "checkpoints" / "step-00000003";
   for (const char* dtype : {"fp32", "bf16"}) {
@@ -276,10 +260,7 @@ TEST_CASE("apps: a run killed mid-way resumes with its whole metrics history", "
   CHECK(lines_before >= 6);  // every finished step was on disk when the run died
 
   auto resume = train_args(run);
-  for (const char* s : {"train.steps=12", "checkpoint.every=3"}) {
-    resume.push_back("--set");
-    resume.push_back(s);
-  }
+  add_sets(resume, {"train.steps=12", "checkpoint.every=3"});
   resume.push_back("--resume");
   const Result r = must_run("atoll-train", resume, tmp.path);
   const auto metrics = read_metrics(run / "metrics.jsonl");
@@ -291,10 +272,7 @@ TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or
   TempDir tmp;
   const fs::path run = tmp.path / "run";
   auto args = train_args(run);
-  for (const char* s : {"train.steps=2", "checkpoint.every=2"}) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
+  add_sets(args, {"train.steps=2", "checkpoint.every=2"});
   must_run("atoll-train", args, tmp.path);
   for (const auto& [change, key] : std::vector<std::pair<std::string, std::string>>{
            {"train.seed=99", "train.seed"}, {"data.synthetic_branching=3", "data"}}) {

@@ -5,6 +5,8 @@
 #include <memory>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "graph/models/model.hpp"
 
 namespace atl::testing {
@@ -25,6 +27,33 @@ inline bool same_layer_routing(const std::vector<RoutingRecord>& a, const std::v
     if (a[l].layer != b[l].layer || !std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
   }
   return true;
+}
+
+// MODELS.md §6.9: in a packed row of `batch` (one row, several documents), changing every token
+// before the last document start leaves that document's logits bitwise unchanged and does change
+// the earlier ones. Checks with Catch; returns the last document's start column.
+inline std::int64_t check_document_isolation(const Model& model, const TensorMap& w, const Batch& batch) {
+  const std::int64_t seq = batch.seq_len(), vocab = model.vocab_size(), usable = model.unpadded_vocab_size();
+  const std::int64_t* pos = batch.positions.data<std::int64_t>();
+  std::int64_t last_start = 0;
+  for (std::int64_t t = 1; t < seq; ++t) {
+    if (pos[t] == 0) last_start = t;
+  }
+  REQUIRE(last_start > 0);
+  Batch changed{batch.input_ids.clone(), batch.positions, batch.valid, batch.targets};
+  for (std::int64_t t = 0; t < last_start; ++t) {
+    changed.input_ids.data<std::int64_t>()[t] = (batch.input_ids.data<std::int64_t>()[t] + 17) % usable;
+  }
+  Tensor la, lb;
+  model.forward(w, batch, Precision::fp32, &la);
+  model.forward(w, changed, Precision::fp32, &lb);
+  for (std::int64_t t = last_start; t < seq; ++t) {
+    for (std::int64_t v = 0; v < usable; ++v) {
+      CHECK(la.data<float>()[t * vocab + v] == lb.data<float>()[t * vocab + v]);
+    }
+  }
+  CHECK(la.data<float>()[0] != lb.data<float>()[0]);  // the changed document did change
+  return last_start;
 }
 
 }  // namespace atl::testing

@@ -6,6 +6,7 @@
 #include "graph/models/beam/model.hpp"
 #include "kernels/ops/optim.hpp"
 #include "kernels/rng.hpp"
+#include "tests/graph/model_test_support.hpp"
 #include "tests/graph/beam_test_support.hpp"
 
 using namespace atl;
@@ -138,24 +139,7 @@ TEST_CASE("Beam keeps documents isolated inside a packed row", "[beam]") {
   BeamModel model(beam_preset("beam-tiny-moe"));
   TensorMap w = TensorMap::initialized(model.specs(), 2, 0.1f);
   Batch a = testing::synthetic_batch(1, 32, 5);
-  // Find the last document start; change every token before it.
-  const std::int64_t* pos = a.positions.data<std::int64_t>();
-  std::int64_t last_start = 0;
-  for (std::int64_t t = 1; t < 32; ++t) {
-    if (pos[t] == 0) last_start = t;
-  }
-  REQUIRE(last_start > 0);
-  Batch b{a.input_ids.clone(), a.positions, a.valid, a.targets};
-  for (std::int64_t t = 0; t < last_start; ++t) {
-    b.input_ids.data<std::int64_t>()[t] = (a.input_ids.data<std::int64_t>()[t] + 17) % 250;
-  }
-  Tensor la, lb;
-  model.forward(w, a, Precision::fp32, &la);
-  model.forward(w, b, Precision::fp32, &lb);
-  for (std::int64_t t = last_start; t < 32; ++t) {
-    for (std::int64_t v = 0; v < 250; ++v) CHECK(la.data<float>()[t * 256 + v] == lb.data<float>()[t * 256 + v]);
-  }
-  CHECK(la.data<float>()[0] != lb.data<float>()[0]);  // the changed document did change
+  testing::check_document_isolation(model, w, a);
 }
 
 TEST_CASE("Beam in bf16 tracks fp32 and picks the same experts at init", "[beam][bf16]") {
