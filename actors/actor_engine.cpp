@@ -4,7 +4,7 @@
 #include "actors/spawn.hpp"
 #include "comm/sim/sim_world.hpp"
 #include "graph/plan/flat_shards.hpp"
-#include "kernels/cpu/gemm.hpp"
+#include "graph/training/run.hpp"
 
 namespace atl {
 
@@ -97,7 +97,7 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
     }
   }
   const int world = mesh.world_size();
-  cpu::use_one_blas_thread();  // the ranks are the parallelism (TOOLCHAIN.md pitfall 9)
+  const int threads_per_rank = compute_threads(config, world);  // default: the ranks are the parallelism
 
   im.recorder = std::make_shared<CollectiveRecorder>();
   im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch());
@@ -136,7 +136,7 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
       setup.tracer = im.tracer;
       im.units[static_cast<std::size_t>(rank)].push_back(spawn_unit_actor(sys, std::move(setup)));
     }
-    compute_actor compute = spawn_compute_actor(sys, rank, im.tracer);
+    compute_actor compute = spawn_compute_actor(sys, rank, threads_per_rank, im.tracer);
     im.computes.push_back(compute);
     im.stages.push_back(spawn_stage_actor(
         sys, StageActorSetup{im.plan, im.model, rank, im.units[static_cast<std::size_t>(rank)], compute,

@@ -2,16 +2,19 @@
 // detached, on a thread of its own, so long kernels never hold up the scheduler threads that
 // unit and comm actors need to keep gathers moving (that is what lets gathers overlap compute).
 #include "actors/spawn.hpp"
+#include "kernels/cpu/compute_pool.hpp"
 
 namespace atl {
 
 namespace {
 
 compute_actor::behavior_type compute_behavior(compute_actor::pointer self, int rank,
+                                              std::shared_ptr<cpu::ComputePool> pool,
                                               std::shared_ptr<SpanTracer> tracer) {
   return {
       [=](run_atom, const ComputeJob& job) -> caf::result<done_atom> {
         const double start = tracer->now_us();
+        cpu::ComputePoolScope scope(pool.get());
         try {
           job.work();
         } catch (const std::exception& e) {
@@ -26,8 +29,9 @@ compute_actor::behavior_type compute_behavior(compute_actor::pointer self, int r
 
 }  // namespace
 
-compute_actor spawn_compute_actor(caf::actor_system& system, int rank, std::shared_ptr<SpanTracer> tracer) {
-  return system.spawn<caf::detached>(compute_behavior, rank, std::move(tracer));
+compute_actor spawn_compute_actor(caf::actor_system& system, int rank, int threads, std::shared_ptr<SpanTracer> tracer) {
+  auto pool = threads > 1 ? std::make_shared<cpu::ComputePool>(threads) : nullptr;
+  return system.spawn<caf::detached>(compute_behavior, rank, std::move(pool), std::move(tracer));
 }
 
 }  // namespace atl

@@ -13,7 +13,8 @@ namespace atl {
 
 comm_actor spawn_comm_actor(caf::actor_system& system, std::unique_ptr<Communicator> communicator);
 
-compute_actor spawn_compute_actor(caf::actor_system& system, int rank, std::shared_ptr<SpanTracer> tracer);
+// threads: compute.threads of this rank (its kernels split their outputs over them).
+compute_actor spawn_compute_actor(caf::actor_system& system, int rank, int threads, std::shared_ptr<SpanTracer> tracer);
 
 struct UnitActorSetup {
   std::shared_ptr<const Plan> plan;

@@ -106,7 +106,7 @@ int main() {
   bench_matmul(2048, 1024, 256);
   // Training uses one BLAS thread (kernels/cpu/gemm.hpp: results must not depend on the core
   // count); the trainer numbers below run as training does.
-  cpu::use_one_blas_thread();
+  openblas_set_num_threads(1);
   const double fp32 = trainer_tokens_per_s(Precision::fp32, 3);
   const double bf16 = trainer_tokens_per_s(Precision::bf16, 3);
   std::printf("reference trainer beam-small (8x256 tokens/step, micro-batch 4): fp32 %.0f tokens/s, bf16 %.0f "

@@ -236,6 +236,12 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
     config.checkpoint.load = ck.get<std::string>("load", "");
     ck.finish();
   }
+  {
+    ConfigReader compute = top.section("compute");
+    config.compute.threads = compute.get_non_negative("threads", 0);
+    compute.check(config.compute.threads <= 4096, "threads", "a thread count of at most 4096 (0 = automatic)");
+    compute.finish();
+  }
   top.finish();
   return config;
 }
@@ -295,6 +301,7 @@ nlohmann::json to_json(const RunConfig& c) {
         {"every", c.checkpoint.every},
         {"keep", c.checkpoint.keep},
         {"load", c.checkpoint.load}}},
+      {"compute", {{"threads", c.compute.threads}}},
   };
 }
 

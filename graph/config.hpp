@@ -74,6 +74,11 @@ struct CheckpointConfig {
   std::string load;        // a checkpoint directory whose weights start the run (moments and step fresh)
 };
 
+// Threads of one rank's kernels (kernels/cpu/compute_pool.hpp); results do not depend on them.
+struct ComputeConfig {
+  std::int64_t threads = 0;  // 0 = every core for a process that runs one rank, else one per rank
+};
+
 struct RunConfig {
   std::string source_file;  // the YAML file this came from
   std::string run_dir;
@@ -83,6 +88,7 @@ struct RunConfig {
   TrainConfig train;
   DataConfig data;
   CheckpointConfig checkpoint;
+  ComputeConfig compute;
 };
 
 // Reads `path`, applies each `key.path=value` of `sets` to the YAML tree (the value is parsed as

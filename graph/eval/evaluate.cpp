@@ -5,14 +5,15 @@
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/model_weights.hpp"
 #include "graph/checkpoint/safetensors.hpp"
-#include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/compute_pool.hpp"
 #include "kernels/ops/attention.hpp"
 
 namespace atl {
 
 EvalResult evaluate(const Model& model, const TensorMap& master, Precision precision, DataSource& data,
                     std::int64_t rows, std::int64_t seq, std::int64_t batches) {
-  cpu::use_one_blas_thread();  // the same numbers on every machine (kernels/cpu/gemm.hpp)
+  cpu::ComputePool pool(cpu::default_compute_threads(1));  // results do not depend on the count
+  cpu::ComputePoolScope scope(&pool);
   const TensorMap weights = compute_weights(model.specs(), master, precision);
   double loss_sum = 0;
   EvalResult r;
@@ -63,7 +64,8 @@ Batch read_token_rows(const std::filesystem::path& file, std::int64_t usable_voc
 }
 
 Tensor model_logits(const Model& model, const TensorMap& master, Precision precision, const Batch& rows) {
-  cpu::use_one_blas_thread();
+  cpu::ComputePool pool(cpu::default_compute_threads(1));
+  cpu::ComputePoolScope scope(&pool);
   Tensor logits;
   model.forward(compute_weights(model.specs(), master, precision), rows, precision, &logits);
   return logits;

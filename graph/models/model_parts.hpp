@@ -28,6 +28,7 @@ inline Tensor rounded(Tensor t, Precision p) {
 }
 
 // A bulk linear output: x @ w^T, rounded in bf16.
-inline Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w), p); }
+// bf16: both operands are bf16 values (rounded input, bulk weight), so the bf16-operand GEMM.
+inline Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w, p), p); }
 
 }  // namespace atl

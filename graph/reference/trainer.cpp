@@ -1,5 +1,6 @@
 #include "graph/reference/trainer.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -8,7 +9,7 @@
 namespace atl {
 
 ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap master, Precision precision,
-                                   std::int64_t micro_batch, OptimizerSettings optimizer)
+                                   std::int64_t micro_batch, OptimizerSettings optimizer, int compute_threads)
     : model_(std::move(model)),
       master_(std::move(master)),
       exp_avg_(TensorMap::zeros_like(model_->specs())),
@@ -17,11 +18,13 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap
       micro_batch_(micro_batch),
       opt_(optimizer) {
   if (micro_batch_ <= 0) throw std::invalid_argument("train.micro_batch: expected a positive integer");
+  if (compute_threads > 1) pool_ = std::make_unique<cpu::ComputePool>(compute_threads);
 }
 
 ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TrainingState state, Precision precision,
-                                   std::int64_t micro_batch, OptimizerSettings optimizer)
-    : ReferenceTrainer(std::move(model), std::move(state.master), precision, micro_batch, optimizer) {
+                                   std::int64_t micro_batch, OptimizerSettings optimizer, int compute_threads)
+    : ReferenceTrainer(std::move(model), std::move(state.master), precision, micro_batch, optimizer,
+                       compute_threads) {
   exp_avg_ = std::move(state.exp_avg);
   exp_avg_sq_ = std::move(state.exp_avg_sq);
   step_ = state.step;
@@ -46,14 +49,31 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   });
   auto loss_tree = make_tree_sum<double>([](double& left, const double& right) { left += right; });
   const std::int64_t micro_batches = batch.rows() / micro_batch_;
-  for (std::int64_t m = 0; m < micro_batches; ++m) {
-    TensorMap grads = TensorMap::zeros_like(specs);
-    Batch micro = batch.slice_rows(m * micro_batch_, (m + 1) * micro_batch_);
-    if (record_routing) r.routing.emplace_back();
-    LossSum loss = model_->forward_backward(weights, micro, precision_, grad_scale, grads,
-                                            record_routing ? &r.routing.back() : nullptr);
-    grad_tree.push(std::move(grads));
-    loss_tree.push(loss.loss_sum);
+  if (record_routing) r.routing.resize(static_cast<std::size_t>(micro_batches));
+  // Micro-batches in waves of one per thread; their results enter the trees in index order.
+  cpu::ComputePoolScope scope(pool_.get());
+  const std::int64_t wave = pool_ ? std::min<std::int64_t>(pool_->threads(), micro_batches) : 1;
+  std::vector<TensorMap> micro_grads(static_cast<std::size_t>(wave));
+  std::vector<double> losses(static_cast<std::size_t>(wave));
+  for (std::int64_t m0 = 0; m0 < micro_batches; m0 += wave) {
+    const int count = static_cast<int>(std::min(wave, micro_batches - m0));
+    auto run_micro_batch = [&](int i) {
+      const std::int64_t m = m0 + i;
+      micro_grads[i] = TensorMap::zeros_like(specs);
+      Batch micro = batch.slice_rows(m * micro_batch_, (m + 1) * micro_batch_);
+      losses[i] = model_->forward_backward(weights, micro, precision_, grad_scale, micro_grads[i],
+                                           record_routing ? &r.routing[static_cast<std::size_t>(m)] : nullptr)
+                      .loss_sum;
+    };
+    if (pool_) {
+      pool_->run(count, run_micro_batch);
+    } else {
+      run_micro_batch(0);
+    }
+    for (int i = 0; i < count; ++i) {
+      grad_tree.push(std::move(micro_grads[i]));
+      loss_tree.push(losses[i]);
+    }
   }
   last_grads_ = grad_tree.finish();
   r.loss = r.targets > 0 ? loss_tree.finish() / static_cast<double>(r.targets) : 0.0;

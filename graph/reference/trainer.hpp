@@ -6,6 +6,10 @@
 // micro-batch gradients (and loss sums) are added over the fixed pairwise tree of
 // micro-batch indices (tree_sum.hpp); then global grad-norm clipping and AdamW with a
 // warmup + cosine schedule on fp32 master weights.
+//
+// Threads (compute.threads): micro-batches run side by side, one per thread, when a step has
+// several; otherwise the kernels split their outputs over the threads. Either way the sums keep
+// their fixed order, so results are bitwise independent of the thread count.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -15,6 +19,7 @@
 #include "graph/models/model.hpp"
 #include "graph/param.hpp"
 #include "graph/training/engine.hpp"
+#include "kernels/cpu/compute_pool.hpp"
 #include "kernels/ops/optim.hpp"
 
 namespace atl {
@@ -22,10 +27,10 @@ namespace atl {
 class ReferenceTrainer : public TrainingEngine {
  public:
   ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap master, Precision precision,
-                   std::int64_t micro_batch, OptimizerSettings optimizer);
+                   std::int64_t micro_batch, OptimizerSettings optimizer, int compute_threads = 1);
   // Resuming from a saved state (masters, moments, step).
   ReferenceTrainer(std::shared_ptr<const Model> model, TrainingState state, Precision precision,
-                   std::int64_t micro_batch, OptimizerSettings optimizer);
+                   std::int64_t micro_batch, OptimizerSettings optimizer, int compute_threads = 1);
 
   const char* name() const override { return "reference"; }
   StepResult step(const Batch& global_batch, bool record_routing = false) override;
@@ -47,6 +52,7 @@ class ReferenceTrainer : public TrainingEngine {
   std::int64_t micro_batch_;
   OptimizerSettings opt_;
   std::int64_t step_ = 0;
+  std::unique_ptr<cpu::ComputePool> pool_;  // null: one thread
 };
 
 }  // namespace atl

@@ -14,7 +14,8 @@
 #include "graph/reference/trainer.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/model_weights.hpp"
-#include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/compute_pool.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 #include "graph/checkpoint/durable_file.hpp"
 
 namespace atl {
@@ -62,13 +63,19 @@ TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& 
   return given.names().empty() ? TensorMap::zeros_like(specs) : given;
 }
 
+int compute_threads(const RunConfig& config, int ranks_in_process) {
+  return config.compute.threads > 0 ? static_cast<int>(config.compute.threads)
+                                    : cpu::default_compute_threads(ranks_in_process);
+}
+
 std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
   check_reference_supports(in.config);
   const auto& specs = in.model->specs();
   TrainingState start{in.start_step, std::move(in.initial_master), initial_moments(in.initial_exp_avg, specs),
                       initial_moments(in.initial_exp_avg_sq, specs)};
   return std::make_unique<ReferenceTrainer>(in.model, std::move(start), in.config.precision,
-                                            in.config.train.micro_batch, in.optimizer);
+                                            in.config.train.micro_batch, in.optimizer,
+                                            compute_threads(in.config, 1));
 }
 
 namespace {
@@ -163,7 +170,6 @@ nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, c
 
 double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
                     std::ostream& out) {
-  cpu::use_one_blas_thread();  // numbers must not depend on the core count (kernels/cpu/gemm.hpp)
   // Everything that can be wrong with the config is found before run_dir is touched.
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
@@ -193,6 +199,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["config"] = to_json(config);
   run_json["model"] = {{"family", model->family()}, {"preset", model->preset()}, {"parameters", model->parameter_count()}};
   run_json["engine"] = engine->name();
+  const std::string cpu_kernel = cpu::kernel_description(cpu::cpu_features());
+  const bool one_rank = config.topology.engine == Engine::reference;
+  const int threads = compute_threads(config, one_rank ? 1 : static_cast<int>(config.topology.mesh.world_size()));
+  run_json["cpu_kernel"] = cpu_kernel;
+  run_json["compute_threads"] = threads;
   run_json["data"] = data->describe();
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
   write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
@@ -216,10 +227,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
 
   const auto& mesh = config.topology.mesh;
   out << fmt::format("atoll-train: {} {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
-                     "(dp_shard {} x dp_replicate {}), data {}\n",
+                     "(dp_shard {} x dp_replicate {}), data {}, cpu kernels {} with {} thread(s) per rank\n",
                      model->family(), model->preset(), model->parameter_count(), t.steps, t.global_batch, t.seq_len,
                      precision_name(config.precision), engine->name(), mesh.dp_shard, mesh.dp_replicate,
-                     data->describe())
+                     data->describe(), cpu_kernel, threads)
       << std::flush;
 
   using clock = std::chrono::steady_clock;

@@ -92,13 +92,17 @@ inline void slots_by_expert(const std::int32_t* idx_row, std::int64_t k, std::ve
 // Forward. Saves, per dispatched row: gate_up_out [P,2I] (the activation input), act_out [P,I] (the
 // unweighted activation) and down_out [P,H] (the down-projection output, before the weight when
 // weight_after_down). out [T,H] is overwritten. In precision bf16 the gate_up output, the
-// activation, the weighted activation (weight before down) and the combined output are rounded.
+// activation, the weighted activation (weight before down), the down-projection output, the
+// weighted down output w·y (weight after down) and the combined output are rounded; the sum over
+// the K slots is fp32 (MODELS.md §10.1.8, §10.1.12).
 template <class T>
 void experts_forward(const T* x, const T* gate_up, const T* down, const T* weights, const DispatchView& plan,
                      const ExpertsDims& d, const ExpertsConfig& cfg, T* gate_up_out, T* act_out, T* down_out, T* out) {
   const std::int64_t H = d.hidden, I = d.inter, K = d.top_k;
   const Precision prec = cfg.precision;
   const GluConfig glu = cfg.glu();
+  // Both forward products read bf16 values in precision bf16 (rounded inputs, bf16 weights).
+  const GemmOperands operands = prec == Precision::bf16 ? GemmOperands::bf16 : GemmOperands::f32;
   std::vector<T> xs, a_in;
   for (std::int64_t e = 0; e < d.experts; ++e) {
     const std::int64_t r0 = plan.expert_offsets[e], n = plan.expert_offsets[e + 1] - r0;
@@ -109,7 +113,7 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
       std::copy(src, src + H, xs.data() + r * H);
     }
     T* h = gate_up_out + r0 * 2 * I;
-    gemm<T>(false, false, n, 2 * I, H, T(1), xs.data(), H, gate_up + e * H * 2 * I, 2 * I, T(0), h, 2 * I);
+    gemm<T>(false, false, n, 2 * I, H, xs.data(), H, gate_up + e * H * 2 * I, 2 * I, false, h, 2 * I, operands);
     if (prec == Precision::bf16) {
       for (std::int64_t i = 0; i < n * 2 * I; ++i) h[i] = round_emulated(prec, h[i]);
     }
@@ -124,7 +128,11 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
       }
       down_in = a_in.data();
     }
-    gemm<T>(false, false, n, H, I, T(1), down_in, I, down + e * I * H, H, T(0), down_out + r0 * H, H);
+    T* y = down_out + r0 * H;
+    gemm<T>(false, false, n, H, I, down_in, I, down + e * I * H, H, false, y, H, operands);
+    if (prec == Precision::bf16) {
+      for (std::int64_t i = 0; i < n * H; ++i) y[i] = round_emulated(prec, y[i]);
+    }
   }
   std::vector<std::int64_t> slots;
   for (std::int64_t t = 0; t < d.tokens; ++t) {
@@ -135,8 +143,12 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
       const std::int64_t row = plan.pair_row[t * K + j];
       if (row < 0) continue;
       const T* y = down_out + row * H;
-      const T w = cfg.weight_after_down ? weights[t * K + j] : T(1);
-      for (std::int64_t c = 0; c < H; ++c) o[c] += w * y[c];
+      if (cfg.weight_after_down) {
+        const T w = weights[t * K + j];
+        for (std::int64_t c = 0; c < H; ++c) o[c] += round_emulated(prec, w * y[c]);
+      } else {
+        for (std::int64_t c = 0; c < H; ++c) o[c] += y[c];
+      }
     }
     if (prec == Precision::bf16) {
       for (std::int64_t c = 0; c < H; ++c) o[c] = round_emulated(prec, o[c]);
@@ -186,9 +198,9 @@ void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* dow
       }
       down_in = a_in.data();
     }
-    gemm<T>(true, false, I, H, n, T(1), down_in, I, dy.data(), H, T(1), d_down + e * I * H, H);
+    gemm<T>(true, false, I, H, n, down_in, I, dy.data(), H, true, d_down + e * I * H, H);
     da.resize(static_cast<std::size_t>(n * I));
-    gemm<T>(false, true, n, I, H, T(1), dy.data(), H, down + e * I * H, H, T(0), da.data(), I);
+    gemm<T>(false, true, n, I, H, dy.data(), H, down + e * I * H, H, false, da.data(), I);
     if (!cfg.weight_after_down) {
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t p = plan.row_pair[r0 + r];
@@ -208,9 +220,9 @@ void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* dow
       const T* src = x + (plan.row_pair[r0 + r] / K) * H;
       std::copy(src, src + H, xs.data() + r * H);
     }
-    gemm<T>(true, false, H, 2 * I, n, T(1), xs.data(), H, dh.data(), 2 * I, T(1), d_gate_up + e * H * 2 * I, 2 * I);
+    gemm<T>(true, false, H, 2 * I, n, xs.data(), H, dh.data(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I);
     dxs.resize(static_cast<std::size_t>(n * H));
-    gemm<T>(false, true, n, H, 2 * I, T(1), dh.data(), 2 * I, gate_up + e * H * 2 * I, 2 * I, T(0), dxs.data(), H);
+    gemm<T>(false, true, n, H, 2 * I, dh.data(), 2 * I, gate_up + e * H * 2 * I, 2 * I, false, dxs.data(), H);
     // Experts ascend, so each token's dx sums its slots in ascending expert id.
     for (std::int64_t r = 0; r < n; ++r) {
       T* dst = dx + (plan.row_pair[r0 + r] / K) * H;

@@ -1,47 +1,64 @@
-// Row-major GEMM on raw pointers for float (cblas_sgemm) and double (cblas_dgemm):
-// C[M,N] = alpha * op(A) @ op(B) + beta * C, op = optional transpose. Leading dimensions are the
-// row strides of the matrices as stored. Double exists for finite-difference reference checks.
+// atoll's own GEMM: C[M,N] (+)= op(A)[M,K] · op(B)[K,N], row-major, op = optional transpose,
+// leading dimensions are row strides as stored.
+//
+// Batch invariance by construction: every C[i,j] is one chain of fused multiply-adds over k in a
+// fixed order, started from 0 (or from C[i,j] when accumulating), whatever M, N, the tile or edge
+// the element falls in, the kernel's instruction set or the thread count. Edges run the same
+// micro-kernel on zero-padded panels; threads split rows or columns of C, never K. So a row of
+// x·Wᵀ has the same bits alone or inside any batch, on every x86-64 CPU.
+//
+//   fp32 operands:  c = fma(a[k], b[k], c) for k = 0, 1, 2, ...
+//   bf16 operands:  operands rounded to bf16, then pairs: c = fma(a[k+1], b[k+1], c);
+//                   c = fma(a[k], b[k], c) for k = 0, 2, 4, ... (odd K padded with a zero) --
+//                   exactly what AVX512_BF16's vdpbf16ps computes, so CPUs without it give the
+//                   same bits from fp32 FMAs. Accumulation is fp32.
+// Double (finite-difference references only) is a plain loop in the fp32 order.
 #pragma once
-#include <cblas.h>
-
 #include <cstdint>
-#include <type_traits>
 
 namespace atl::cpu {
 
-// OpenBLAS splits a GEMM differently for different thread counts, and the last bits of the result
-// follow the split. Training runs use one BLAS thread so results do not depend on the machine's
-// core count; simulated ranks (and detached compute actors) are the parallelism.
-inline void use_one_blas_thread() { openblas_set_num_threads(1); }
+enum class GemmOperands { f32, bf16 };
+
+struct GemmShape {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  bool accumulate = false;  // C += (chain starts at C) instead of C =
+};
+
+// fp32 storage for both operand kinds (bf16 operands are rounded while packed; values that are
+// already bf16 pass unchanged). Uses the current compute pool (compute_pool.hpp).
+void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, GemmOperands operands = GemmOperands::f32);
+void gemm_f64(const GemmShape& s, const double* a, const double* b, double* c);
 
 template <class T>
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
-  if (m == 0 || n == 0) return;
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
+          const T* b, std::int64_t ldb, bool accumulate, T* c, std::int64_t ldc,
+          GemmOperands operands = GemmOperands::f32) {
+  const GemmShape s{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate};
+  if constexpr (sizeof(T) == 4) {
+    gemm_f32(s, a, b, c, operands);
   } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    (void)operands;
+    gemm_f64(s, a, b, c);
   }
 }
 
 // y[N,out] = x[N,in] @ w[out,in]^T   (PyTorch Linear convention)
 template <class T>
-void linear_forward(const T* x, const T* w, T* y, std::int64_t rows, std::int64_t in, std::int64_t out) {
-  gemm<T>(false, true, rows, out, in, T(1), x, in, w, in, T(0), y, out);
+void linear_forward(const T* x, const T* w, T* y, std::int64_t rows, std::int64_t in, std::int64_t out,
+                    GemmOperands operands = GemmOperands::f32) {
+  gemm<T>(false, true, rows, out, in, x, in, w, in, false, y, out, operands);
 }
 
 // dx[N,in] = dy @ w (overwritten); dw[out,in] += dy^T @ x (accumulated). Either may be null.
+// Gradients are fp32, so both products use fp32 operands.
 template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, std::int64_t rows, std::int64_t in,
                      std::int64_t out) {
-  if (dx) gemm<T>(false, false, rows, in, out, T(1), dy, out, w, in, T(0), dx, in);
-  if (dw) gemm<T>(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw, in);
+  if (dx) gemm<T>(false, false, rows, in, out, dy, out, w, in, false, dx, in);
+  if (dw) gemm<T>(true, false, out, in, rows, dy, out, x, in, true, dw, in);
 }
 
 }  // namespace atl::cpu

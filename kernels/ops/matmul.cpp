@@ -8,7 +8,7 @@ namespace atl {
 using detail::as_f32;
 using detail::require;
 
-Tensor linear_forward(const Tensor& x_in, const Tensor& w_in) {
+Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands) {
   constexpr const char* op = "linear_forward";
   Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
   require(w.rank() == 2 && x.rank() >= 1 && x.size(-1) == w.size(1), op,
@@ -17,7 +17,8 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& w_in) {
   Shape y_shape = x.shape();
   y_shape.back() = out;
   Tensor y = Tensor::empty(y_shape);
-  cpu::linear_forward<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, in, out);
+  cpu::linear_forward<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, in, out,
+                            operands == Precision::bf16 ? cpu::GemmOperands::bf16 : cpu::GemmOperands::f32);
   return y;
 }
 
@@ -44,7 +45,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
           "expected a[M,K] @ b[K,N], got " + a.describe() + " @ " + b.describe());
   const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   Tensor c = Tensor::empty({m, n});
-  cpu::gemm<float>(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f, c.data<float>(), n);
+  cpu::gemm<float>(false, false, m, n, k, a.data<float>(), k, b.data<float>(), n, false, c.data<float>(), n);
   return c;
 }
 
@@ -58,11 +59,11 @@ Tensor matmul_backward(const Tensor& a_in, const Tensor& b_in, const Tensor& dc,
   require(dc.numel() == m * n, op, "dc " + dc.describe() + " does not match [" + std::to_string(m) + ", " +
                                        std::to_string(n) + "]");
   Tensor da = Tensor::empty({m, k});
-  cpu::gemm<float>(false, true, m, k, n, 1.0f, dc.data<float>(), n, b.data<float>(), n, 0.0f, da.data<float>(), k);
+  cpu::gemm<float>(false, true, m, k, n, dc.data<float>(), n, b.data<float>(), n, false, da.data<float>(), k);
   if (db) {
     detail::require_dtype(op, "db", *db, DType::f32);
     require(db->shape() == b.shape(), op, "db " + db->describe() + " must match b " + b.describe());
-    cpu::gemm<float>(true, false, k, n, m, 1.0f, a.data<float>(), k, dc.data<float>(), n, 1.0f, db->data<float>(), n);
+    cpu::gemm<float>(true, false, k, n, m, a.data<float>(), k, dc.data<float>(), n, true, db->data<float>(), n);
   }
   return da;
 }

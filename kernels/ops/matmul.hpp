@@ -1,12 +1,15 @@
-// Dense projections, PyTorch Linear convention: y = x @ w^T with w[out, in].
-// fp32 through OpenBLAS sgemm; bf16 operands are upcast to fp32 first (fp32 accumulation).
+// Dense projections, PyTorch Linear convention: y = x @ w^T with w[out, in], through atoll's
+// batch-invariant GEMM (kernels/cpu/gemm.hpp): a row's result never depends on the other rows.
+// Tensors may be f32 or bf16; accumulation is fp32.
 #pragma once
+#include "kernels/precision.hpp"
 #include "kernels/tensor.hpp"
 
 namespace atl {
 
-// x[..., in], w[out, in] -> y[..., out]
-Tensor linear_forward(const Tensor& x, const Tensor& w);
+// x[..., in], w[out, in] -> y[..., out]. Precision bf16: a bulk projection, both operands read as
+// bf16 (the bf16-operand GEMM path; values that are already bf16 are unchanged), fp32 result.
+Tensor linear_forward(const Tensor& x, const Tensor& w, Precision operands = Precision::fp32);
 // Returns dx[..., in]; accumulates dw[out, in] += dy^T x when dw is given.
 Tensor linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dw);
 

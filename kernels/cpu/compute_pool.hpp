@@ -1,0 +1,67 @@
+// The threads one rank's kernels may use (config `compute.threads`). A kernel splits its *outputs*
+// over the threads, never a sum, so results are bitwise independent of the thread count.
+// A pool is made current for a thread with ComputePoolScope; without one, kernels run on the
+// calling thread alone.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace atl::cpu {
+
+class ComputePool {
+ public:
+  explicit ComputePool(int threads);  // threads >= 1: the caller plus threads - 1 workers
+  ~ComputePool();
+  ComputePool(const ComputePool&) = delete;
+  ComputePool& operator=(const ComputePool&) = delete;
+
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // Runs task(0) .. task(tasks - 1), the calling thread taking part; returns when all are done and
+  // rethrows the first exception a task threw. Calls from inside a task run serially. One pool
+  // serves one thread (a rank's compute thread); it is not shared.
+  void run(int tasks, const std::function<void(int)>& task);
+
+ private:
+  void worker_loop();
+  void take_tasks(std::unique_lock<std::mutex>& lock);  // runs tasks until none is left
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* task_ = nullptr;
+  int tasks_ = 0, next_ = 0, unfinished_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+};
+
+// The pool of the calling thread, or null.
+ComputePool* current_compute_pool();
+
+class ComputePoolScope {
+ public:
+  explicit ComputePoolScope(ComputePool* pool);
+  ~ComputePoolScope();
+  ComputePoolScope(const ComputePoolScope&) = delete;
+  ComputePoolScope& operator=(const ComputePoolScope&) = delete;
+
+ private:
+  ComputePool* previous_;
+};
+
+// Splits [0, n) into `parts` contiguous ranges of near-equal size (the first ones one longer) and
+// runs body(begin, end) for each, on the current pool when there is one.
+void parallel_ranges(std::int64_t n, int parts, const std::function<void(std::int64_t, std::int64_t)>& body);
+// How many parts a job of `work` units is worth splitting into on the current pool (at least
+// `min_work` units a part; 1 without a pool).
+int useful_parts(std::int64_t work, std::int64_t min_work);
+
+// The default compute.threads: every core for a process that runs one rank, one each otherwise.
+int default_compute_threads(int ranks_in_process);
+
+}  // namespace atl::cpu

@@ -1,0 +1,30 @@
+// Which instruction set the CPU kernels use, chosen once per process from CPUID. Every level
+// computes the same bits (each GEMM output is one fused multiply-add chain in a fixed order), so
+// the choice changes speed only. ATOLL_CPU_ISA=portable|avx2|avx512 caps the level (for tests and
+// for comparing kernels); it can lower the level, never raise it above what the CPU has.
+#pragma once
+#include <string>
+
+namespace atl::cpu {
+
+enum class Isa { portable, avx2, avx512 };
+
+struct CpuFeatures {
+  Isa isa = Isa::portable;
+  bool bf16_dot = false;  // AVX512_BF16 (vdpbf16ps) and the avx512 level in use
+};
+
+// Detected once (then cached); honours ATOLL_CPU_ISA.
+const CpuFeatures& cpu_features();
+// The best level this CPU supports, ignoring ATOLL_CPU_ISA.
+CpuFeatures detected_cpu_features();
+
+// Tests and benchmarks compare kernels in one process: every later kernel call uses `f` (capped at
+// what the CPU has). Not for use while kernels run on other threads.
+void use_cpu_features(CpuFeatures f);
+
+const char* isa_name(Isa isa);
+// "avx512 (bf16 dot)", "avx2", "portable": the run header, run.json and the bench print this.
+std::string kernel_description(const CpuFeatures& f);
+
+}  // namespace atl::cpu
