@@ -1,6 +1,6 @@
 // atoll-bench: kernel and trainer throughput, each reported against a baseline measured in the
 // same run. Timings are wall clock on this machine; compare ratios, not absolute numbers.
-//   env -u OPENBLAS_CORETYPE build/bench/atoll-bench      (the README's benchmark command)
+//   OPENBLAS_CORETYPE=SkylakeX build/bench/atoll-bench   (AVX-512 machines: OpenBLAS's best kernel)
 #include <cblas.h>
 
 #include <chrono>
@@ -14,8 +14,9 @@
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model.hpp"
 #include "graph/reference/trainer.hpp"
+#include "kernels/cpu/compute_pool.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm.hpp"
-#include "kernels/ops/matmul.hpp"
 #include "kernels/rng.hpp"
 
 using namespace atl;
@@ -42,19 +43,33 @@ Tensor random_tensor(Shape shape, const char* name) {
   return t;
 }
 
-void bench_matmul(std::int64_t rows, std::int64_t in, std::int64_t out) {
-  Tensor x = random_tensor({rows, in}, "x"), w = random_tensor({out, in}, "w");
-  Tensor y = Tensor::empty({rows, out});
-  const double flops = 2.0 * static_cast<double>(rows * in * out);
-  double atoll_s = best_seconds(5, [&] { linear_forward(x, w); });
-  double blas_s = best_seconds(5, [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(out),
-                static_cast<int>(in), 1.0f, x.data<float>(), static_cast<int>(in), w.data<float>(),
-                static_cast<int>(in), 0.0f, y.data<float>(), static_cast<int>(out));
+// One GEMM shape of beam-small (MODELS.md §4; 1024 tokens per micro-batch), as training calls it.
+struct GemmCase {
+  const char* what;
+  bool ta, tb;
+  std::int64_t m, n, k;
+};
+
+void bench_gemm(const GemmCase& g) {
+  const Tensor a = random_tensor({g.m * g.k}, "a"), b = random_tensor({g.k * g.n}, "b");
+  Tensor c = Tensor::empty({g.m * g.n});
+  const std::int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+  const cpu::GemmShape shape{g.ta, g.tb, g.m, g.n, g.k, lda, ldb, g.n, false};
+  const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
+  auto atoll = [&](cpu::GemmOperands operands) {
+    return best_seconds(7, [&] { cpu::gemm_f32(shape, a.data<float>(), b.data<float>(), c.data<float>(), operands); });
+  };
+  const double fp32_s = atoll(cpu::GemmOperands::f32), bf16_s = atoll(cpu::GemmOperands::bf16);
+  const double blas_s = best_seconds(7, [&] {
+    cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+                static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a.data<float>(), static_cast<int>(lda),
+                b.data<float>(), static_cast<int>(ldb), 0.0f, c.data<float>(), static_cast<int>(g.n));
   });
-  std::printf("matmul [%lld x %lld] @ [%lld x %lld]^T   atoll %7.1f GFLOP/s   sgemm %7.1f GFLOP/s   ratio %.3f\n",
-              static_cast<long long>(rows), static_cast<long long>(in), static_cast<long long>(out),
-              static_cast<long long>(in), flops / atoll_s * 1e-9, flops / blas_s * 1e-9, blas_s / atoll_s);
+  std::printf("  %-22s %c%c [%4lld x %4lld x %4lld]  atoll fp32 %6.1f  sgemm %6.1f  fp32/sgemm %.2f   atoll bf16 %6.1f  "
+              "bf16/fp32 %.2f\n",
+              g.what, g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', static_cast<long long>(g.m), static_cast<long long>(g.n),
+              static_cast<long long>(g.k), flops / fp32_s * 1e-9, flops / blas_s * 1e-9, blas_s / fp32_s,
+              flops / bf16_s * 1e-9, fp32_s / bf16_s);
 }
 
 RunConfig bench_config(int dp_shard, const char* preset, std::int64_t rows, std::int64_t micro, std::int64_t seq) {
@@ -80,13 +95,13 @@ double seconds_per_step(const RunConfig& config, const EngineFactory& factory, i
   return seconds;
 }
 
-double trainer_tokens_per_s(Precision precision, int steps) {
+double trainer_tokens_per_s(Precision precision, int threads, int steps) {
   auto model = std::make_shared<const BeamModel>(beam_preset("beam-small"));  // the throughput yardstick
   DataConfig dc;
   auto data = make_data_source(dc, model->unpadded_vocab_size(), 7);
   OptimizerSettings opt;
   opt.total_steps = steps + 1;
-  ReferenceTrainer trainer(model, TensorMap::initialized(model->specs(), 7, 0.02f), precision, 4, opt);
+  ReferenceTrainer trainer(model, TensorMap::initialized(model->specs(), 7, 0.02f), precision, 4, opt, threads);
   const std::int64_t rows = 8, seq = 256;
   trainer.step(data->next(rows, seq));  // warm-up step: first-touch allocations
   std::int64_t tokens = 0;
@@ -99,19 +114,30 @@ double trainer_tokens_per_s(Precision precision, int steps) {
 
 int main() {
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("atoll-bench  (OPENBLAS_CORETYPE=%s%s)\n", coretype ? coretype : "unset",
-              coretype ? "; the README command unsets it for benchmarks" : "");
-  bench_matmul(1024, 256, 256);
-  bench_matmul(2048, 256, 1024);
-  bench_matmul(2048, 1024, 256);
-  // Training uses one BLAS thread (kernels/cpu/gemm.hpp: results must not depend on the core
-  // count); the trainer numbers below run as training does.
+  std::printf("atoll-bench  (OPENBLAS_CORETYPE=%s: the anchor's kernel; atoll's own kernels ignore it)\n",
+              coretype ? coretype : "unset");
+  std::printf("cpu kernels: %s\n", cpu::kernel_description(cpu::cpu_features()).c_str());
+  // GFLOP/s on one thread each (OpenBLAS pinned to one thread, atoll without a compute pool).
   openblas_set_num_threads(1);
-  const double fp32 = trainer_tokens_per_s(Precision::fp32, 3);
-  const double bf16 = trainer_tokens_per_s(Precision::bf16, 3);
-  std::printf("reference trainer beam-small (8x256 tokens/step, micro-batch 4): fp32 %.0f tokens/s, bf16 %.0f "
-              "tokens/s, bf16/fp32 %.3f\n",
-              fp32, bf16, bf16 / fp32);
+  std::printf("GEMM, beam-small shapes, one thread, GFLOP/s:\n");
+  const GemmCase cases[] = {
+      {"attn q/o proj fwd", false, true, 1024, 256, 256},  {"dense up fwd", false, true, 1024, 1024, 256},
+      {"dense down fwd", false, true, 1024, 256, 1024},    {"expert gate_up fwd", false, false, 256, 512, 256},
+      {"dense down bwd dx", false, false, 1024, 1024, 256}, {"dense down bwd dw", true, false, 256, 1024, 1024},
+  };
+  for (const GemmCase& g : cases) bench_gemm(g);
+
+  const int cores = cpu::default_compute_threads(1);
+  std::printf("reference trainer beam-small (8x256 tokens/step, micro-batch 4), tokens/s:\n");
+  double fp32_one = 0;
+  for (int threads : {1, cores}) {
+    const double fp32 = trainer_tokens_per_s(Precision::fp32, threads, 3);
+    const double bf16 = trainer_tokens_per_s(Precision::bf16, threads, 3);
+    if (threads == 1) fp32_one = fp32;
+    std::printf("  compute.threads %d: fp32 %.0f, bf16 %.0f, bf16/fp32 %.3f, fp32 vs fp32 on one thread %.3f\n",
+                threads, fp32, bf16, bf16 / fp32, fp32 / fp32_one);
+    if (cores == 1) break;
+  }
 
   // The actor runtime's overhead: beam-small, the same global batch (8 x 256 tokens, micro-batches
   // of 2 rows), reference trainer vs the actors simulating dp_shard = 4 in this process.

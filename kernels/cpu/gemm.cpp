@@ -8,6 +8,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
@@ -23,6 +24,7 @@ using namespace gemm_detail;
 // Block sizes: a B block (KC x NC) stays in L2, a B micro-panel (KC x NR) in L1, an A block
 // (MC x KC) streams through L2. MC is a multiple of every MR; KC is even (bf16 pairs).
 constexpr std::int64_t kKc = 256, kMc = 96, kNc = 512;
+constexpr std::int64_t kKcBf16 = 512;  // bf16 panels take half the bytes: twice the depth fits
 // Below this many multiply-adds a GEMM runs on the calling thread alone.
 constexpr std::int64_t kMinParallelWork = std::int64_t(1) << 17;
 
@@ -31,9 +33,6 @@ struct Operands {
   const float* a;
   const float* b;
   float* c;
-
-  float a_at(std::int64_t i, std::int64_t k) const { return s.trans_a ? a[k * s.lda + i] : a[i * s.lda + k]; }
-  float b_at(std::int64_t k, std::int64_t j) const { return s.trans_b ? b[j * s.ldb + k] : b[k * s.ldb + j]; }
 };
 
 // How a GEMM's operands are packed and multiplied.
@@ -83,73 +82,110 @@ struct Scratch {
 
 thread_local Scratch tls_scratch;
 
-std::uint32_t bf16_pair(float even, float odd) {
-  return static_cast<std::uint32_t>(float_to_bf16_bits(even)) |
-         (static_cast<std::uint32_t>(float_to_bf16_bits(odd)) << 16);
+// float_to_bf16_bits for n contiguous values, branch-free so the compiler vectorizes it.
+void to_bf16_bits(const float* in, std::int64_t n, std::uint16_t* out) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, in + i, sizeof u);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    out[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
 }
 
-// A rows [i0, i0+mc) x k [k0, k0+kc) into MR-row panels [kc'][MR]; rows past M are zero.
-// bf16_as_f32: rounded to bf16 and each k pair swapped (odd first), kc padded to even.
+// Per-thread room for bf16 bits while packing.
+std::uint16_t* scratch_bits(std::int64_t count) {
+  thread_local std::vector<std::uint16_t> bits;
+  if (static_cast<std::int64_t>(bits.size()) < count) bits.resize(static_cast<std::size_t>(count));
+  return bits.data();
+}
+
+// A strided view of `count` lines (rows of A, columns of B) by `depth` k: element (line, k) at
+// base[line * line_stride + k * k_stride]. One of the strides is 1.
+struct Lines {
+  const float* base;
+  std::int64_t line_stride, k_stride;
+  float at(std::int64_t line, std::int64_t k) const { return base[line * line_stride + k * k_stride]; }
+};
+
+// Packs lines [0, count) x k [0, kc) into panels of `width` lines, [k'][width] each; lines past
+// `count` are zero. f32: k' = k. bf16_dot: uint32 pairs (k even in the low half), k padded to even.
+// bf16_as_f32: bf16-rounded floats with each pair swapped (odd k first), k padded to even.
+void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int64_t width, Route route, void* out) {
+  const std::int64_t pairs = (kc + 1) / 2, depth = route == Route::f32 ? kc : 2 * pairs;
+  const bool k_contiguous = src.k_stride == 1;
+  for (std::int64_t p0 = 0; p0 < count; p0 += width) {
+    const std::int64_t lines = std::min(width, count - p0);
+    if (route == Route::f32) {
+      float* dst = static_cast<float*>(out) + p0 * depth;
+      if (k_contiguous) {
+        for (std::int64_t l = 0; l < lines; ++l) {
+          const float* row = src.base + (p0 + l) * src.line_stride;
+          for (std::int64_t k = 0; k < kc; ++k) dst[k * width + l] = row[k];
+        }
+      } else {
+        for (std::int64_t k = 0; k < kc; ++k) {
+          const float* col = src.base + k * src.k_stride + p0 * src.line_stride;
+          for (std::int64_t l = 0; l < lines; ++l) dst[k * width + l] = col[l];
+        }
+      }
+      for (std::int64_t k = 0; k < kc; ++k) std::fill(dst + k * width + lines, dst + (k + 1) * width, 0.0f);
+      continue;
+    }
+    // bf16 routes: each line's values rounded to bf16 in bulk (a vectorizable loop), then placed as
+    // pairs (k even, k odd); the odd one is 0 past kc.
+    const std::int64_t room = std::max(kc + 1, width);  // a line's k values, or a k's lines
+    std::uint16_t* even = scratch_bits(2 * room);
+    std::uint16_t* odd = even + room;
+    std::uint32_t* dst_pairs = static_cast<std::uint32_t*>(out) + p0 * pairs;
+    float* dst_swapped = static_cast<float*>(out) + p0 * depth;
+    auto put = [&](std::int64_t q, std::int64_t l, std::uint32_t even_bits, std::uint32_t odd_bits) {
+      if (route == Route::bf16_dot) {
+        dst_pairs[q * width + l] = even_bits | (odd_bits << 16);
+      } else {
+        dst_swapped[(2 * q) * width + l] = bf16_bits_to_float(static_cast<std::uint16_t>(odd_bits));
+        dst_swapped[(2 * q + 1) * width + l] = bf16_bits_to_float(static_cast<std::uint16_t>(even_bits));
+      }
+    };
+    if (k_contiguous) {
+      for (std::int64_t l = 0; l < width; ++l) {
+        if (l < lines) {
+          to_bf16_bits(src.base + (p0 + l) * src.line_stride, kc, even);
+        } else {
+          std::fill(even, even + kc, std::uint16_t{0});
+        }
+        even[kc] = 0;  // the odd partner of a last, unpaired k
+        for (std::int64_t q = 0; q < pairs; ++q) put(q, l, even[2 * q], even[2 * q + 1]);
+      }
+    } else {
+      for (std::int64_t q = 0; q < pairs; ++q) {
+        const float* col = src.base + 2 * q * src.k_stride + p0 * src.line_stride;
+        to_bf16_bits(col, lines, even);
+        if (2 * q + 1 < kc) {
+          to_bf16_bits(col + src.k_stride, lines, odd);
+        } else {
+          std::fill(odd, odd + lines, std::uint16_t{0});
+        }
+        for (std::int64_t l = 0; l < width; ++l) put(q, l, l < lines ? even[l] : 0u, l < lines ? odd[l] : 0u);
+      }
+    }
+  }
+}
+
+// A rows [i0, i0+mc) x k [k0, k0+kc) into MR-row panels.
 void pack_a(const Operands& o, const Plan& p, std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc,
             void* out) {
-  const std::int64_t mr = p.mr;
-  for (std::int64_t ip = 0; ip < mc; ip += mr) {
-    const std::int64_t rows = std::min(mr, mc - ip);
-    if (p.route == Route::f32) {
-      float* dst = static_cast<float*>(out) + ip * kc;
-      for (std::int64_t r = 0; r < mr; ++r)
-        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = r < rows ? o.a_at(i0 + ip + r, k0 + k) : 0.0f;
-      continue;
-    }
-    const std::int64_t pairs = (kc + 1) / 2;
-    auto at = [&](std::int64_t r, std::int64_t k) { return r < rows && k < kc ? o.a_at(i0 + ip + r, k0 + k) : 0.0f; };
-    if (p.route == Route::bf16_dot) {
-      std::uint32_t* dst = static_cast<std::uint32_t*>(out) + ip * pairs;
-      for (std::int64_t r = 0; r < mr; ++r)
-        for (std::int64_t q = 0; q < pairs; ++q) dst[q * mr + r] = bf16_pair(at(r, 2 * q), at(r, 2 * q + 1));
-    } else {
-      float* dst = static_cast<float*>(out) + ip * 2 * pairs;
-      for (std::int64_t r = 0; r < mr; ++r)
-        for (std::int64_t q = 0; q < pairs; ++q) {
-          dst[(2 * q) * mr + r] = round_to_bf16(at(r, 2 * q + 1));
-          dst[(2 * q + 1) * mr + r] = round_to_bf16(at(r, 2 * q));
-        }
-    }
-  }
+  const GemmShape& s = o.s;
+  const Lines lines = s.trans_a ? Lines{o.a + k0 * s.lda + i0, 1, s.lda} : Lines{o.a + i0 * s.lda + k0, s.lda, 1};
+  pack_lines(lines, mc, kc, p.mr, p.route, out);
 }
 
-// B k [k0, k0+kc) x columns [j0, j0+nc) into NR-column panels [kc'][NR]; columns past N are zero.
+// B k [k0, k0+kc) x columns [j0, j0+nc) into NR-column panels.
 void pack_b(const Operands& o, const Plan& p, std::int64_t k0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
             void* out) {
-  const std::int64_t nr = p.nr;
-  for (std::int64_t jp = 0; jp < nc; jp += nr) {
-    const std::int64_t cols = std::min(nr, nc - jp);
-    if (p.route == Route::f32) {
-      float* dst = static_cast<float*>(out) + jp * kc;
-      if (o.s.trans_b) {
-        for (std::int64_t j = 0; j < nr; ++j)
-          for (std::int64_t k = 0; k < kc; ++k) dst[k * nr + j] = j < cols ? o.b_at(k0 + k, j0 + jp + j) : 0.0f;
-      } else {
-        for (std::int64_t k = 0; k < kc; ++k)
-          for (std::int64_t j = 0; j < nr; ++j) dst[k * nr + j] = j < cols ? o.b_at(k0 + k, j0 + jp + j) : 0.0f;
-      }
-      continue;
-    }
-    const std::int64_t pairs = (kc + 1) / 2;
-    auto at = [&](std::int64_t k, std::int64_t j) { return j < cols && k < kc ? o.b_at(k0 + k, j0 + jp + j) : 0.0f; };
-    if (p.route == Route::bf16_dot) {
-      std::uint32_t* dst = static_cast<std::uint32_t*>(out) + jp * pairs;
-      for (std::int64_t q = 0; q < pairs; ++q)
-        for (std::int64_t j = 0; j < nr; ++j) dst[q * nr + j] = bf16_pair(at(2 * q, j), at(2 * q + 1, j));
-    } else {
-      float* dst = static_cast<float*>(out) + jp * 2 * pairs;
-      for (std::int64_t q = 0; q < pairs; ++q)
-        for (std::int64_t j = 0; j < nr; ++j) {
-          dst[(2 * q) * nr + j] = round_to_bf16(at(2 * q + 1, j));
-          dst[(2 * q + 1) * nr + j] = round_to_bf16(at(2 * q, j));
-        }
-    }
-  }
+  const GemmShape& s = o.s;
+  const Lines lines = s.trans_b ? Lines{o.b + j0 * s.ldb + k0, s.ldb, 1} : Lines{o.b + k0 * s.ldb + j0, 1, s.ldb};
+  pack_lines(lines, nc, kc, p.nr, p.route, out);
 }
 
 // One MR x NR tile; an edge tile goes through a padded buffer so it runs the same kernel.
@@ -184,8 +220,9 @@ void gemm_serial(const Operands& o, const Plan& p) {
   for (std::int64_t jc = 0; jc < s.n; jc += kNc) {
     const std::int64_t nc = std::min(kNc, s.n - jc);
     const std::int64_t nc_padded = (nc + p.nr - 1) / p.nr * p.nr;
-    for (std::int64_t pc = 0; pc < s.k; pc += kKc) {
-      const std::int64_t kc = std::min(kKc, s.k - pc);
+    const std::int64_t block_k = p.route == Route::bf16_dot ? kKcBf16 : kKc;
+    for (std::int64_t pc = 0; pc < s.k; pc += block_k) {
+      const std::int64_t kc = std::min(block_k, s.k - pc);
       const std::int64_t depth = pairs ? (kc + 1) / 2 * 2 : kc;  // packed k per panel (bf16: padded to pairs)
       // Bytes a panel holds per row (A) or column (B): 4 per k, or 4 per bf16 pair.
       const std::int64_t stride = sizeof(float) * (p.route == Route::bf16_dot ? depth / 2 : depth);
