@@ -320,3 +320,45 @@ TEST_CASE("apps: atoll-train trains on a text file and refuses bytes outside the
     CHECK_FALSE(fs::exists(run_dir / "metrics.jsonl"));
   }
 }
+
+TEST_CASE("apps: atoll-train results are bitwise independent of compute.threads and of the CPU kernel level",
+          "[apps][atoll-train][threads]") {
+  TempDir tmp;
+  auto run = [&](const std::string& name, std::vector<std::string> sets) {
+    const fs::path dir = tmp.path / name;
+    std::vector<std::string> args{default_config().string(), "--set", "train.steps=10", "--set",
+                                  "run_dir=" + dir.string()};
+    for (const auto& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    const Result r = run_train(args, tmp.path);
+    INFO(name << " stdout: " << r.out << "\nstderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    return dir;
+  };
+  for (const char* precision : {"bf16", "fp32"}) {
+    const std::string p = std::string("precision=") + precision;
+    const fs::path one = run(std::string(precision) + "-ref-1", {p, "topology.engine=reference", "compute.threads=1"});
+    const std::string expected = metrics_without_timing(one / "metrics.jsonl");
+    REQUIRE(!expected.empty());
+    const nlohmann::json run_json = nlohmann::json::parse(read_file(one / "run.json"));
+    CHECK(run_json.at("compute_threads") == 1);
+    CHECK(!run_json.at("cpu_kernel").get<std::string>().empty());
+    for (const char* threads : {"2", "4"}) {
+      const fs::path dir = run(std::string(precision) + "-ref-" + threads,
+                               {p, "topology.engine=reference", std::string("compute.threads=") + threads});
+      CHECK(metrics_without_timing(dir / "metrics.jsonl") == expected);
+    }
+    // The portable kernel (no AVX) must give the same bits as whatever this CPU runs by default.
+    ::setenv("ATOLL_CPU_ISA", "portable", 1);
+    const fs::path portable = run(std::string(precision) + "-ref-portable", {p, "topology.engine=reference"});
+    ::unsetenv("ATOLL_CPU_ISA");
+    CHECK(nlohmann::json::parse(read_file(portable / "run.json")).at("cpu_kernel") == "portable");
+    CHECK(metrics_without_timing(portable / "metrics.jsonl") == expected);
+    // The actor runtime with 2 ranks and 1 or 2 threads each: the same as each other.
+    const fs::path actors_1 = run(std::string(precision) + "-dp2-1", {p, "topology.mesh.dp_shard=2", "compute.threads=1"});
+    const fs::path actors_2 = run(std::string(precision) + "-dp2-2", {p, "topology.mesh.dp_shard=2", "compute.threads=2"});
+    CHECK(metrics_without_timing(actors_1 / "metrics.jsonl") == metrics_without_timing(actors_2 / "metrics.jsonl"));
+  }
+}

@@ -86,7 +86,8 @@ std::vector<T> reference_forward(const std::vector<T>& x, const std::vector<T>& 
       for (std::int64_t c = 0; c < H; ++c) {
         T y = 0;
         for (std::int64_t i = 0; i < I; ++i) y += a[i] * down[(e * I + i) * H + c];
-        acc[c] += cfg.weight_after_down ? w * y : y;
+        y = cpu::round_emulated(p, y);  // a bulk linear output (MODELS.md §10.1.12)
+        acc[c] += cfg.weight_after_down ? cpu::round_emulated(p, w * y) : y;
       }
     }
     for (std::int64_t c = 0; c < H; ++c) out[t * H + c] = cpu::round_emulated(p, acc[c]);
@@ -298,6 +299,8 @@ TEST_CASE("experts bf16 matches the bf16 reference and agrees with fp32", "[expe
     // The saved activation input and activation are bf16 values too.
     for (float v : f_lo.saved.gate_up_out.span<float>()) CHECK(v == round_to_bf16(v));
     for (float v : f_lo.saved.act_out.span<float>()) CHECK(v == round_to_bf16(v));
+    // ... and so is the down projection's output, before the fp32 sum over the K slots.
+    for (float v : f_lo.saved.down_out.span<float>()) CHECK(v == round_to_bf16(v));
   }
 }
 
