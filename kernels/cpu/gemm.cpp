@@ -139,13 +139,11 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
     std::uint16_t* odd = even + room;
     std::uint32_t* dst_pairs = static_cast<std::uint32_t*>(out) + p0 * pairs;
     float* dst_swapped = static_cast<float*>(out) + p0 * depth;
-    auto put = [&](std::int64_t q, std::int64_t l, std::uint32_t even_bits, std::uint32_t odd_bits) {
-      if (route == Route::bf16_dot) {
-        dst_pairs[q * width + l] = even_bits | (odd_bits << 16);
-      } else {
-        dst_swapped[(2 * q) * width + l] = bf16_bits_to_float(static_cast<std::uint16_t>(odd_bits));
-        dst_swapped[(2 * q + 1) * width + l] = bf16_bits_to_float(static_cast<std::uint16_t>(even_bits));
-      }
+    const bool dot = route == Route::bf16_dot;
+    // bf16_as_f32 puts the odd k first, as floats.
+    auto put_swapped = [&](std::int64_t q, std::int64_t l, std::uint16_t even_bits, std::uint16_t odd_bits) {
+      dst_swapped[(2 * q) * width + l] = bf16_bits_to_float(odd_bits);
+      dst_swapped[(2 * q + 1) * width + l] = bf16_bits_to_float(even_bits);
     };
     if (k_contiguous) {
       for (std::int64_t l = 0; l < width; ++l) {
@@ -155,7 +153,11 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
           std::fill(even, even + kc, std::uint16_t{0});
         }
         even[kc] = 0;  // the odd partner of a last, unpaired k
-        for (std::int64_t q = 0; q < pairs; ++q) put(q, l, even[2 * q], even[2 * q + 1]);
+        if (dot) {  // the bits of k and k+1 already sit as one little-endian pair
+          for (std::int64_t q = 0; q < pairs; ++q) std::memcpy(dst_pairs + q * width + l, even + 2 * q, 4);
+        } else {
+          for (std::int64_t q = 0; q < pairs; ++q) put_swapped(q, l, even[2 * q], even[2 * q + 1]);
+        }
       }
     } else {
       for (std::int64_t q = 0; q < pairs; ++q) {
@@ -166,7 +168,14 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
         } else {
           std::fill(odd, odd + lines, std::uint16_t{0});
         }
-        for (std::int64_t l = 0; l < width; ++l) put(q, l, l < lines ? even[l] : 0u, l < lines ? odd[l] : 0u);
+        std::fill(even + lines, even + width, std::uint16_t{0});
+        std::fill(odd + lines, odd + width, std::uint16_t{0});
+        if (dot) {
+          std::uint32_t* d = dst_pairs + q * width;
+          for (std::int64_t l = 0; l < width; ++l) d[l] = even[l] | (static_cast<std::uint32_t>(odd[l]) << 16);
+        } else {
+          for (std::int64_t l = 0; l < width; ++l) put_swapped(q, l, even[l], odd[l]);
+        }
       }
     }
   }
