@@ -243,6 +243,10 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
       {"missing_family", edited("  family: beam\n", ""), "model.family: required key is missing"},
       {"section_scalar", std::string(kMinimal) + "topology: 4\n", "topology: expected a mapping of keys, got 4"},
       {"bad_bool", std::string(kMinimal) + "data: {loop: maybe}\n", "data.loop: expected true or false, got 'maybe'"},
+      {"negative_threads", std::string(kMinimal) + "compute: {threads: -2}\n",
+       "compute.threads: expected a non-negative integer, got -2"},
+      {"huge_threads", std::string(kMinimal) + "compute: {threads: 100000}\n",
+       "compute.threads: expected a thread count of at most 4096 (0 = automatic)"},
   };
   for (const Case& c : cases) {
     INFO(c.name);
