@@ -97,7 +97,7 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
     }
   }
   const int world = mesh.world_size();
-  const int threads_per_rank = compute_threads(config, world);  // default: the ranks are the parallelism
+  const int threads_per_rank = compute_threads(config);  // default: the ranks are the parallelism
 
   im.recorder = std::make_shared<CollectiveRecorder>();
   im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch());

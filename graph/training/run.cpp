@@ -63,9 +63,10 @@ TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& 
   return given.names().empty() ? TensorMap::zeros_like(specs) : given;
 }
 
-int compute_threads(const RunConfig& config, int ranks_in_process) {
-  return config.compute.threads > 0 ? static_cast<int>(config.compute.threads)
-                                    : cpu::default_compute_threads(ranks_in_process);
+int compute_threads(const RunConfig& config) {
+  if (config.compute.threads > 0) return static_cast<int>(config.compute.threads);
+  const bool one_rank = config.topology.engine == Engine::reference;
+  return cpu::default_compute_threads(one_rank ? 1 : static_cast<int>(config.topology.mesh.world_size()));
 }
 
 std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
@@ -75,7 +76,7 @@ std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
                       initial_moments(in.initial_exp_avg_sq, specs)};
   return std::make_unique<ReferenceTrainer>(in.model, std::move(start), in.config.precision,
                                             in.config.train.micro_batch, in.optimizer,
-                                            compute_threads(in.config, 1));
+                                            compute_threads(in.config));
 }
 
 namespace {
@@ -200,8 +201,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["model"] = {{"family", model->family()}, {"preset", model->preset()}, {"parameters", model->parameter_count()}};
   run_json["engine"] = engine->name();
   const std::string cpu_kernel = cpu::kernel_description(cpu::cpu_features());
-  const bool one_rank = config.topology.engine == Engine::reference;
-  const int threads = compute_threads(config, one_rank ? 1 : static_cast<int>(config.topology.mesh.world_size()));
+  const int threads = compute_threads(config);
   run_json["cpu_kernel"] = cpu_kernel;
   run_json["compute_threads"] = threads;
   run_json["data"] = data->describe();

@@ -38,9 +38,9 @@ std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs inputs);
 // The initial moments of EngineInputs: the given ones, or zeros.
 TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& specs);
 OptimizerSettings optimizer_settings(const TrainConfig& train);
-// compute.threads resolved: the configured count, or the default for a process running
-// `ranks_in_process` ranks (kernels/cpu/compute_pool.hpp).
-int compute_threads(const RunConfig& config, int ranks_in_process);
+// compute.threads resolved: the configured count, or the default for the ranks this process runs
+// (the reference engine: one; the sim actor runtime: the whole mesh) -- kernels/cpu/compute_pool.hpp.
+int compute_threads(const RunConfig& config);
 
 // Throws ConfigError (bad config or an engine that cannot run this mesh) before anything is
 // written to run_dir; other exceptions are runtime failures. Returns the final mean loss.
