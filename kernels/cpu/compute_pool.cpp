@@ -80,8 +80,6 @@ void ComputePool::run(int tasks, const std::function<void(int)>& task) {
   if (error) std::rethrow_exception(error);
 }
 
-ComputePool* current_compute_pool() { return tls_pool; }
-
 ComputePoolScope::ComputePoolScope(ComputePool* pool) : previous_(tls_pool) { tls_pool = pool; }
 ComputePoolScope::~ComputePoolScope() { tls_pool = previous_; }
 

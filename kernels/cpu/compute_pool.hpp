@@ -40,9 +40,6 @@ class ComputePool {
   std::exception_ptr error_;
 };
 
-// The pool of the calling thread, or null.
-ComputePool* current_compute_pool();
-
 class ComputePoolScope {
  public:
   explicit ComputePoolScope(ComputePool* pool);

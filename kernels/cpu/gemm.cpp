@@ -25,8 +25,6 @@ using namespace gemm_detail;
 // (MC x KC) streams through L2. MC is a multiple of every MR; KC is even (bf16 pairs).
 constexpr std::int64_t kKc = 256, kMc = 96, kNc = 512;
 constexpr std::int64_t kKcBf16 = 512;  // bf16 panels take half the bytes: twice the depth fits
-// Below this many multiply-adds a GEMM runs on the calling thread alone.
-constexpr std::int64_t kMinParallelWork = std::int64_t(1) << 17;
 
 struct Operands {
   GemmShape s;
@@ -82,15 +80,9 @@ struct Scratch {
 
 thread_local Scratch tls_scratch;
 
-// float_to_bf16_bits for n contiguous values, branch-free so the compiler vectorizes it.
+// float_to_bf16_bits over n contiguous values (a loop the compiler vectorizes).
 void to_bf16_bits(const float* in, std::int64_t n, std::uint16_t* out) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, in + i, sizeof u);
-    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
-    out[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
+  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(in[i]);
 }
 
 // Per-thread room for bf16 bits while packing.
@@ -100,12 +92,11 @@ std::uint16_t* scratch_bits(std::int64_t count) {
   return bits.data();
 }
 
-// A strided view of `count` lines (rows of A, columns of B) by `depth` k: element (line, k) at
+// A strided view of lines (rows of A, columns of B) by k: element (line, k) at
 // base[line * line_stride + k * k_stride]. One of the strides is 1.
 struct Lines {
   const float* base;
   std::int64_t line_stride, k_stride;
-  float at(std::int64_t line, std::int64_t k) const { return base[line * line_stride + k * k_stride]; }
 };
 
 // Packs lines [0, count) x k [0, kc) into panels of `width` lines, [k'][width] each; lines past
@@ -278,7 +269,7 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, Gemm
   }
   const Plan plan = plan_for(operands);
   const Operands whole{s, a, b, c};
-  const int parts = useful_parts(s.m * s.n * s.k, kMinParallelWork);
+  const int parts = useful_parts(s.m * s.n * s.k, kGemmMinParallelWork);
   if (parts == 1) {
     gemm_serial(whole, plan);
     return;

@@ -356,9 +356,16 @@ TEST_CASE("apps: atoll-train results are bitwise independent of compute.threads 
     ::unsetenv("ATOLL_CPU_ISA");
     CHECK(nlohmann::json::parse(read_file(portable / "run.json")).at("cpu_kernel") == "portable");
     CHECK(metrics_without_timing(portable / "metrics.jsonl") == expected);
-    // The actor runtime with 2 ranks and 1 or 2 threads each: the same as each other.
-    const fs::path actors_1 = run(std::string(precision) + "-dp2-1", {p, "topology.mesh.dp_shard=2", "compute.threads=1"});
-    const fs::path actors_2 = run(std::string(precision) + "-dp2-2", {p, "topology.mesh.dp_shard=2", "compute.threads=2"});
+    // The actor runtime with 2 ranks and 1 or 2 threads each: the same as each other. Rows of 256
+    // tokens make the head's GEMMs (1024 x 256 x 64) big enough to split (kGemmMinParallelWork).
+    const std::vector<std::string> actors{p, "topology.mesh.dp_shard=2", "train.seq_len=256", "train.steps=3"};
+    auto with_threads = [&](const char* threads) {
+      std::vector<std::string> sets = actors;
+      sets.push_back(std::string("compute.threads=") + threads);
+      return sets;
+    };
+    const fs::path actors_1 = run(std::string(precision) + "-dp2-1", with_threads("1"));
+    const fs::path actors_2 = run(std::string(precision) + "-dp2-2", with_threads("2"));
     CHECK(metrics_without_timing(actors_1 / "metrics.jsonl") == metrics_without_timing(actors_2 / "metrics.jsonl"));
   }
 }

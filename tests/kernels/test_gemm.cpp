@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -31,14 +32,19 @@ float element(const std::vector<float>& v, bool trans, std::int64_t rows, std::i
 float a_at(const Case& t, std::int64_t i, std::int64_t k) { return element(t.a, t.ta, t.m, t.k, i, k); }
 float b_at(const Case& t, std::int64_t k, std::int64_t j) { return element(t.b, t.tb, t.k, t.n, k, j); }
 
-Case random_case(std::mt19937& rng, std::int64_t max_m, std::int64_t max_n, std::int64_t max_k) {
+struct Sizes {
+  std::int64_t min_m, max_m, min_n, max_n, min_k, max_k;
+};
+
+Case random_case(std::mt19937& rng, const Sizes& z) {
+  auto draw = [&](std::int64_t lo, std::int64_t hi) { return lo + static_cast<std::int64_t>(rng() % (hi - lo + 1)); };
   Case t;
   t.ta = rng() & 1;
   t.tb = rng() & 1;
   t.accumulate = (rng() % 3) == 0;
-  t.m = 1 + static_cast<std::int64_t>(rng() % max_m);
-  t.n = 1 + static_cast<std::int64_t>(rng() % max_n);
-  t.k = 1 + static_cast<std::int64_t>(rng() % max_k);
+  t.m = draw(z.min_m, z.max_m);
+  t.n = draw(z.min_n, z.max_n);
+  t.k = draw(z.min_k, z.max_k);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   t.a.resize(static_cast<std::size_t>(t.m * t.k));
   t.b.resize(static_cast<std::size_t>(t.k * t.n));
@@ -81,74 +87,83 @@ float reference_chain(const Case& t, std::int64_t i, std::int64_t j, GemmOperand
   return c;
 }
 
-const GemmOperands kBoth[] = {GemmOperands::f32, GemmOperands::bf16};
+// `trials` random cases (seeded), each run with fp32 and with bf16 operands.
+void for_each_case(unsigned seed, int trials, const Sizes& sizes,
+                   const std::function<void(const Case&, GemmOperands)>& check) {
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < trials; ++trial) {
+    const Case t = random_case(rng, sizes);
+    for (GemmOperands op : {GemmOperands::f32, GemmOperands::bf16}) {
+      INFO("m=" << t.m << " n=" << t.n << " k=" << t.k << " ta=" << t.ta << " tb=" << t.tb
+                << " acc=" << t.accumulate << " bf16=" << (op == GemmOperands::bf16));
+      check(t, op);
+    }
+  }
+}
 
 }  // namespace
 
 TEST_CASE("gemm computes exactly the documented FMA chain per element", "[gemm]") {
-  std::mt19937 rng(11);
-  for (int trial = 0; trial < 40; ++trial) {
-    const Case t = random_case(rng, 40, 70, 600);  // k past one 256 block, odd and even
-    for (GemmOperands op : kBoth) {
-      const std::vector<float> c = run(t, op);
-      std::int64_t wrong = 0;
-      for (std::int64_t i = 0; i < t.m; ++i)
-        for (std::int64_t j = 0; j < t.n; ++j) {
-          const float want = reference_chain(t, i, j, op);
-          if (std::memcmp(&want, &c[i * t.n + j], sizeof(float)) != 0) ++wrong;
-        }
-      INFO("m=" << t.m << " n=" << t.n << " k=" << t.k << " ta=" << t.ta << " tb=" << t.tb
-                << " acc=" << t.accumulate << " bf16=" << (op == GemmOperands::bf16));
-      CHECK(wrong == 0);
-    }
-  }
+  // k past one K block (256 fp32, 512 bf16), odd and even
+  for_each_case(11, 40, {1, 40, 1, 70, 1, 600}, [](const Case& t, GemmOperands op) {
+    const std::vector<float> c = run(t, op);
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < t.m; ++i)
+      for (std::int64_t j = 0; j < t.n; ++j) {
+        const float want = reference_chain(t, i, j, op);
+        if (std::memcmp(&want, &c[i * t.n + j], sizeof(float)) != 0) ++wrong;
+      }
+    CHECK(wrong == 0);
+  });
 }
 
 TEST_CASE("gemm agrees with a double-precision product within a K-derived bound", "[gemm]") {
-  std::mt19937 rng(12);
-  for (int trial = 0; trial < 30; ++trial) {
-    const Case t = random_case(rng, 120, 90, 700);
-    for (GemmOperands op : kBoth) {
-      const std::vector<float> c = run(t, op);
-      double worst = 0;
-      for (std::int64_t i = 0; i < t.m; ++i)
-        for (std::int64_t j = 0; j < t.n; ++j) {
-          double exact = t.accumulate ? t.c0[i * t.n + j] : 0.0, magnitude = std::fabs(exact);
-          for (std::int64_t k = 0; k < t.k; ++k) {
-            double x = a_at(t, i, k), y = b_at(t, k, j);
-            if (op == GemmOperands::bf16) x = round_to_bf16(static_cast<float>(x)), y = round_to_bf16(static_cast<float>(y));
-            exact += x * y;
-            magnitude += std::fabs(x * y);
-          }
-          // A chain of K fp32 FMAs: |error| <= K * 2^-24 * sum |terms| (first order).
-          worst = std::max(worst, std::fabs(c[i * t.n + j] - exact) / (magnitude * (t.k + 1) * 0x1p-24));
+  for_each_case(12, 30, {1, 120, 1, 90, 1, 700}, [](const Case& t, GemmOperands op) {
+    const std::vector<float> c = run(t, op);
+    double worst = 0;
+    for (std::int64_t i = 0; i < t.m; ++i)
+      for (std::int64_t j = 0; j < t.n; ++j) {
+        double exact = t.accumulate ? t.c0[i * t.n + j] : 0.0, magnitude = std::fabs(exact);
+        for (std::int64_t k = 0; k < t.k; ++k) {
+          double x = a_at(t, i, k), y = b_at(t, k, j);
+          if (op == GemmOperands::bf16) x = round_to_bf16(static_cast<float>(x)), y = round_to_bf16(static_cast<float>(y));
+          exact += x * y;
+          magnitude += std::fabs(x * y);
         }
-      INFO("m=" << t.m << " n=" << t.n << " k=" << t.k);
-      CHECK(worst <= 1.0);
-    }
-  }
+        // A chain of K fp32 FMAs: |error| <= K * 2^-24 * sum |terms| (first order).
+        worst = std::max(worst, std::fabs(c[i * t.n + j] - exact) / (magnitude * (t.k + 1) * 0x1p-24));
+      }
+    CHECK(worst <= 1.0);
+  });
 }
 
-TEST_CASE("gemm rows are bitwise independent of the batch they are computed in, for 1..4 threads", "[gemm]") {
-  std::mt19937 rng(13);
-  for (int trial = 0; trial < 12; ++trial) {
-    const Case t = random_case(rng, 300, 100, 300);
-    for (GemmOperands op : kBoth) {
-      const std::vector<float> whole = run(t, op);
-      for (int threads = 1; threads <= 4; ++threads) {
+TEST_CASE("gemm rows are bitwise independent of the batch they are computed in", "[gemm]") {
+  for_each_case(13, 12, {1, 300, 1, 100, 1, 300}, [](const Case& t, GemmOperands op) {
+    const std::vector<float> whole = run(t, op);
+    auto rows_of_whole = [&](std::int64_t begin, std::int64_t end) {
+      return std::vector<float>(whole.begin() + begin * t.n, whole.begin() + end * t.n);
+    };
+    for (std::int64_t row : {std::int64_t{0}, t.m / 2, t.m - 1}) CHECK(same_bits(run(t, op, row, 1), rows_of_whole(row, row + 1)));
+    const std::int64_t mid = t.m / 3;  // a block starting off any tile boundary
+    CHECK(same_bits(run(t, op, mid, t.m - mid), rows_of_whole(mid, t.m)));
+  });
+}
+
+TEST_CASE("gemm results are bitwise independent of the thread count (1..4)", "[gemm][threads]") {
+  // Every case is big enough that two threads split it (kGemmMinParallelWork per part): few rows
+  // split C by columns, many rows by rows (the cut-over depends on the kernel's tile height).
+  const Sizes few_rows{76, 95, 560, 600, 400, 420}, many_rows{256, 600, 256, 600, 256, 400};
+  for (const Sizes& sizes : {few_rows, many_rows}) {
+    for_each_case(15, 4, sizes, [](const Case& t, GemmOperands op) {
+      REQUIRE(t.m * t.n * t.k >= 2 * kGemmMinParallelWork);
+      const std::vector<float> serial = run(t, op);
+      for (int threads = 2; threads <= 4; ++threads) {
         ComputePool pool(threads);
         ComputePoolScope scope(&pool);
-        CHECK(same_bits(run(t, op), whole));
-        const std::int64_t probes[] = {0, t.m / 2, t.m - 1};
-        for (std::int64_t row : probes) {
-          const std::vector<float> alone = run(t, op, row, 1);
-          CHECK(same_bits(alone, std::vector<float>(whole.begin() + row * t.n, whole.begin() + (row + 1) * t.n)));
-        }
-        const std::int64_t mid = t.m / 3, count = t.m - mid;  // a block starting off any tile boundary
-        CHECK(same_bits(run(t, op, mid, count),
-                        std::vector<float>(whole.begin() + mid * t.n, whole.begin() + t.m * t.n)));
+        INFO("threads=" << threads);
+        CHECK(same_bits(run(t, op), serial));
       }
-    }
+    });
   }
 }
 
@@ -159,22 +174,18 @@ TEST_CASE("every instruction-set level gives the same bits", "[gemm][isa]") {
   if (best.isa >= Isa::avx2) levels.push_back({Isa::avx2, false});
   if (best.isa >= Isa::avx512) levels.push_back({Isa::avx512, false});
   if (best.bf16_dot) levels.push_back({Isa::avx512, true});
-  std::mt19937 rng(14);
-  for (int trial = 0; trial < 10; ++trial) {
-    const Case t = random_case(rng, 80, 80, 400);
-    for (GemmOperands op : kBoth) {
-      std::vector<std::vector<float>> results;
-      for (const CpuFeatures& f : levels) {
-        use_cpu_features(f);
-        results.push_back(run(t, op));
-      }
-      use_cpu_features(saved);
-      for (std::size_t l = 1; l < results.size(); ++l) {
-        INFO("level " << kernel_description(levels[l]) << " vs portable, bf16=" << (op == GemmOperands::bf16));
-        CHECK(same_bits(results[l], results[0]));
-      }
+  for_each_case(14, 10, {1, 80, 1, 80, 1, 400}, [&](const Case& t, GemmOperands op) {
+    std::vector<std::vector<float>> results;
+    for (const CpuFeatures& f : levels) {
+      use_cpu_features(f);
+      results.push_back(run(t, op));
     }
-  }
+    use_cpu_features(saved);
+    for (std::size_t l = 1; l < results.size(); ++l) {
+      INFO("level " << kernel_description(levels[l]) << " vs portable");
+      CHECK(same_bits(results[l], results[0]));
+    }
+  });
   WARN("levels compared on this CPU: " << levels.size() << " (best: " << kernel_description(best) << ")");
 }
 
