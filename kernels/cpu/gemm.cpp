@@ -41,20 +41,25 @@ struct Plan {
   int mr, nr;
   F32Kernel f32 = nullptr;
   Bf16Kernel bf16 = nullptr;
+  PackKernels pack;
 };
 
 Plan plan_for(GemmOperands operands) {
   const CpuFeatures& f = cpu_features();
   F32MicroKernel k = f32_kernel_portable();
+  PackKernels pack = pack_kernels_portable();
 #if defined(__x86_64__)
-  if (f.isa == Isa::avx512) k = f32_kernel_avx512();
+  if (f.isa == Isa::avx512) {
+    k = f32_kernel_avx512();
+    pack = pack_kernels_avx512();
+  }
   if (f.isa == Isa::avx2) k = f32_kernel_avx2();
   if (operands == GemmOperands::bf16 && f.bf16_dot) {
     const Bf16MicroKernel b = bf16_kernel_avx512();
-    return {Route::bf16_dot, b.mr, b.nr, nullptr, b.run};
+    return {Route::bf16_dot, b.mr, b.nr, nullptr, b.run, pack};
   }
 #endif
-  return {operands == GemmOperands::bf16 ? Route::bf16_as_f32 : Route::f32, k.mr, k.nr, k.run, nullptr};
+  return {operands == GemmOperands::bf16 ? Route::bf16_as_f32 : Route::f32, k.mr, k.nr, k.run, nullptr, pack};
 }
 
 // Per-thread packing buffers, grown on demand and reused across calls.
@@ -80,11 +85,6 @@ struct Scratch {
 
 thread_local Scratch tls_scratch;
 
-// float_to_bf16_bits over n contiguous values (a loop the compiler vectorizes).
-void to_bf16_bits(const float* in, std::int64_t n, std::uint16_t* out) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(in[i]);
-}
-
 // Per-thread room for bf16 bits while packing.
 std::uint16_t* scratch_bits(std::int64_t count) {
   thread_local std::vector<std::uint16_t> bits;
@@ -102,7 +102,11 @@ struct Lines {
 // Packs lines [0, count) x k [0, kc) into panels of `width` lines, [k'][width] each; lines past
 // `count` are zero. f32: k' = k. bf16_dot: uint32 pairs (k even in the low half), k padded to even.
 // bf16_as_f32: bf16-rounded floats with each pair swapped (odd k first), k padded to even.
-void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int64_t width, Route route, void* out) {
+// k-contiguous lines (rows of A, columns of B^T) are transposed into panels 16 x 16 at a time.
+void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int64_t width, const Plan& plan,
+                void* out) {
+  const Route route = plan.route;
+  const PackKernels& pk = plan.pack;
   const std::int64_t pairs = (kc + 1) / 2, depth = route == Route::f32 ? kc : 2 * pairs;
   const bool k_contiguous = src.k_stride == 1;
   for (std::int64_t p0 = 0; p0 < count; p0 += width) {
@@ -110,24 +114,19 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
     if (route == Route::f32) {
       float* dst = static_cast<float*>(out) + p0 * depth;
       if (k_contiguous) {
-        for (std::int64_t l = 0; l < lines; ++l) {
-          const float* row = src.base + (p0 + l) * src.line_stride;
-          for (std::int64_t k = 0; k < kc; ++k) dst[k * width + l] = row[k];
-        }
-      } else {
-        for (std::int64_t k = 0; k < kc; ++k) {
-          const float* col = src.base + k * src.k_stride + p0 * src.line_stride;
-          for (std::int64_t l = 0; l < lines; ++l) dst[k * width + l] = col[l];
-        }
+        pk.transpose(reinterpret_cast<const std::uint32_t*>(src.base + p0 * src.line_stride), src.line_stride, lines,
+                     kc, reinterpret_cast<std::uint32_t*>(dst), width);
+        continue;
       }
-      for (std::int64_t k = 0; k < kc; ++k) std::fill(dst + k * width + lines, dst + (k + 1) * width, 0.0f);
+      for (std::int64_t k = 0; k < kc; ++k) {
+        const float* col = src.base + k * src.k_stride + p0 * src.line_stride;
+        std::copy(col, col + lines, dst + k * width);
+        std::fill(dst + k * width + lines, dst + (k + 1) * width, 0.0f);
+      }
       continue;
     }
-    // bf16 routes: each line's values rounded to bf16 in bulk (a vectorizable loop), then placed as
-    // pairs (k even, k odd); the odd one is 0 past kc.
-    const std::int64_t room = std::max(kc + 1, width);  // a line's k values, or a k's lines
-    std::uint16_t* even = scratch_bits(2 * room);
-    std::uint16_t* odd = even + room;
+    // bf16 routes: values rounded to bf16 in bulk, then placed as pairs (k even, k odd); the odd
+    // one is 0 past kc.
     std::uint32_t* dst_pairs = static_cast<std::uint32_t*>(out) + p0 * pairs;
     float* dst_swapped = static_cast<float*>(out) + p0 * depth;
     const bool dot = route == Route::bf16_dot;
@@ -137,36 +136,40 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
       dst_swapped[(2 * q + 1) * width + l] = bf16_bits_to_float(even_bits);
     };
     if (k_contiguous) {
+      // Each line rounded into a row of 2 * pairs bf16 values (the bits of k and k+1 then sit as
+      // one little-endian pair), then the rows of pairs transposed into the panel.
+      std::uint16_t* rows = scratch_bits(lines * 2 * pairs);
+      for (std::int64_t l = 0; l < lines; ++l) {
+        std::uint16_t* row = rows + l * 2 * pairs;
+        pk.to_bf16_bits(src.base + (p0 + l) * src.line_stride, kc, row);
+        if (kc % 2) row[kc] = 0;  // the odd partner of a last, unpaired k
+      }
+      if (dot) {
+        pk.transpose(reinterpret_cast<const std::uint32_t*>(rows), pairs, lines, pairs, dst_pairs, width);
+        continue;
+      }
       for (std::int64_t l = 0; l < width; ++l) {
-        if (l < lines) {
-          to_bf16_bits(src.base + (p0 + l) * src.line_stride, kc, even);
-        } else {
-          std::fill(even, even + kc, std::uint16_t{0});
-        }
-        even[kc] = 0;  // the odd partner of a last, unpaired k
-        if (dot) {  // the bits of k and k+1 already sit as one little-endian pair
-          for (std::int64_t q = 0; q < pairs; ++q) std::memcpy(dst_pairs + q * width + l, even + 2 * q, 4);
-        } else {
-          for (std::int64_t q = 0; q < pairs; ++q) put_swapped(q, l, even[2 * q], even[2 * q + 1]);
+        for (std::int64_t q = 0; q < pairs; ++q) {
+          const std::uint16_t* pair = rows + l * 2 * pairs + 2 * q;
+          if (l < lines) {
+            put_swapped(q, l, pair[0], pair[1]);
+          } else {
+            put_swapped(q, l, 0, 0);
+          }
         }
       }
-    } else {
-      for (std::int64_t q = 0; q < pairs; ++q) {
-        const float* col = src.base + 2 * q * src.k_stride + p0 * src.line_stride;
-        to_bf16_bits(col, lines, even);
-        if (2 * q + 1 < kc) {
-          to_bf16_bits(col + src.k_stride, lines, odd);
-        } else {
-          std::fill(odd, odd + lines, std::uint16_t{0});
-        }
-        std::fill(even + lines, even + width, std::uint16_t{0});
-        std::fill(odd + lines, odd + width, std::uint16_t{0});
-        if (dot) {
-          std::uint32_t* d = dst_pairs + q * width;
-          for (std::int64_t l = 0; l < width; ++l) d[l] = even[l] | (static_cast<std::uint32_t>(odd[l]) << 16);
-        } else {
-          for (std::int64_t l = 0; l < width; ++l) put_swapped(q, l, even[l], odd[l]);
-        }
+      continue;
+    }
+    for (std::int64_t q = 0; q < pairs; ++q) {
+      const float* col = src.base + 2 * q * src.k_stride + p0 * src.line_stride;
+      const float* odd = 2 * q + 1 < kc ? col + src.k_stride : nullptr;
+      if (dot) {
+        pk.bf16_pairs(col, odd, lines, dst_pairs + q * width, width);
+        continue;
+      }
+      for (std::int64_t l = 0; l < width; ++l) {
+        const bool real = l < lines;
+        put_swapped(q, l, real ? float_to_bf16_bits(col[l]) : 0, real && odd ? float_to_bf16_bits(odd[l]) : 0);
       }
     }
   }
@@ -177,7 +180,7 @@ void pack_a(const Operands& o, const Plan& p, std::int64_t i0, std::int64_t mc, 
             void* out) {
   const GemmShape& s = o.s;
   const Lines lines = s.trans_a ? Lines{o.a + k0 * s.lda + i0, 1, s.lda} : Lines{o.a + i0 * s.lda + k0, s.lda, 1};
-  pack_lines(lines, mc, kc, p.mr, p.route, out);
+  pack_lines(lines, mc, kc, p.mr, p, out);
 }
 
 // B k [k0, k0+kc) x columns [j0, j0+nc) into NR-column panels.
@@ -185,7 +188,7 @@ void pack_b(const Operands& o, const Plan& p, std::int64_t k0, std::int64_t kc, 
             void* out) {
   const GemmShape& s = o.s;
   const Lines lines = s.trans_b ? Lines{o.b + j0 * s.ldb + k0, s.ldb, 1} : Lines{o.b + k0 * s.ldb + j0, 1, s.ldb};
-  pack_lines(lines, nc, kc, p.nr, p.route, out);
+  pack_lines(lines, nc, kc, p.nr, p, out);
 }
 
 // One MR x NR tile; an edge tile goes through a padded buffer so it runs the same kernel.

@@ -1,6 +1,9 @@
 // The portable micro-kernel: scalar fused multiply-adds (std::fma rounds once, like the vector
 // FMA instructions), so it gives the same bits as the AVX2 and AVX-512 kernels.
 #include <cmath>
+#include <cstring>
+
+#include "kernels/dtype.hpp"
 
 #include "kernels/cpu/gemm_kernels.hpp"
 
@@ -21,8 +24,39 @@ void f32_4x8(std::int64_t kc, const float* ap, const float* bp, float* c, std::i
     for (int j = 0; j < kNr; ++j) c[r * ldc + j] = acc[r][j];
 }
 
+// Blocked so that both the reads (along a line) and the writes (along a panel row) stay in cache.
+// Lines may hold floats or bf16 pairs: memcpy reads their bits without breaking type aliasing.
+void transpose_lines(const std::uint32_t* src, std::int64_t src_stride, std::int64_t lines, std::int64_t cols,
+                     std::uint32_t* dst, std::int64_t width) {
+  constexpr std::int64_t kBlock = 16;
+  for (std::int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+    const std::int64_t c1 = c0 + kBlock < cols ? c0 + kBlock : cols;
+    for (std::int64_t l = 0; l < width; ++l) {
+      const std::uint32_t* line = src + l * src_stride;
+      for (std::int64_t c = c0; c < c1; ++c) {
+        std::uint32_t bits = 0;
+        if (l < lines) std::memcpy(&bits, line + c, sizeof bits);
+        dst[c * width + l] = bits;
+      }
+    }
+  }
+}
+
+void to_bf16_bits(const float* in, std::int64_t n, std::uint16_t* out) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(in[i]);
+}
+
+void bf16_pairs(const float* even, const float* odd, std::int64_t n, std::uint32_t* dst, std::int64_t width) {
+  for (std::int64_t l = 0; l < width; ++l) {
+    const std::uint32_t lo = l < n ? float_to_bf16_bits(even[l]) : 0u;
+    const std::uint32_t hi = l < n && odd ? float_to_bf16_bits(odd[l]) : 0u;
+    dst[l] = lo | hi << 16;
+  }
+}
+
 }  // namespace
 
 F32MicroKernel f32_kernel_portable() { return {kMr, kNr, f32_4x8}; }
+PackKernels pack_kernels_portable() { return {transpose_lines, to_bf16_bits, bf16_pairs}; }
 
 }  // namespace atl::cpu::gemm_detail

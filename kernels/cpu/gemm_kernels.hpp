@@ -22,11 +22,27 @@ struct Bf16MicroKernel {
   Bf16Kernel run;
 };
 
+// Packing helpers. transpose: dst[c * width + l] = src[l * src_stride + c] for l < lines, c < cols,
+// and 0 for lines <= l < width. to_bf16_bits: float_to_bf16_bits over n contiguous values.
+// bf16_pairs: dst[l] = bits(even[l]) | bits(odd[l]) << 16 for l < n (odd null: 0), 0 up to width.
+using TransposeLines = void (*)(const std::uint32_t* src, std::int64_t src_stride, std::int64_t lines,
+                                std::int64_t cols, std::uint32_t* dst, std::int64_t width);
+using ToBf16Bits = void (*)(const float* in, std::int64_t n, std::uint16_t* out);
+using Bf16Pairs = void (*)(const float* even, const float* odd, std::int64_t n, std::uint32_t* dst,
+                           std::int64_t width);
+struct PackKernels {
+  TransposeLines transpose;
+  ToBf16Bits to_bf16_bits;
+  Bf16Pairs bf16_pairs;
+};
+
 F32MicroKernel f32_kernel_portable();
+PackKernels pack_kernels_portable();
 #if defined(__x86_64__)
 F32MicroKernel f32_kernel_avx2();
 F32MicroKernel f32_kernel_avx512();
 Bf16MicroKernel bf16_kernel_avx512();
+PackKernels pack_kernels_avx512();
 #endif
 
 }  // namespace atl::cpu::gemm_detail

@@ -1,0 +1,99 @@
+// AVX-512 packing helpers: the transposes that turn k-contiguous lines into [k][width] panels, and
+// the fp32 -> bf16 rounding, 16 lanes at a time. Packing only moves and rounds values (rounding is
+// the same integer round-to-nearest-even as float_to_bf16_bits), so it has no say in the numerics.
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers seed unpack/shuffle/shift results with a self-initialised
+// `_mm512_undefined_epi32()`, which -Wmaybe-uninitialized reports (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/cpu/gemm_kernels.hpp"
+
+namespace atl::cpu::gemm_detail {
+
+namespace {
+
+// 16 x 16 transpose of 32-bit lanes: r[i] holds row i on entry, column i on exit.
+__attribute__((target("avx512f"), always_inline)) inline void transpose_16x16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {  // pairs of rows interleaved per 128-bit lane
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + c] holds column c (of each lane's 4) of rows i..i+3
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // gather the four row groups' 128-bit lanes
+    const __m512i x_even = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), x_odd = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+    const __m512i y_even = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88),
+                  y_odd = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_i32x4(x_even, y_even, 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(x_even, y_even, 0xDD);
+    r[4 + c] = _mm512_shuffle_i32x4(x_odd, y_odd, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(x_odd, y_odd, 0xDD);
+  }
+}
+
+__attribute__((target("avx512f"))) void transpose_lines_avx512(const std::uint32_t* src, std::int64_t src_stride,
+                                                               std::int64_t lines, std::int64_t cols,
+                                                               std::uint32_t* dst, std::int64_t width) {
+  for (std::int64_t l0 = 0; l0 < width; l0 += 16) {
+    const std::int64_t lanes = std::int64_t{16} < width - l0 ? 16 : width - l0;
+    const __mmask16 store_mask = static_cast<__mmask16>((1u << lanes) - 1u);
+    for (std::int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const std::int64_t n = std::int64_t{16} < cols - c0 ? 16 : cols - c0;
+      const __mmask16 load_mask = static_cast<__mmask16>((1u << n) - 1u);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const std::int64_t l = l0 + i;
+        r[i] = l < lines ? _mm512_maskz_loadu_epi32(load_mask, src + l * src_stride + c0) : _mm512_setzero_si512();
+      }
+      transpose_16x16(r);
+      for (std::int64_t c = 0; c < n; ++c) _mm512_mask_storeu_epi32(dst + (c0 + c) * width + l0, store_mask, r[c]);
+    }
+  }
+}
+
+// float_to_bf16_bits of 16 floats (as bits), one result per 32-bit lane.
+__attribute__((target("avx512f"), always_inline)) inline __m512i bf16_bits(__m512i u) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000), mantissa = _mm512_set1_epi32(0x007fffff);
+  // round to nearest even: u + 0x7fff + (bit 16 of u), then the high half
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  // NaN (all exponent bits, some mantissa bit) keeps its high half, quieted
+  const __mmask16 nan =
+      _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exponent), exponent) & _mm512_test_epi32_mask(u, mantissa);
+  return _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+}
+
+__attribute__((target("avx512f"), always_inline)) inline __mmask16 first_lanes(std::int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+__attribute__((target("avx512f,avx512bw"))) void to_bf16_bits_avx512(const float* in, std::int64_t n,
+                                                                     std::uint16_t* out) {
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = first_lanes(n - i);
+    _mm512_mask_cvtepi32_storeu_epi16(out + i, m, bf16_bits(_mm512_maskz_loadu_epi32(m, in + i)));
+  }
+}
+
+__attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* even, const float* odd, std::int64_t n,
+                                                          std::uint32_t* dst, std::int64_t width) {
+  for (std::int64_t i = 0; i < width; i += 16) {
+    const __mmask16 m = first_lanes(n - i), store = first_lanes(width - i);
+    const __m512i lo = bf16_bits(_mm512_maskz_loadu_epi32(m, even + i));
+    const __m512i hi = odd ? bf16_bits(_mm512_maskz_loadu_epi32(m, odd + i)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst + i, store, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+
+}  // namespace
+
+PackKernels pack_kernels_avx512() { return {transpose_lines_avx512, to_bf16_bits_avx512, bf16_pairs_avx512}; }
+
+}  // namespace atl::cpu::gemm_detail
+#endif
