@@ -4,7 +4,9 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
+#include "kernels/cpu/vector_math.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/precision.hpp"
 
@@ -38,23 +40,24 @@ inline T round_emulated(Precision p, T x) {
   return static_cast<T>(round_to_bf16(static_cast<float>(x)));
 }
 
+// act(g, u) given s = sigmoid(g) (computed a row at a time by sigmoid_values, vector_math.hpp).
 template <class T>
-inline T glu_sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
-
-template <class T>
-inline T glu_value(const GluConfig& cfg, T g, T u) {
-  const T s = glu_sigmoid(g);
+inline T glu_value_given(const GluConfig& cfg, T g, T u, T s) {
   if (cfg.activation == GluActivation::swiglu) return g * s * u;
   const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
   return bg * std::tanh(g / bg) * s * (bu * std::tanh(u / bu));
 }
 
-// Partial derivatives of glu_value at (g, u).
 template <class T>
-inline void glu_partials(const GluConfig& cfg, T g, T u, T& d_dg, T& d_du) {
-  const T s = glu_sigmoid(g);
+inline T glu_value(const GluConfig& cfg, T g, T u) {
+  T s = g;
+  sigmoid_values(&s, 1);
+  return glu_value_given(cfg, g, u, s);
+}
+
+// Partial derivatives of glu_value at (g, u), given s = sigmoid(g).
+template <class T>
+inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T& d_dg, T& d_du) {
   const T ds = s * (T(1) - s);
   if (cfg.activation == GluActivation::swiglu) {
     d_dg = u * (s + g * ds);
@@ -67,6 +70,13 @@ inline void glu_partials(const GluConfig& cfg, T g, T u, T& d_dg, T& d_du) {
   const T up = bu * tu;        // capped up
   d_dg = ((T(1) - tg * tg) * s + bg * tg * ds) * up;
   d_du = gate * (T(1) - tu * tu);
+}
+
+// sig[i] = sigmoid(g[i * stride]) for i < n.
+template <class T>
+inline void gate_sigmoids(const T* g, std::int64_t stride, std::int64_t n, T* sig) {
+  for (std::int64_t i = 0; i < n; ++i) sig[i] = g[i * stride];
+  sigmoid_values(sig, n);
 }
 
 // Addressing of g and u: element i of row r is at base[r*row_stride + i*elem_stride].
@@ -84,11 +94,13 @@ template <class T>
 void glu_forward(const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg, Precision precision,
                  T* out) {
   const GluView v = packed_view(cfg.layout, inter);
+  std::vector<T> sig(static_cast<std::size_t>(inter));
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = gate_up + r * v.row_stride;
+    gate_sigmoids(row + v.g_offset, v.elem_stride, inter, sig.data());
     for (std::int64_t i = 0; i < inter; ++i) {
       const T g = row[v.g_offset + i * v.elem_stride], u = row[v.u_offset + i * v.elem_stride];
-      out[r * inter + i] = round_emulated(precision, glu_value(cfg, g, u));
+      out[r * inter + i] = round_emulated(precision, glu_value_given(cfg, g, u, sig[static_cast<std::size_t>(i)]));
     }
   }
 }
@@ -98,13 +110,15 @@ template <class T>
 void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg,
                   T* d_gate_up) {
   const GluView v = packed_view(cfg.layout, inter);
+  std::vector<T> sig(static_cast<std::size_t>(inter));
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = gate_up + r * v.row_stride;
     T* drow = d_gate_up + r * v.row_stride;
+    gate_sigmoids(row + v.g_offset, v.elem_stride, inter, sig.data());
     for (std::int64_t i = 0; i < inter; ++i) {
       const std::int64_t gi = v.g_offset + i * v.elem_stride, ui = v.u_offset + i * v.elem_stride;
       T d_dg, d_du;
-      glu_partials(cfg, row[gi], row[ui], d_dg, d_du);
+      glu_partials(cfg, row[gi], row[ui], sig[static_cast<std::size_t>(i)], d_dg, d_du);
       const T d = d_out[r * inter + i];
       drow[gi] = d * d_dg;
       drow[ui] = d * d_du;
@@ -115,16 +129,22 @@ void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int6
 // Two-tensor form (dense MLP): gate[n], up[n] -> out[n]; cfg.layout is not used.
 template <class T>
 void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, Precision precision, T* out) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = round_emulated(precision, glu_value(cfg, gate[i], up[i]));
+  std::vector<T> sig(static_cast<std::size_t>(n));
+  gate_sigmoids(gate, 1, n, sig.data());
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = round_emulated(precision, glu_value_given(cfg, gate[i], up[i], sig[static_cast<std::size_t>(i)]));
+  }
 }
 
 // d_gate[n], d_up[n] (overwritten) from d_out[n].
 template <class T>
 void glu_backward_split(const T* d_out, const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, T* d_gate,
                         T* d_up) {
+  std::vector<T> sig(static_cast<std::size_t>(n));
+  gate_sigmoids(gate, 1, n, sig.data());
   for (std::int64_t i = 0; i < n; ++i) {
     T d_dg, d_du;
-    glu_partials(cfg, gate[i], up[i], d_dg, d_du);
+    glu_partials(cfg, gate[i], up[i], sig[static_cast<std::size_t>(i)], d_dg, d_du);
     d_gate[i] = d_out[i] * d_dg;
     d_up[i] = d_out[i] * d_du;
   }

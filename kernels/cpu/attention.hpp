@@ -12,6 +12,9 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/vector_math.hpp"
+
 namespace atl::cpu {
 
 struct AttentionShape {
@@ -48,74 +51,104 @@ inline std::int64_t attention_first_key(std::int64_t t, std::int64_t position, s
   return lo;
 }
 
-// Eight independent partial sums (a fixed summation order, so still deterministic) let the
-// compiler vectorise the dot product without reassociating floating-point adds.
-template <class T>
-inline T attention_dot(const T* a, const T* b, std::int64_t n) {
-  constexpr std::int64_t kLanes = 8;
-  T lanes[kLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::int64_t l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
-  }
-  for (; i < n; ++i) lanes[0] += a[i] * b[i];
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+// Queries are processed in tiles of kAttentionQueryTile rows per (batch row, head): scores of a tile
+// against the keys its queries may see are one GEMM, probabilities times values another (GEMMs are
+// batch-invariant, gemm.hpp). Inside a tile, a key a query may not see gets probability exactly 0,
+// and a zero term leaves an FMA chain unchanged, so every output is the chain over the query's own
+// visible keys in ascending order: independent of the tile, of other documents and of padding.
+// Softmax sums run over a query's visible keys in ascending order, starting from the sink term.
+inline constexpr std::int64_t kAttentionQueryTile = 64;
+
+namespace attention_detail {
+
+// One tile of queries [t0, t1) of batch row b and the key range [j0, t1) they can see.
+struct QueryTile {
+  std::int64_t b, t0, t1, j0;
+  std::int64_t queries() const { return t1 - t0; }
+  std::int64_t keys() const { return t1 - j0; }
+};
+
+inline QueryTile query_tile(std::int64_t b, std::int64_t t0, std::int64_t seq, const std::int64_t* pos,
+                            std::int64_t window) {
+  const std::int64_t t1 = std::min(seq, t0 + kAttentionQueryTile);
+  std::int64_t j0 = t0;
+  for (std::int64_t t = t0; t < t1; ++t) j0 = std::min(j0, attention_first_key(t, pos[t], window));
+  return {b, t0, t1, j0};
 }
+
+// scores[i][j - j0] = scale * <q_t, k_j> + bias(t, j) for the tile's queries t = t0 + i, visible
+// keys j; every other entry of the row is set to `fill`. Returns per query whether any key is visible.
+template <class T, class Bias>
+void tile_scores(const QueryTile& tile, std::int64_t h, const T* q_head, std::int64_t q_row, const T* k_head,
+                 std::int64_t kv_row, std::int64_t head_dim, const std::int64_t* pos, const bool* ok,
+                 std::int64_t window, T scale, const Bias& bias, T fill, T* scores, bool* any_visible) {
+  const std::int64_t nk = tile.keys();
+  gemm<T>(false, true, tile.queries(), nk, head_dim, q_head + tile.t0 * q_row, q_row, k_head + tile.j0 * kv_row,
+          kv_row, false, scores, nk);
+  for (std::int64_t t = tile.t0; t < tile.t1; ++t) {
+    T* row = scores + (t - tile.t0) * nk;
+    const std::int64_t lo = attention_first_key(t, pos[t], window);
+    bool any = false;
+    for (std::int64_t j = tile.j0; j < tile.t1; ++j) {
+      T& s = row[j - tile.j0];
+      if (j < lo || j > t || !ok[j]) {
+        s = fill;
+        continue;
+      }
+      s = scale * s + bias.value(tile.b, h, t, j);
+      any = true;
+    }
+    any_visible[t - tile.t0] = any;
+  }
+}
+
+}  // namespace attention_detail
 
 template <class T, class Bias = NoScoreBias<T>>
 void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* positions, const bool* valid,
                        const SinkLogits<T>& sinks, T* out, T* lse, const AttentionShape& shape, std::int64_t window,
                        T scale, const Bias& bias = Bias{}) {
+  using namespace attention_detail;
   const std::int64_t S = shape.seq, Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim;
   const std::int64_t group = Hq / Hkv;
   const std::int64_t q_row = Hq * D, kv_row = Hkv * D;  // token strides
-  std::vector<T> scores(static_cast<std::size_t>(S));
-  std::vector<T> acc(static_cast<std::size_t>(D));
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  std::vector<T> probs(static_cast<std::size_t>(kAttentionQueryTile * S));
+  bool any_visible[kAttentionQueryTile];
   for (std::int64_t b = 0; b < shape.batch; ++b) {
     const std::int64_t* pos = positions + b * S;
     const bool* ok = valid + b * S;
     for (std::int64_t h = 0; h < Hq; ++h) {
-      const std::int64_t hk = h / group;
-      const T* kb = k + b * S * kv_row + hk * D;
-      const T* vb = v + b * S * kv_row + hk * D;
-      for (std::int64_t t = 0; t < S; ++t) {
-        const T* qt = q + (b * S + t) * q_row + h * D;
-        T* ot = out + (b * S + t) * q_row + h * D;
-        const std::int64_t lo = attention_first_key(t, pos[t], window);
-        T m = -std::numeric_limits<T>::infinity();
-        std::int64_t visible = 0;
-        for (std::int64_t j = lo; j <= t; ++j) {
-          if (!ok[j]) continue;
-          const T s = scale * attention_dot(qt, kb + j * kv_row, D) + bias.value(b, h, t, j);
-          scores[static_cast<std::size_t>(j)] = s;
-          m = std::max(m, s);
-          ++visible;
+      const T* q_head = q + b * S * q_row + h * D;
+      const T* k_head = k + b * S * kv_row + (h / group) * D;
+      const T* v_head = v + b * S * kv_row + (h / group) * D;
+      T* out_head = out + b * S * q_row + h * D;
+      for (std::int64_t t0 = 0; t0 < S; t0 += kAttentionQueryTile) {
+        const QueryTile tile = query_tile(b, t0, S, pos, window);
+        const std::int64_t nk = tile.keys();
+        tile_scores(tile, h, q_head, q_row, k_head, kv_row, D, pos, ok, window, scale, bias, neg_inf, probs.data(),
+                    any_visible);
+        for (std::int64_t t = tile.t0; t < tile.t1; ++t) {
+          T* row = probs.data() + (t - tile.t0) * nk;
+          const T sink = sinks.enabled() ? sinks.values[sinks.index(b, h, t)] : neg_inf;
+          T* lse_t = lse + (b * Hq + h) * S + t;
+          if (!any_visible[t - tile.t0]) {
+            std::fill(row, row + nk, T(0));
+            *lse_t = sink;
+            continue;
+          }
+          T m = sink;
+          for (std::int64_t j = 0; j < nk; ++j) m = std::max(m, row[j]);
+          for (std::int64_t j = 0; j < nk; ++j) row[j] -= m;  // masked: -inf - m = -inf, exp 0
+          exp_values(row, nk);  // the row now holds unnormalised probabilities
+          T sum = sinks.enabled() ? exp_value(sink - m) : T(0);
+          for (std::int64_t j = 0; j < nk; ++j) sum += row[j];
+          *lse_t = m + std::log(sum);
+          const T inv_sum = T(1) / sum;
+          for (std::int64_t j = 0; j < nk; ++j) row[j] *= inv_sum;
         }
-        const T sink = sinks.enabled() ? sinks.values[sinks.index(b, h, t)] : -std::numeric_limits<T>::infinity();
-        T* lse_t = lse + (b * Hq + h) * S + t;
-        if (visible == 0) {
-          std::fill(ot, ot + D, T(0));
-          *lse_t = sink;
-          continue;
-        }
-        m = std::max(m, sink);
-        T sum = sinks.enabled() ? std::exp(sink - m) : T(0);
-        for (std::int64_t j = lo; j <= t; ++j) {
-          if (!ok[j]) continue;
-          T& s = scores[static_cast<std::size_t>(j)];
-          s = std::exp(s - m);  // the row buffer now holds unnormalised probabilities
-          sum += s;
-        }
-        *lse_t = m + std::log(sum);
-        const T inv_sum = T(1) / sum;
-        std::fill(acc.begin(), acc.end(), T(0));
-        for (std::int64_t j = lo; j <= t; ++j) {
-          if (!ok[j]) continue;
-          const T p = scores[static_cast<std::size_t>(j)] * inv_sum;
-          const T* vj = vb + j * kv_row;
-          for (std::int64_t d = 0; d < D; ++d) acc[static_cast<std::size_t>(d)] += p * vj[d];
-        }
-        std::copy(acc.begin(), acc.end(), ot);
+        gemm<T>(false, false, tile.queries(), D, nk, probs.data(), nk, v_head + tile.j0 * kv_row, kv_row, false,
+                out_head + tile.t0 * q_row, q_row);
       }
     }
   }
@@ -124,63 +157,61 @@ void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* p
 // dq, dk, dv are written (fully overwritten); sink and bias gradients are accumulated.
 // Probabilities are recomputed from the saved lse: p_j = exp(s_j - lse). With dp_j = <dout, v_j>
 // and delta = sum_j p_j dp_j (= <dout, out>): ds_j = p_j (dp_j - delta), d sink = -p_sink delta.
+// dk and dv sum over queries in ascending order within each head, heads of a KV group in order.
 template <class T, class Bias = NoScoreBias<T>>
 void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* lse,
                         const std::int64_t* positions, const bool* valid, const SinkLogits<T>& sinks, T* dq, T* dk,
                         T* dv, const AttentionShape& shape, std::int64_t window, T scale,
                         const Bias& bias = Bias{}) {
+  using namespace attention_detail;
   const std::int64_t S = shape.seq, Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim;
   const std::int64_t group = Hq / Hkv;
   const std::int64_t q_row = Hq * D, kv_row = Hkv * D;
-  std::fill(dq, dq + shape.batch * S * q_row, T(0));
+  const T neg_inf = -std::numeric_limits<T>::infinity();
   std::fill(dk, dk + shape.batch * S * kv_row, T(0));
   std::fill(dv, dv + shape.batch * S * kv_row, T(0));
-  std::vector<T> probs(static_cast<std::size_t>(S)), dprobs(static_cast<std::size_t>(S));
+  const std::size_t tile_size = static_cast<std::size_t>(kAttentionQueryTile * S);
+  std::vector<T> probs(tile_size), dprobs(tile_size);
+  bool any_visible[kAttentionQueryTile];
   for (std::int64_t b = 0; b < shape.batch; ++b) {
     const std::int64_t* pos = positions + b * S;
     const bool* ok = valid + b * S;
     for (std::int64_t h = 0; h < Hq; ++h) {
-      const std::int64_t hk = h / group;
-      const std::int64_t kv_offset = b * S * kv_row + hk * D;
-      for (std::int64_t t = 0; t < S; ++t) {
-        const std::int64_t q_offset = (b * S + t) * q_row + h * D;
-        const T* qt = q + q_offset;
-        const T* dot = dout + q_offset;
-        const T lse_t = lse[(b * Hq + h) * S + t];
-        const std::int64_t lo = attention_first_key(t, pos[t], window);
-        std::int64_t visible = 0;
-        T delta = 0;
-        for (std::int64_t j = lo; j <= t; ++j) {
-          if (!ok[j]) continue;
-          const T s = scale * attention_dot(qt, k + kv_offset + j * kv_row, D) + bias.value(b, h, t, j);
-          const T p = std::exp(s - lse_t);
-          const T dp = attention_dot(dot, v + kv_offset + j * kv_row, D);
-          probs[static_cast<std::size_t>(j)] = p;
-          dprobs[static_cast<std::size_t>(j)] = dp;
-          delta += p * dp;
-          ++visible;
-        }
-        if (visible == 0) continue;  // output was the constant 0: no gradient anywhere
-        T* dqt = dq + q_offset;
-        for (std::int64_t j = lo; j <= t; ++j) {
-          if (!ok[j]) continue;
-          const T p = probs[static_cast<std::size_t>(j)];
-          const T ds = p * (dprobs[static_cast<std::size_t>(j)] - delta);
-          const T* kj = k + kv_offset + j * kv_row;
-          T* dkj = dk + kv_offset + j * kv_row;
-          T* dvj = dv + kv_offset + j * kv_row;
-          const T ds_scaled = scale * ds;
-          for (std::int64_t d = 0; d < D; ++d) {
-            dqt[d] += ds_scaled * kj[d];
-            dkj[d] += ds_scaled * qt[d];
-            dvj[d] += p * dot[d];
+      const std::int64_t q_offset = b * S * q_row + h * D, kv_offset = b * S * kv_row + (h / group) * D;
+      for (std::int64_t t0 = 0; t0 < S; t0 += kAttentionQueryTile) {
+        const QueryTile tile = query_tile(b, t0, S, pos, window);
+        const std::int64_t nq = tile.queries(), nk = tile.keys();
+        const std::int64_t q_tile = q_offset + tile.t0 * q_row, kv_tile = kv_offset + tile.j0 * kv_row;
+        tile_scores(tile, h, q + q_offset, q_row, k + kv_offset, kv_row, D, pos, ok, window, scale, bias, neg_inf,
+                    probs.data(), any_visible);
+        // dp = dout · v^T over the tile's keys
+        gemm<T>(false, true, nq, nk, D, dout + q_tile, q_row, v + kv_tile, kv_row, false, dprobs.data(), nk);
+        for (std::int64_t t = tile.t0; t < tile.t1; ++t) {
+          T* p = probs.data() + (t - tile.t0) * nk;
+          T* ds = dprobs.data() + (t - tile.t0) * nk;  // dp in, d score out
+          const T lse_t = lse[(b * Hq + h) * S + t];
+          if (!any_visible[t - tile.t0]) {  // output was the constant 0: no gradient anywhere
+            std::fill(p, p + nk, T(0));
+            std::fill(ds, ds + nk, T(0));
+            continue;
           }
-          bias.add_grad(b, h, t, j, ds);
+          for (std::int64_t j = 0; j < nk; ++j) p[j] -= lse_t;
+          exp_values(p, nk);
+          T delta = 0;
+          for (std::int64_t j = 0; j < nk; ++j) delta += p[j] * ds[j];
+          for (std::int64_t j = 0; j < nk; ++j) {
+            ds[j] = p[j] * (ds[j] - delta);
+            if (p[j] != T(0)) bias.add_grad(b, h, t, tile.j0 + j, ds[j]);
+            ds[j] *= scale;
+          }
+          if (sinks.enabled() && sinks.grads != nullptr) {
+            const std::int64_t i = sinks.index(b, h, t);
+            sinks.grads[i] -= exp_value(sinks.values[i] - lse_t) * delta;
+          }
         }
-        if (sinks.enabled() && sinks.grads != nullptr) {
-          const std::int64_t i = sinks.index(b, h, t);
-          sinks.grads[i] -= std::exp(sinks.values[i] - lse_t) * delta;
-        }
+        gemm<T>(false, false, nq, D, nk, dprobs.data(), nk, k + kv_tile, kv_row, false, dq + q_tile, q_row);
+        gemm<T>(true, false, nk, D, nq, dprobs.data(), nk, q + q_tile, q_row, true, dk + kv_tile, kv_row);
+        gemm<T>(true, false, nk, D, nq, probs.data(), nk, dout + q_tile, q_row, true, dv + kv_tile, kv_row);
       }
     }
   }

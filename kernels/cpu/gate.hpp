@@ -3,28 +3,28 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/vector_math.hpp"
 
 namespace atl::cpu {
 
+// s[h*D + d] = sigmoid(gate[h*D + d] + bias[h]) over one row of `heads` heads.
 template <class T>
-inline T gate_sigmoid(T x) {
-  // Both branches keep exp's argument <= 0, so neither overflows.
-  if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-  const T e = std::exp(x);
-  return e / (T(1) + e);
+void gate_row_sigmoids(const T* gate, const T* bias, std::int64_t heads, std::int64_t head_dim, T* s) {
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t d = 0; d < head_dim; ++d) s[h * head_dim + d] = gate[h * head_dim + d] + bias[h];
+  sigmoid_values(s, heads * head_dim);
 }
 
 template <class T>
 void output_gate_forward(const T* o, const T* gate, const T* bias, T* y, std::int64_t rows, std::int64_t heads,
                          std::int64_t head_dim) {
   const std::int64_t width = heads * head_dim;
+  std::vector<T> s(static_cast<std::size_t>(width));
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t h = 0; h < heads; ++h) {
-      for (std::int64_t d = 0; d < head_dim; ++d) {
-        const std::int64_t i = r * width + h * head_dim + d;
-        y[i] = o[i] * gate_sigmoid(gate[i] + bias[h]);
-      }
-    }
+    gate_row_sigmoids(gate + r * width, bias, heads, head_dim, s.data());
+    for (std::int64_t i = 0; i < width; ++i) y[r * width + i] = o[r * width + i] * s[static_cast<std::size_t>(i)];
   }
 }
 
@@ -33,19 +33,21 @@ template <class T>
 void output_gate_backward(const T* dy, const T* o, const T* gate, const T* bias, T* d_o, T* d_gate, T* d_bias,
                           std::int64_t rows, std::int64_t heads, std::int64_t head_dim) {
   const std::int64_t width = heads * head_dim;
+  std::vector<T> s(static_cast<std::size_t>(width));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    gate_row_sigmoids(gate + r * width, bias, heads, head_dim, s.data());
+    for (std::int64_t i = r * width; i < (r + 1) * width; ++i) {
+      const T si = s[static_cast<std::size_t>(i - r * width)];
+      d_o[i] = dy[i] * si;
+      d_gate[i] = dy[i] * o[i] * si * (T(1) - si);
+    }
+  }
+  if (d_bias == nullptr) return;
   for (std::int64_t h = 0; h < heads; ++h) {
     T bias_grad = 0;  // per head in a local, then added once: fixed order, one rounding into d_bias
-    for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t d = 0; d < head_dim; ++d) {
-        const std::int64_t i = r * width + h * head_dim + d;
-        const T s = gate_sigmoid(gate[i] + bias[h]);
-        d_o[i] = dy[i] * s;
-        const T g = dy[i] * o[i] * s * (T(1) - s);
-        d_gate[i] = g;
-        bias_grad += g;
-      }
-    }
-    if (d_bias != nullptr) d_bias[h] += bias_grad;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t d = 0; d < head_dim; ++d) bias_grad += d_gate[r * width + h * head_dim + d];
+    d_bias[h] += bias_grad;
   }
 }
 

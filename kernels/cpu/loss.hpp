@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/vector_math.hpp"
+
 namespace atl::cpu {
 
 inline constexpr std::int64_t kIgnoreIndex = -100;
@@ -45,7 +47,9 @@ double logit_loss_forward(const T* logits, const std::int64_t* targets, std::int
     T mx = c[0];
     for (std::int64_t v = 1; v < usable_vocab; ++v) mx = std::max(mx, c[v]);
     T sum = 0;
-    for (std::int64_t v = 0; v < usable_vocab; ++v) sum += (p[v] = std::exp(c[v] - mx));
+    for (std::int64_t v = 0; v < usable_vocab; ++v) p[v] = c[v] - mx;
+    exp_values(p, usable_vocab);
+    for (std::int64_t v = 0; v < usable_vocab; ++v) sum += p[v];
     for (std::int64_t v = 0; v < usable_vocab; ++v) p[v] /= sum;
     std::fill(p + usable_vocab, p + vocab, T(0));
     if (targets[r] == kIgnoreIndex) continue;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/bf16_emulation.hpp"
+#include "kernels/cpu/vector_math.hpp"
 
 namespace atl::cpu {
 
@@ -34,7 +35,7 @@ void residual_mix_forward(const T* const* sources, std::int64_t n_sources, const
     }
     T sum = 0;
     for (std::int64_t s = 0; s < n_sources; ++s) {
-      a[s] = std::exp(logits[static_cast<std::size_t>(s)] - m);
+      a[s] = exp_value(logits[static_cast<std::size_t>(s)] - m);
       sum += a[s];
     }
     for (std::int64_t s = 0; s < n_sources; ++s) a[s] /= sum;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/vector_math.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
@@ -60,12 +61,15 @@ void router_scores(const T* logits, std::int64_t rows, const RouterConfig& c, T*
     const T* l = logits + t * e_count;
     T* s = scores + t * e_count;
     if (c.score == ScoreFunction::sigmoid_with_bias) {
-      for (std::int64_t e = 0; e < e_count; ++e) s[e] = glu_sigmoid(l[e]);
+      std::copy(l, l + e_count, s);
+      sigmoid_values(s, e_count);
     } else if (c.score == ScoreFunction::softmax_before_topk) {
       T mx = l[0];
       for (std::int64_t e = 1; e < e_count; ++e) mx = std::max(mx, l[e]);
       T sum = 0;
-      for (std::int64_t e = 0; e < e_count; ++e) sum += (s[e] = std::exp(l[e] - mx));
+      for (std::int64_t e = 0; e < e_count; ++e) s[e] = l[e] - mx;
+      exp_values(s, e_count);
+      for (std::int64_t e = 0; e < e_count; ++e) sum += s[e];
       for (std::int64_t e = 0; e < e_count; ++e) s[e] /= sum;
     } else {
       for (std::int64_t e = 0; e < e_count; ++e) s[e] = l[e];
@@ -135,7 +139,7 @@ void router_raw_weights(const T* s, const std::int32_t* idx, const RouterConfig&
     T mx = s[idx[0]];
     for (std::int64_t j = 1; j < k; ++j) mx = std::max(mx, s[idx[j]]);
     T sum = 0;
-    for (std::int64_t j = 0; j < k; ++j) sum += (p[j] = std::exp(s[idx[j]] - mx));
+    for (std::int64_t j = 0; j < k; ++j) sum += (p[j] = exp_value(s[idx[j]] - mx));
     for (std::int64_t j = 0; j < k; ++j) p[j] /= sum;
   } else {
     for (std::int64_t j = 0; j < k; ++j) p[j] = s[idx[j]];

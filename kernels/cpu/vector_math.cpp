@@ -1,0 +1,86 @@
+#include "kernels/cpu/vector_math.hpp"
+
+#include <bit>
+#include <limits>
+
+#include "kernels/cpu/cpu_features.hpp"
+
+namespace atl::cpu {
+
+namespace {
+
+// exp(x) = 2^n · exp(r), n = round(x / ln 2), r = x - n·ln 2 in two steps (ln 2 = C1 + C2, C1
+// exact in 9 bits so n·C1 is exact). n comes out of the bits of x·log2(e) + 1.5·2^23 (the add
+// rounds to an integer), which never converts a float to int and so stays defined for NaN.
+[[gnu::always_inline]] inline float exp_lane(float x) {
+  constexpr float kLog2e = 1.44269504088896341f, kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
+  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
+  constexpr float kLow = -87.33654f, kHigh = 88.72283f;
+  const float shifted = std::fma(x, kLog2e, kShifter);
+  const float n = shifted - kShifter;
+  float r = std::fma(n, -kC1, x);
+  r = std::fma(n, -kC2, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float e = std::fma(p, r * r, r) + 1.0f;  // 1 + r + r^2 p(r)
+  const std::uint32_t n_bits = std::bit_cast<std::uint32_t>(shifted) - std::bit_cast<std::uint32_t>(kShifter);
+  const float scale = std::bit_cast<float>((n_bits + 127u) << 23);
+  const float y = e * scale;
+  return x < kLow ? 0.0f : (x > kHigh ? std::numeric_limits<float>::infinity() : y);
+}
+
+// exp's argument is -|x| <= 0 on both sides, so it never overflows.
+[[gnu::always_inline]] inline float sigmoid_lane(float x) {
+  const float e = exp_lane(-std::fabs(x));
+  return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+struct ExpLane {
+  [[gnu::always_inline]] float operator()(float x) const { return exp_lane(x); }
+};
+struct SigmoidLane {
+  [[gnu::always_inline]] float operator()(float x) const { return sigmoid_lane(x); }
+};
+
+template <class Lane>
+[[gnu::always_inline]] inline void map_loop(float* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] = Lane{}(x[i]);
+}
+
+// One loop, compiled for each instruction set: the vector widths differ, the operations do not.
+template <class Lane>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) void map_avx512(float* x, std::int64_t n) {
+  map_loop<Lane>(x, n);
+}
+template <class Lane>
+__attribute__((target("avx2,fma"))) void map_avx2(float* x, std::int64_t n) {
+  map_loop<Lane>(x, n);
+}
+
+template <class Lane>
+void map_inplace(float* x, std::int64_t n) {
+#if defined(__x86_64__)
+  switch (cpu_features().isa) {
+    case Isa::avx512:
+      return map_avx512<Lane>(x, n);
+    case Isa::avx2:
+      return map_avx2<Lane>(x, n);
+    case Isa::portable:
+      break;
+  }
+#endif
+  map_loop<Lane>(x, n);
+}
+
+}  // namespace
+
+void exp_inplace(float* x, std::int64_t n) { map_inplace<ExpLane>(x, n); }
+void sigmoid_inplace(float* x, std::int64_t n) { map_inplace<SigmoidLane>(x, n); }
+
+float exp_f32(float x) { return exp_lane(x); }
+
+}  // namespace atl::cpu

@@ -1,0 +1,105 @@
+// exp and sigmoid of vector_math.hpp: accuracy against double, the special values, and the same
+// bits at every instruction-set level and between the vector loop and the scalar function.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/vector_math.hpp"
+#include "kernels/rng.hpp"
+
+using namespace atl;
+
+namespace {
+
+// Arguments over exp's whole finite range plus the softmax range [-30, 0] densely, with an odd
+// count so the vector loops have a remainder.
+std::vector<float> arguments() {
+  std::vector<float> x;
+  CounterRng rng(5, "exp");
+  for (std::uint64_t i = 0; i < 20001; ++i) {
+    const double u = rng.uniform(i);
+    x.push_back(static_cast<float>(i % 2 ? -30.0 * u : -87.0 + 175.0 * u));
+  }
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 0.5f * 0.6931472f, -87.0f, 88.0f}) x.push_back(v);
+  return x;
+}
+
+std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<std::uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+
+// Runs fn(x) at every instruction-set level this CPU has; all must give the same bits.
+template <class Fn>
+std::vector<float> same_at_every_level(const std::vector<float>& x, Fn fn) {
+  const cpu::CpuFeatures best = cpu::detected_cpu_features();
+  std::vector<float> first;
+  for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
+    INFO("isa " << cpu::isa_name(isa));
+    cpu::use_cpu_features({isa, false});
+    std::vector<float> y = x;
+    fn(y.data(), static_cast<std::int64_t>(y.size()));
+    if (first.empty()) {
+      first = y;
+    } else {
+      CHECK(bits_of(y) == bits_of(first));
+    }
+  }
+  cpu::use_cpu_features(best);
+  return first;
+}
+
+}  // namespace
+
+TEST_CASE("vector math: exp is within 2^-22 relative of exp in double, the same bits everywhere", "[vector_math]") {
+  const std::vector<float> x = arguments();
+  const std::vector<float> y = same_at_every_level(x, cpu::exp_inplace);
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(static_cast<double>(x[i]));
+    worst = std::max(worst, std::abs(y[i] - want) / want);
+    CHECK(cpu::exp_f32(x[i]) == y[i]);
+  }
+  CHECK(worst < 0x1p-22);
+  CHECK(cpu::exp_f32(0.0f) == 1.0f);
+}
+
+TEST_CASE("vector math: exp's range ends and special values", "[vector_math]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x{-inf, -1e30f, -88.0f, 89.0f, 1e30f, inf, std::numeric_limits<float>::quiet_NaN()};
+  cpu::exp_inplace(x.data(), static_cast<std::int64_t>(x.size()));
+  CHECK(x[0] == 0.0f);  // masked scores: exp(-inf) is exactly 0
+  CHECK(x[1] == 0.0f);
+  CHECK(x[2] == 0.0f);  // below the normal range: flushed, not a denormal
+  CHECK(x[3] == inf);
+  CHECK(x[4] == inf);
+  CHECK(x[5] == inf);
+  CHECK(std::isnan(x[6]));
+}
+
+TEST_CASE("vector math: sigmoid matches double, never overflows, the same bits everywhere", "[vector_math]") {
+  std::vector<float> x = arguments();
+  for (float v : {-1e30f, 1e30f, -100.0f, 100.0f}) x.push_back(v);
+  const std::vector<float> y = same_at_every_level(x, cpu::sigmoid_inplace);
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = 1.0 / (1.0 + std::exp(-static_cast<double>(x[i])));
+    CHECK(std::isfinite(y[i]));
+    if (want < 0x1p-125) continue;  // exp(-|x|) flushed to 0 below the normal range
+    worst = std::max(worst, std::abs(y[i] - want) / want);
+  }
+  CHECK(worst < 0x1p-21);
+  CHECK(y[y.size() - 4] == 0.0f);
+  CHECK(y[y.size() - 3] == 1.0f);
+  std::vector<double> d{-3.0, 0.0, 3.0};
+  cpu::sigmoid_values(d.data(), 3);
+  CHECK(d[1] == 0.5);
+  CHECK(d[0] + d[2] == Approx(1.0).epsilon(1e-15));
+}
