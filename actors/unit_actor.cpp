@@ -112,7 +112,7 @@ void optimize(UnitState& st, const OptimizerStep& msg) {
     const UnitParam& p = u.params[i];
     const float wd = st.setup.weight_decay[i] ? static_cast<float>(o.weight_decay) : 0.0f;
     const std::int64_t at = p.shard_offset;
-    cpu::adamw_step<float>(st.master.data<float>() + at, st.grad_shard.data<float>() + at,
+    cpu::adamw_step(st.master.data<float>() + at, st.grad_shard.data<float>() + at,
                            st.exp_avg.data<float>() + at, st.exp_avg_sq.data<float>() + at, p.shard_numel, msg.lr,
                            static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps), wd,
                            msg.step);

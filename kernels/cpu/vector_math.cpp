@@ -3,7 +3,7 @@
 #include <bit>
 #include <limits>
 
-#include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/isa_dispatch.hpp"
 
 namespace atl::cpu {
 
@@ -39,47 +39,18 @@ namespace {
   return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 
-struct ExpLane {
-  [[gnu::always_inline]] float operator()(float x) const { return exp_lane(x); }
-};
-struct SigmoidLane {
-  [[gnu::always_inline]] float operator()(float x) const { return sigmoid_lane(x); }
-};
-
-template <class Lane>
-[[gnu::always_inline]] inline void map_loop(float* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) x[i] = Lane{}(x[i]);
-}
-
-// One loop, compiled for each instruction set: the vector widths differ, the operations do not.
-template <class Lane>
-__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) void map_avx512(float* x, std::int64_t n) {
-  map_loop<Lane>(x, n);
-}
-template <class Lane>
-__attribute__((target("avx2,fma"))) void map_avx2(float* x, std::int64_t n) {
-  map_loop<Lane>(x, n);
-}
-
-template <class Lane>
-void map_inplace(float* x, std::int64_t n) {
-#if defined(__x86_64__)
-  switch (cpu_features().isa) {
-    case Isa::avx512:
-      return map_avx512<Lane>(x, n);
-    case Isa::avx2:
-      return map_avx2<Lane>(x, n);
-    case Isa::portable:
-      break;
+// x[i] = Lane(x[i]) over n values.
+template <float (*Lane)(float)>
+struct MapLoop {
+  [[gnu::always_inline]] void operator()(float* x, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = Lane(x[i]);
   }
-#endif
-  map_loop<Lane>(x, n);
-}
+};
 
 }  // namespace
 
-void exp_inplace(float* x, std::int64_t n) { map_inplace<ExpLane>(x, n); }
-void sigmoid_inplace(float* x, std::int64_t n) { map_inplace<SigmoidLane>(x, n); }
+void exp_inplace(float* x, std::int64_t n) { run_for_isa<MapLoop<exp_lane>>(x, n); }
+void sigmoid_inplace(float* x, std::int64_t n) { run_for_isa<MapLoop<sigmoid_lane>>(x, n); }
 
 float exp_f32(float x) { return exp_lane(x); }
 

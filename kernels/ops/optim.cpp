@@ -18,7 +18,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   require(grad.shape() == param.shape() && exp_avg.shape() == param.shape() && exp_avg_sq.shape() == param.shape(),
           op, "param, grad and moments must share one shape; param is " + param.describe());
   require(step >= 1, op, "step must be >= 1, got " + std::to_string(step));
-  cpu::adamw_step<float>(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+  cpu::adamw_step(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
                          param.numel(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
 }
 
