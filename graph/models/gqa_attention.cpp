@@ -67,9 +67,9 @@ Tensor gqa_attention_backward(const std::string& p, const TensorMap& w, const Te
   Tensor d_k = rmsnorm_backward(d_kn.reshape({T * Hkv, D}), k.k_lin.reshape({T * Hkv, D}),
                                 w.at(p + "self_attn.k_norm.weight"), k.k_norm.rstd, &gkn);
   Tensor gq = g("self_attn.q_proj.weight"), gk = g("self_attn.k_proj.weight"), gv = g("self_attn.v_proj.weight");
-  Tensor d_x = linear_backward(x, w.at(p + "self_attn.q_proj.weight"), d_q.reshape({T, Hq * D}), &gq);
-  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.k_proj.weight"), d_k.reshape({T, Hkv * D}), &gk));
-  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.v_proj.weight"), ag.dv.reshape({T, Hkv * D}), &gv));
+  Tensor d_x = project_backward(x, w.at(p + "self_attn.q_proj.weight"), d_q.reshape({T, Hq * D}), &gq, ctx.precision);
+  add_inplace(d_x, project_backward(x, w.at(p + "self_attn.k_proj.weight"), d_k.reshape({T, Hkv * D}), &gk, ctx.precision));
+  add_inplace(d_x, project_backward(x, w.at(p + "self_attn.v_proj.weight"), ag.dv.reshape({T, Hkv * D}), &gv, ctx.precision));
   return d_x;
 }
 

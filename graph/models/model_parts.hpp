@@ -31,4 +31,10 @@ inline Tensor rounded(Tensor t, Precision p) {
 // bf16: both operands are bf16 values (rounded input, bulk weight), so the bf16-operand GEMM.
 inline Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w, p), p); }
 
+// The backward of project: dx returned, dw accumulated. bf16: the incoming gradient is read as
+// bf16 by both products (autograd's gradient of a bf16 output is bf16); dx and dw stay fp32.
+inline Tensor project_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dw, Precision p) {
+  return linear_backward(x, w, dy, dw, p);
+}
+
 }  // namespace atl

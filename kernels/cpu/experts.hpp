@@ -157,7 +157,8 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
 }
 
 // Backward. dx [T,H] and d_weights [T,K] are overwritten (zero for masked tokens); d_gate_up
-// [E,H,2I] and d_down [E,I,H] are accumulated. Roundings are straight-through; gradients stay in T.
+// [E,H,2I] and d_down [E,I,H] are accumulated. Roundings are straight-through; gradients stay in T,
+// and in precision bf16 the products read them as bf16 (as the forward products read their inputs).
 template <class T>
 void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* down, const T* weights,
                       const DispatchView& plan, const ExpertsDims& d, const ExpertsConfig& cfg, const T* gate_up_out,
@@ -165,6 +166,8 @@ void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* dow
   const std::int64_t H = d.hidden, I = d.inter, K = d.top_k;
   const Precision prec = cfg.precision;
   const GluConfig glu = cfg.glu();
+  // The backward of bf16-operand products: the gradients entering them are read as bf16 too.
+  const GemmOperands operands = prec == Precision::bf16 ? GemmOperands::bf16 : GemmOperands::f32;
   std::fill(dx, dx + d.tokens * H, T(0));
   std::fill(d_weights, d_weights + d.tokens * K, T(0));
   std::vector<T> dy, a_in, da, dh, xs, dxs;
@@ -198,9 +201,9 @@ void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* dow
       }
       down_in = a_in.data();
     }
-    gemm<T>(true, false, I, H, n, down_in, I, dy.data(), H, true, d_down + e * I * H, H);
+    gemm<T>(true, false, I, H, n, down_in, I, dy.data(), H, true, d_down + e * I * H, H, operands);
     da.resize(static_cast<std::size_t>(n * I));
-    gemm<T>(false, true, n, I, H, dy.data(), H, down + e * I * H, H, false, da.data(), I);
+    gemm<T>(false, true, n, I, H, dy.data(), H, down + e * I * H, H, false, da.data(), I, operands);
     if (!cfg.weight_after_down) {
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t p = plan.row_pair[r0 + r];
@@ -220,9 +223,9 @@ void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* dow
       const T* src = x + (plan.row_pair[r0 + r] / K) * H;
       std::copy(src, src + H, xs.data() + r * H);
     }
-    gemm<T>(true, false, H, 2 * I, n, xs.data(), H, dh.data(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I);
+    gemm<T>(true, false, H, 2 * I, n, xs.data(), H, dh.data(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I, operands);
     dxs.resize(static_cast<std::size_t>(n * H));
-    gemm<T>(false, true, n, H, 2 * I, dh.data(), 2 * I, gate_up + e * H * 2 * I, 2 * I, false, dxs.data(), H);
+    gemm<T>(false, true, n, H, 2 * I, dh.data(), 2 * I, gate_up + e * H * 2 * I, 2 * I, false, dxs.data(), H, operands);
     // Experts ascend, so each token's dx sums its slots in ascending expert id.
     for (std::int64_t r = 0; r < n; ++r) {
       T* dst = dx + (plan.row_pair[r0 + r] / K) * H;

@@ -60,12 +60,13 @@ void linear_forward(const T* x, const T* w, T* y, std::int64_t rows, std::int64_
 }
 
 // dx[N,in] = dy @ w (overwritten); dw[out,in] += dy^T @ x (accumulated). Either may be null.
-// Gradients are fp32, so both products use fp32 operands.
+// bf16 operands (the backward of a bulk projection in precision bf16): dy is read as bf16, as
+// autograd holds the gradient of a bf16 tensor; x and w already are bf16 values.
 template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, std::int64_t rows, std::int64_t in,
-                     std::int64_t out) {
-  if (dx) gemm<T>(false, false, rows, in, out, dy, out, w, in, false, dx, in);
-  if (dw) gemm<T>(true, false, out, in, rows, dy, out, x, in, true, dw, in);
+                     std::int64_t out, GemmOperands operands = GemmOperands::f32) {
+  if (dx) gemm<T>(false, false, rows, in, out, dy, out, w, in, false, dx, in, operands);
+  if (dw) gemm<T>(true, false, out, in, rows, dy, out, x, in, true, dw, in, operands);
 }
 
 }  // namespace atl::cpu

@@ -8,6 +8,12 @@ namespace atl {
 using detail::as_f32;
 using detail::require;
 
+namespace {
+cpu::GemmOperands gemm_operands(Precision p) {
+  return p == Precision::bf16 ? cpu::GemmOperands::bf16 : cpu::GemmOperands::f32;
+}
+}  // namespace
+
 Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands) {
   constexpr const char* op = "linear_forward";
   Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
@@ -18,11 +24,12 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands
   y_shape.back() = out;
   Tensor y = Tensor::empty(y_shape);
   cpu::linear_forward<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, in, out,
-                            operands == Precision::bf16 ? cpu::GemmOperands::bf16 : cpu::GemmOperands::f32);
+                            gemm_operands(operands));
   return y;
 }
 
-Tensor linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy, const Tensor* dw) {
+Tensor linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy, const Tensor* dw,
+                       Precision operands) {
   constexpr const char* op = "linear_backward";
   Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
   const std::int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
@@ -34,7 +41,7 @@ Tensor linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy,
   }
   Tensor dx = Tensor::empty(x.shape());
   cpu::linear_backward<float>(x.data<float>(), w.data<float>(), dy.data<float>(), dx.data<float>(),
-                              dw ? dw->data<float>() : nullptr, rows, in, out);
+                              dw ? dw->data<float>() : nullptr, rows, in, out, gemm_operands(operands));
   return dx;
 }
 

@@ -10,8 +10,10 @@ namespace atl {
 // x[..., in], w[out, in] -> y[..., out]. Precision bf16: a bulk projection, both operands read as
 // bf16 (the bf16-operand GEMM path; values that are already bf16 are unchanged), fp32 result.
 Tensor linear_forward(const Tensor& x, const Tensor& w, Precision operands = Precision::fp32);
-// Returns dx[..., in]; accumulates dw[out, in] += dy^T x when dw is given.
-Tensor linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dw);
+// Returns dx[..., in]; accumulates dw[out, in] += dy^T x when dw is given. Precision bf16: the
+// backward of a bf16-operand projection, its products with bf16 operands (dy read as bf16).
+Tensor linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dw,
+                       Precision operands = Precision::fp32);
 
 // Plain a[M,K] @ b[K,N] -> [M,N] (f32 or bf16 operands; result f32).
 Tensor matmul(const Tensor& a, const Tensor& b);

@@ -75,3 +75,48 @@ TEST_CASE("matmul backward matches finite differences through the Tensor API", "
   CHECK(scaled_max_error(std::vector<double>(da.span<float>().begin(), da.span<float>().end()), num_a) < 1e-4);
   CHECK(scaled_max_error(std::vector<double>(db.span<float>().begin(), db.span<float>().end()), num_b) < 1e-4);
 }
+
+// Precision bf16's backward of a bulk projection reads the incoming gradient as bf16 (what autograd
+// holds for a bf16 output): both products match a double reference on the rounded gradient to
+// fp32 accumulation error, and miss the one on the unrounded gradient by far more than that.
+TEST_CASE("linear backward with bf16 operands reads the gradient as bf16", "[matmul][bf16]") {
+  const std::int64_t rows = 6, in = 10, out = 20;
+  auto bf16_values = [](std::size_t n, std::uint64_t seed) {
+    std::vector<float> v;
+    for (double d : random_vector(n, seed)) v.push_back(round_to_bf16(static_cast<float>(d)));
+    return v;
+  };
+  const std::vector<float> x = bf16_values(rows * in, 11), w = bf16_values(out * in, 12);
+  std::vector<float> dy = bf16_values(rows * out, 13), dy_rounded = dy;
+  for (float& g : dy) g *= 1.0f + 0x1p-11f;  // between two bf16 values: rounding moves it back
+  for (std::size_t i = 0; i < dy.size(); ++i) REQUIRE(round_to_bf16(dy[i]) == dy_rounded[i]);
+  Tensor dw = Tensor::zeros({out, in});
+  const Tensor dx = linear_backward(Tensor::from_floats({rows, in}, x), Tensor::from_floats({out, in}, w),
+                                    Tensor::from_floats({rows, out}, dy), &dw, Precision::bf16);
+  auto worst = [&](const std::vector<float>& g) {  // max error / (fp32 chain bound) over dx and dw
+    double ratio = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t i = 0; i < in; ++i) {
+        double ref = 0, mag = 0;
+        for (std::int64_t o = 0; o < out; ++o) {
+          ref += double(g[r * out + o]) * w[o * in + i];
+          mag += std::abs(double(g[r * out + o]) * w[o * in + i]);
+        }
+        ratio = std::max(ratio, std::abs(dx.data<float>()[r * in + i] - ref) / (out * 0x1p-24 * mag));
+      }
+    }
+    for (std::int64_t o = 0; o < out; ++o) {
+      for (std::int64_t i = 0; i < in; ++i) {
+        double ref = 0, mag = 0;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          ref += double(g[r * out + o]) * x[r * in + i];
+          mag += std::abs(double(g[r * out + o]) * x[r * in + i]);
+        }
+        ratio = std::max(ratio, std::abs(dw.data<float>()[o * in + i] - ref) / (rows * 0x1p-24 * mag));
+      }
+    }
+    return ratio;
+  };
+  CHECK(worst(dy_rounded) <= 1.0);
+  CHECK(worst(dy) > 4.0);
+}

@@ -209,15 +209,15 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
       Tensor d_sact = linear_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_m, &dsd);
       GluSplitGrads sg = swiglu_backward(d_sact, k.sg, k.su);
       Tensor dsg = g("mlp.shared_experts.gate_proj.weight"), dsu = g("mlp.shared_experts.up_proj.weight");
-      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg));
-      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu));
+      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg, ctx.precision));
+      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu, ctx.precision));
     }
   } else {
     Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
-    Tensor d_act = linear_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_m, &dd);
+    Tensor d_act = project_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_m, &dd, ctx.precision);
     GluSplitGrads sg = swiglu_backward(d_act, k.g, k.u);
-    d_x2 = add_into(linear_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg),
-                    linear_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du));
+    d_x2 = add_into(project_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg, ctx.precision),
+                    project_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du, ctx.precision));
   }
   Tensor gpre = g("pre_feedforward_layernorm.weight");
   add_inplace(d_h_mid,
@@ -230,14 +230,14 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
   Tensor d_a = rmsnorm_backward(scaled(d_h_mid, cs1), k.a_lin, w.at(p + "post_attention_layernorm.weight"),
                                 k.ln_post_attn.rstd, &gpost);
   Tensor go = g("self_attn.o_proj.weight");
-  Tensor d_gated = linear_backward(k.gated, w.at(p + "self_attn.o_proj.weight"), d_a, &go);
+  Tensor d_gated = project_backward(k.gated, w.at(p + "self_attn.o_proj.weight"), d_a, &go, ctx.precision);
   Tensor gbias = g("self_attn.output_gate_bias");
   OutputGateGrads og =
       output_gate_backward(d_gated, k.attn.out, k.gate_lin, w.at(p + "self_attn.output_gate_bias"), &gbias);
   const Tensor& x = k.ln_in.y;
   Tensor d_x = gqa_attention_backward(p, w, x, ctx, attention_spec(layer), k.attn, og.d_o, grads);
   Tensor gg = g("self_attn.output_gate_proj.weight");
-  add_inplace(d_x, linear_backward(x, w.at(p + "self_attn.output_gate_proj.weight"), og.d_gate, &gg));
+  add_inplace(d_x, project_backward(x, w.at(p + "self_attn.output_gate_proj.weight"), og.d_gate, &gg, ctx.precision));
   Tensor gin = g("input_layernorm.weight");
   add_inplace(d_h_in, rmsnorm_backward(d_x, k.h_in, w.at(p + "input_layernorm.weight"), k.ln_in.rstd, &gin));
   return d_h_in;

@@ -181,18 +181,18 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
     add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.gate.weight"), d_logits, &dgate));
     if (c.shared_expert_intermediate_size > 0) {
       Tensor dsd = g("mlp.shared_experts.down_proj.weight");
-      Tensor d_sact = linear_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_out, &dsd);
+      Tensor d_sact = project_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_out, &dsd, ctx.precision);
       GluSplitGrads sg = swiglu_backward(d_sact, k.sg, k.su);
       Tensor dsg = g("mlp.shared_experts.gate_proj.weight"), dsu = g("mlp.shared_experts.up_proj.weight");
-      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg));
-      add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu));
+      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg, ctx.precision));
+      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu, ctx.precision));
     }
   } else {
     Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
-    Tensor d_act = linear_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_out, &dd);
+    Tensor d_act = project_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_out, &dd, ctx.precision);
     GluSplitGrads sg = swiglu_backward(d_act, k.g, k.u);
-    d_x2 = linear_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg);
-    add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du));
+    d_x2 = project_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg, ctx.precision);
+    add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du, ctx.precision));
   }
   Tensor gpost = g("post_attention_layernorm.weight");
   Tensor d_h_mid = rmsnorm_backward(d_x2, k.h_mid, w.at(p + "post_attention_layernorm.weight"), k.ln_post.rstd, &gpost);
@@ -200,7 +200,7 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
 
   // Attention sublayer: h_mid = h_in + a, so d_a = d_h_mid and d_h_in starts as d_h_mid.
   Tensor go = g("self_attn.o_proj.weight");
-  Tensor d_attn = linear_backward(k.attn.out, w.at(p + "self_attn.o_proj.weight"), d_h_mid, &go);
+  Tensor d_attn = project_backward(k.attn.out, w.at(p + "self_attn.o_proj.weight"), d_h_mid, &go, ctx.precision);
   Tensor d_x = gqa_attention_backward(p, w, k.ln_in.y, ctx, attention_spec(layer), k.attn, d_attn, grads);
   Tensor gin = g("input_layernorm.weight");
   Tensor d_h_in = rmsnorm_backward(d_x, k.h_in, w.at(p + "input_layernorm.weight"), k.ln_in.rstd, &gin);

@@ -435,7 +435,7 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   Tensor d_a_lin = short_conv_backward(d_p1, a.a_lin, w.at(p + "attn_sconv.weight"), ctx.positions, ctx.valid, &gas);
   Tensor gwo = g("self_attn.wo_ud.weight");
   const Tensor& o_proj_in = c.use_attention_gate ? a.gated : a.o;
-  Tensor d_o = linear_backward(o_proj_in, w.at(p + "self_attn.wo_ud.weight"), d_a_lin, &gwo);
+  Tensor d_o = project_backward(o_proj_in, w.at(p + "self_attn.wo_ud.weight"), d_a_lin, &gwo, prec);
   Tensor d_xq_gate;
   if (c.use_attention_gate) {
     OutputGateGrads og = output_gate_backward(d_o, a.o, a.gate_full, Tensor::zeros({Hq}), nullptr);
@@ -447,7 +447,7 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
       d_gate_lin.data<float>()[i] = s;
     }
     Tensor gg = g("self_attn.gate.weight");
-    d_xq_gate = linear_backward(a.xq, w.at(p + "self_attn.gate.weight"), d_gate_lin, &gg);
+    d_xq_gate = project_backward(a.xq, w.at(p + "self_attn.gate.weight"), d_gate_lin, &gg, prec);
   }
   const AttentionOptions opts{local ? c.sliding_window_size : 0,
                               static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
@@ -513,14 +513,14 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   const QkvrBlocks blocks = qkvr_blocks(c, local);
   const AttnWeights aw = attn_weights(w.at(p + "self_attn.qkvr.weight"), blocks, local);
   const AttnWeights gw = attn_weights(g("self_attn.qkvr.weight"), blocks, local);
-  Tensor d_xq = linear_backward(a.xq, aw.q, d_q_lin.reshape({T, Hq * D}), &gw.q);
-  add_inplace(d_xq, linear_backward(a.xq, aw.r, d_r_lin.reshape({T, Hq * dr}), &gw.r));
+  Tensor d_xq = project_backward(a.xq, aw.q, d_q_lin.reshape({T, Hq * D}), &gw.q, prec);
+  add_inplace(d_xq, project_backward(a.xq, aw.r, d_r_lin.reshape({T, Hq * dr}), &gw.r, prec));
   accumulate(d_xq, d_xq_gate);
-  Tensor d_xk = linear_backward(a.xk, aw.k, d_k_lin, &gw.k);
-  Tensor d_xv = linear_backward(a.xv, aw.v, d_v_lin, &gw.v);
+  Tensor d_xk = project_backward(a.xk, aw.k, d_k_lin, &gw.k, prec);
+  Tensor d_xv = project_backward(a.xv, aw.v, d_v_lin, &gw.v, prec);
   if (!local) {
-    add_inplace(d_xk, linear_backward(a.xk, aw.kt, d_k_taps, &gw.kt));
-    add_inplace(d_xv, linear_backward(a.xv, aw.vt, d_v_taps, &gw.vt));
+    add_inplace(d_xk, project_backward(a.xk, aw.kt, d_k_taps, &gw.kt, prec));
+    add_inplace(d_xv, project_backward(a.xv, aw.vt, d_v_taps, &gw.vt, prec));
   }
   std::vector<Tensor> d_norm_out;
   if (local) {
