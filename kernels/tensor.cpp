@@ -5,11 +5,31 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kernels/cpu/isa_dispatch.hpp"
+
 namespace atl {
 
 namespace {
 constexpr std::size_t kAlignment = 64;  // one cache line; AVX-512 loads stay aligned
-}
+
+// The conversions on hot paths (gathers in bf16, upcasts, the bf16 emulation points), vectorized
+// per instruction set (integer bit work: the same bits at every level).
+struct ToBf16Loop {
+  [[gnu::always_inline]] void operator()(const float* src, bf16* dst, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+  }
+};
+struct ToFloatLoop {
+  [[gnu::always_inline]] void operator()(const bf16* src, float* dst, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+  }
+};
+struct RoundBf16Loop {
+  [[gnu::always_inline]] void operator()(float* x, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+  }
+};
+}  // namespace
 
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
@@ -126,15 +146,11 @@ Tensor Tensor::to(DType dtype) const {
   const std::int64_t n = numel();
   // The two conversions on hot paths (gathers in bf16, upcasts for compute) get plain loops.
   if (dtype_ == DType::f32 && dtype == DType::bf16) {
-    const float* src = data<float>();
-    bf16* dst = t.data<bf16>();
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+    cpu::run_for_isa<ToBf16Loop>(data<float>(), t.data<bf16>(), n);
     return t;
   }
   if (dtype_ == DType::bf16 && dtype == DType::f32) {
-    const bf16* src = data<bf16>();
-    float* dst = t.data<float>();
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+    cpu::run_for_isa<ToFloatLoop>(data<bf16>(), t.data<float>(), n);
     return t;
   }
   auto read = [&](std::int64_t i) -> double {
@@ -179,8 +195,6 @@ void Tensor::copy_from(const Tensor& other) const {
 
 std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_string(shape_); }
 
-void round_to_bf16_inplace(const Tensor& t) {
-  for (float& x : t.span<float>()) x = round_to_bf16(x);
-}
+void round_to_bf16_inplace(const Tensor& t) { cpu::run_for_isa<RoundBf16Loop>(t.data<float>(), t.numel()); }
 
 }  // namespace atl

@@ -160,13 +160,13 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
       }
       continue;
     }
+    if (dot) {
+      pk.bf16_pairs(src.base + p0 * src.line_stride, src.k_stride, kc, lines, dst_pairs, width);
+      continue;
+    }
     for (std::int64_t q = 0; q < pairs; ++q) {
       const float* col = src.base + 2 * q * src.k_stride + p0 * src.line_stride;
       const float* odd = 2 * q + 1 < kc ? col + src.k_stride : nullptr;
-      if (dot) {
-        pk.bf16_pairs(col, odd, lines, dst_pairs + q * width, width);
-        continue;
-      }
       for (std::int64_t l = 0; l < width; ++l) {
         const bool real = l < lines;
         put_swapped(q, l, real ? float_to_bf16_bits(col[l]) : 0, real && odd ? float_to_bf16_bits(odd[l]) : 0);

@@ -81,13 +81,17 @@ __attribute__((target("avx512f,avx512bw"))) void to_bf16_bits_avx512(const float
   }
 }
 
-__attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* even, const float* odd, std::int64_t n,
-                                                          std::uint32_t* dst, std::int64_t width) {
-  for (std::int64_t i = 0; i < width; i += 16) {
-    const __mmask16 m = first_lanes(n - i), store = first_lanes(width - i);
-    const __m512i lo = bf16_bits(_mm512_maskz_loadu_epi32(m, even + i));
-    const __m512i hi = odd ? bf16_bits(_mm512_maskz_loadu_epi32(m, odd + i)) : _mm512_setzero_si512();
-    _mm512_mask_storeu_epi32(dst + i, store, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+__attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* src, std::int64_t k_stride, std::int64_t kc,
+                                                          std::int64_t lines, std::uint32_t* dst, std::int64_t width) {
+  for (std::int64_t k = 0; k < kc; k += 2, dst += width) {
+    const float* even = src + k * k_stride;
+    const float* odd = k + 1 < kc ? even + k_stride : nullptr;
+    for (std::int64_t i = 0; i < width; i += 16) {
+      const __mmask16 m = first_lanes(lines - i), store = first_lanes(width - i);
+      const __m512i lo = bf16_bits(_mm512_maskz_loadu_epi32(m, even + i));
+      const __m512i hi = odd ? bf16_bits(_mm512_maskz_loadu_epi32(m, odd + i)) : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi32(dst + i, store, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
   }
 }
 
