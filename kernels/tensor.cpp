@@ -6,11 +6,11 @@
 #include <stdexcept>
 
 #include "kernels/cpu/isa_dispatch.hpp"
+#include "kernels/host_allocator.hpp"
 
 namespace atl {
 
 namespace {
-constexpr std::size_t kAlignment = 64;  // one cache line; AVX-512 loads stay aligned
 
 // The conversions on hot paths (gathers in bf16, upcasts, the bf16 emulation points), vectorized
 // per instruction set (integer bit work: the same bits at every level).
@@ -50,12 +50,10 @@ Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(devi
   if (device != Device::cpu) {
     throw std::runtime_error("Storage: only cpu storage is allocated by the CPU build");
   }
-  std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  data_ = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
-  if (!data_) throw std::bad_alloc();
+  data_ = host_allocate(bytes);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() { host_free(data_, bytes_); }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (auto d : shape) {

@@ -1,0 +1,123 @@
+#include "kernels/host_allocator.hpp"
+
+#include <bit>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+namespace atl {
+
+namespace {
+
+constexpr std::size_t kAlignment = 64;  // one cache line; AVX-512 loads stay aligned
+constexpr std::size_t kMinCached = std::size_t{64} << 10;
+
+// The class size of a cacheable request: the smallest of 2^e, 1.25, 1.5, 1.75 x 2^e that holds it.
+std::size_t class_size(std::size_t bytes) {
+  const int e = std::bit_width(bytes - 1) - 1;  // 2^e < bytes <= 2^(e+1)
+  const std::size_t base = std::size_t{1} << e, quarter = base / 4;
+  std::size_t size = base + quarter;
+  while (size < bytes) size += quarter;
+  return size;
+}
+
+void* system_allocate(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  return std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+}
+
+struct HostCache {
+  std::mutex mutex;
+  std::unordered_map<std::size_t, std::vector<void*>> free_blocks;
+  HostCacheStats stats{0, std::size_t{2} << 30, 0, 0};
+
+  void release_locked() {
+    for (auto& [size, blocks] : free_blocks) {
+      for (void* p : blocks) std::free(p);
+      stats.cached_bytes -= size * blocks.size();
+      blocks.clear();
+    }
+  }
+};
+
+// Leaked on purpose: tensors held by static objects may be freed after main returns.
+HostCache& cache() {
+  static HostCache* c = new HostCache;
+  return *c;
+}
+
+}  // namespace
+
+void* host_allocate(std::size_t bytes) {
+  if (bytes < kMinCached) {
+    void* p = system_allocate(bytes);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  const std::size_t size = class_size(bytes);
+  HostCache& c = cache();
+  {
+    std::lock_guard lock(c.mutex);
+    auto it = c.free_blocks.find(size);
+    if (it != c.free_blocks.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.stats.cached_bytes -= size;
+      ++c.stats.reused;
+      return p;
+    }
+    ++c.stats.fresh;
+  }
+  void* p = system_allocate(size);
+  if (!p) {  // the cache may hold what the system lacks
+    {
+      std::lock_guard lock(c.mutex);
+      c.release_locked();
+    }
+    p = system_allocate(size);
+    if (!p) throw std::bad_alloc();
+  }
+  return p;
+}
+
+void host_free(void* p, std::size_t bytes) {
+  if (!p) return;
+  if (bytes < kMinCached) {
+    std::free(p);
+    return;
+  }
+  const std::size_t size = class_size(bytes);
+  HostCache& c = cache();
+  {
+    std::lock_guard lock(c.mutex);
+    if (c.stats.cached_bytes + size <= c.stats.cache_limit) {
+      c.free_blocks[size].push_back(p);
+      c.stats.cached_bytes += size;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+void host_release_cached() {
+  HostCache& c = cache();
+  std::lock_guard lock(c.mutex);
+  c.release_locked();
+}
+
+void host_set_cache_limit(std::size_t bytes) {
+  HostCache& c = cache();
+  std::lock_guard lock(c.mutex);
+  c.stats.cache_limit = bytes;
+  if (c.stats.cached_bytes > bytes) c.release_locked();
+}
+
+HostCacheStats host_cache_stats() {
+  HostCache& c = cache();
+  std::lock_guard lock(c.mutex);
+  return c.stats;
+}
+
+}  // namespace atl

@@ -1,0 +1,75 @@
+// The caching host allocator behind tensor storage: reuse within a size class, the cache limit,
+// release, alignment, and integrity under two threads.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "kernels/host_allocator.hpp"
+#include "kernels/tensor.hpp"
+
+using namespace atl;
+
+TEST_CASE("host allocator: a freed large block serves the next request of its size class", "[allocator]") {
+  host_release_cached();
+  const HostCacheStats before = host_cache_stats();
+  void* a = host_allocate(1'000'000);
+  host_free(a, 1'000'000);
+  CHECK(host_cache_stats().cached_bytes >= 1'000'000);
+  void* b = host_allocate(1'000'100);  // same class (1 MiB = 1.0 x 2^20 holds both)
+  CHECK(b == a);
+  CHECK(host_cache_stats().reused == before.reused + 1);
+  void* c = host_allocate(3'000'000);  // another class: a fresh block
+  CHECK(c != a);
+  host_free(b, 1'000'100);
+  host_free(c, 3'000'000);
+  host_release_cached();
+  CHECK(host_cache_stats().cached_bytes == 0);
+}
+
+TEST_CASE("host allocator: nothing is cached beyond the limit, small blocks never are", "[allocator]") {
+  host_release_cached();
+  host_set_cache_limit(0);
+  void* big = host_allocate(1 << 20);
+  host_free(big, 1 << 20);
+  CHECK(host_cache_stats().cached_bytes == 0);
+  host_set_cache_limit(std::size_t{2} << 30);
+  void* small = host_allocate(1000);
+  host_free(small, 1000);
+  CHECK(host_cache_stats().cached_bytes == 0);
+}
+
+TEST_CASE("host allocator: blocks are 64-byte aligned and tensors keep their bytes", "[allocator]") {
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{65536},
+                            std::size_t{65537}, std::size_t{5'000'000}}) {
+    void* p = host_allocate(bytes);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);
+    if (bytes) std::memset(p, 0xab, bytes);
+    host_free(p, bytes);
+  }
+  Tensor t = Tensor::full({300, 300}, 2.5f);  // cached size class, possibly a reused block
+  t = Tensor();
+  Tensor z = Tensor::zeros({300, 300});
+  for (float v : z.span<float>()) REQUIRE(v == 0.0f);  // zeros() clears a reused block
+}
+
+TEST_CASE("host allocator: two threads allocating and freeing never share a live block", "[allocator]") {
+  auto work = [](std::uint8_t tag, bool* ok) {
+    for (int i = 0; i < 300; ++i) {
+      const std::size_t bytes = std::size_t{70'000} + static_cast<std::size_t>(i % 7) * 40'000;
+      auto* p = static_cast<std::uint8_t*>(host_allocate(bytes));
+      std::memset(p, tag, bytes);
+      for (std::size_t j = 0; j < bytes; j += 4099) *ok = *ok && p[j] == tag;
+      host_free(p, bytes);
+    }
+  };
+  bool ok1 = true, ok2 = true;
+  std::thread a(work, std::uint8_t{1}, &ok1), b(work, std::uint8_t{2}, &ok2);
+  a.join();
+  b.join();
+  CHECK(ok1);
+  CHECK(ok2);
+  CHECK(host_cache_stats().reused > 0);
+}
