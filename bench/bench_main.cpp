@@ -3,6 +3,7 @@
 //   OPENBLAS_CORETYPE=SkylakeX build/bench/atoll-bench   (AVX-512 machines: OpenBLAS's best kernel)
 #include <cblas.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/rng.hpp"
 
 using namespace atl;
@@ -95,7 +97,14 @@ double seconds_per_step(const RunConfig& config, const EngineFactory& factory, i
   return seconds;
 }
 
-double trainer_tokens_per_s(Precision precision, int threads, int steps) {
+struct TrainerRun {
+  double tokens_per_s = 0;
+  std::array<double, kKernelKinds> kernel_seconds{};  // when profiled
+  double seconds = 0;
+};
+
+// The reference trainer on beam-small; `profile` turns the kernel clock on for the timed steps.
+TrainerRun trainer_run(Precision precision, int threads, int steps, bool profile = false) {
   auto model = std::make_shared<const BeamModel>(beam_preset("beam-small"));  // the throughput yardstick
   DataConfig dc;
   auto data = make_data_source(dc, model->unpadded_vocab_size(), 7);
@@ -105,9 +114,26 @@ double trainer_tokens_per_s(Precision precision, int threads, int steps) {
   const std::int64_t rows = 8, seq = 256;
   trainer.step(data->next(rows, seq));  // warm-up step: first-touch allocations
   std::int64_t tokens = 0;
+  kernel_clock_reset();
+  kernel_clock_enable(profile);
   auto t0 = clock_type::now();
   for (int s = 0; s < steps; ++s) tokens += trainer.step(data->next(rows, seq)).tokens;
-  return static_cast<double>(tokens) / std::chrono::duration<double>(clock_type::now() - t0).count();
+  TrainerRun run;
+  run.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  kernel_clock_enable(false);
+  run.tokens_per_s = static_cast<double>(tokens) / run.seconds;
+  run.kernel_seconds = kernel_clock_seconds();
+  return run;
+}
+
+void print_step_fractions(const char* what, const TrainerRun& run) {
+  std::printf("  %s, one thread, fraction of a step:", what);
+  double counted = 0;
+  for (int k = 0; k < kKernelKinds; ++k) {
+    counted += run.kernel_seconds[k];
+    std::printf(" %s %.3f", kernel_kind_name(static_cast<KernelKind>(k)), run.kernel_seconds[k] / run.seconds);
+  }
+  std::printf(" (rest: trainer, allocation, copies) %.3f\n", 1.0 - counted / run.seconds);
 }
 
 }  // namespace
@@ -131,13 +157,15 @@ int main() {
   std::printf("reference trainer beam-small (8x256 tokens/step, micro-batch 4), tokens/s:\n");
   double fp32_one = 0;
   for (int threads : {1, cores}) {
-    const double fp32 = trainer_tokens_per_s(Precision::fp32, threads, 3);
-    const double bf16 = trainer_tokens_per_s(Precision::bf16, threads, 3);
+    const double fp32 = trainer_run(Precision::fp32, threads, 3).tokens_per_s;
+    const double bf16 = trainer_run(Precision::bf16, threads, 3).tokens_per_s;
     if (threads == 1) fp32_one = fp32;
     std::printf("  compute.threads %d: fp32 %.0f, bf16 %.0f, bf16/fp32 %.3f, fp32 vs fp32 on one thread %.3f\n",
                 threads, fp32, bf16, bf16 / fp32, fp32 / fp32_one);
     if (cores == 1) break;
   }
+  print_step_fractions("fp32", trainer_run(Precision::fp32, 1, 3, true));
+  print_step_fractions("bf16", trainer_run(Precision::bf16, 1, 3, true));
 
   // The actor runtime's overhead: beam-small, the same global batch (8 x 256 tokens, micro-batches
   // of 2 rows), reference trainer vs the actors simulating dp_shard = 4 in this process.

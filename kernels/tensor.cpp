@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/isa_dispatch.hpp"
 #include "kernels/host_allocator.hpp"
+#include "kernels/kernel_clock.hpp"
 
 namespace atl {
 
@@ -139,6 +140,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dtype) const {
+  KernelScope scope(KernelKind::conversion);
   if (dtype == dtype_) return clone();
   Tensor t = empty(shape_, dtype);
   const std::int64_t n = numel();
@@ -193,6 +195,9 @@ void Tensor::copy_from(const Tensor& other) const {
 
 std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_string(shape_); }
 
-void round_to_bf16_inplace(const Tensor& t) { cpu::run_for_isa<RoundBf16Loop>(t.data<float>(), t.numel()); }
+void round_to_bf16_inplace(const Tensor& t) {
+  KernelScope scope(KernelKind::conversion);
+  cpu::run_for_isa<RoundBf16Loop>(t.data<float>(), t.numel());
+}
 
 }  // namespace atl

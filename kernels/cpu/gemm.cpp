@@ -14,6 +14,7 @@
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm_kernels.hpp"
 #include "kernels/dtype.hpp"
+#include "kernels/kernel_clock.hpp"
 
 namespace atl::cpu {
 
@@ -263,6 +264,7 @@ void check_shape(const GemmShape& s) {
 }  // namespace
 
 void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, GemmOperands operands) {
+  KernelScope scope(KernelKind::gemm);
   check_shape(s);
   if (s.m == 0 || s.n == 0) return;
   if (s.k == 0) {

@@ -1,4 +1,5 @@
 #include "kernels/ops/activation.hpp"
+#include "kernels/kernel_clock.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,7 @@ Shape halved_shape(const char* op, const Tensor& gate_up) {
 }  // namespace
 
 Tensor glu_forward(const Tensor& gate_up, const GluConfig& cfg, Precision precision) {
+  KernelScope scope(KernelKind::activation);
   check_f32_cpu("glu_forward", "gate_up", gate_up);
   Shape out_shape = halved_shape("glu_forward", gate_up);
   const std::int64_t inter = out_shape.back();
@@ -44,6 +46,7 @@ Tensor glu_forward(const Tensor& gate_up, const GluConfig& cfg, Precision precis
 }
 
 Tensor glu_backward(const Tensor& d_out, const Tensor& gate_up, const GluConfig& cfg) {
+  KernelScope scope(KernelKind::activation);
   check_f32_cpu("glu_backward", "gate_up", gate_up);
   check_f32_cpu("glu_backward", "d_out", d_out);
   Shape out_shape = halved_shape("glu_backward", gate_up);
@@ -56,6 +59,7 @@ Tensor glu_backward(const Tensor& d_out, const Tensor& gate_up, const GluConfig&
 }
 
 Tensor glu_forward(const Tensor& gate, const Tensor& up, const GluConfig& cfg, Precision precision) {
+  KernelScope scope(KernelKind::activation);
   check_f32_cpu("glu_forward", "gate", gate);
   check_f32_cpu("glu_forward", "up", up);
   check_same_shape("glu_forward", "up", up, gate.shape());
@@ -65,6 +69,7 @@ Tensor glu_forward(const Tensor& gate, const Tensor& up, const GluConfig& cfg, P
 }
 
 GluSplitGrads glu_backward(const Tensor& d_out, const Tensor& gate, const Tensor& up, const GluConfig& cfg) {
+  KernelScope scope(KernelKind::activation);
   check_f32_cpu("glu_backward", "gate", gate);
   check_f32_cpu("glu_backward", "up", up);
   check_f32_cpu("glu_backward", "d_out", d_out);
@@ -77,10 +82,12 @@ GluSplitGrads glu_backward(const Tensor& d_out, const Tensor& gate, const Tensor
 }
 
 Tensor swiglu_forward(const Tensor& gate, const Tensor& up, Precision precision) {
+  KernelScope scope(KernelKind::activation);
   return glu_forward(gate, up, GluConfig{}, precision);
 }
 
 GluSplitGrads swiglu_backward(const Tensor& d_out, const Tensor& gate, const Tensor& up) {
+  KernelScope scope(KernelKind::activation);
   return glu_backward(d_out, gate, up, GluConfig{});
 }
 

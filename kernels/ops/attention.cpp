@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cpu/attention.hpp"
+#include "kernels/kernel_clock.hpp"
 
 namespace atl {
 
@@ -96,6 +97,7 @@ void validate_positions(const Tensor& positions) {
 
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                                    const Tensor& valid, const Tensor& sinks, const AttentionOptions& options) {
+  KernelScope scope(KernelKind::attention);
   const cpu::AttentionShape s = check_inputs("attention_forward", q, k, v, positions, valid, sinks, options);
   AttentionForward f;
   f.out = Tensor::empty(q.shape(), DType::f32);
@@ -109,6 +111,7 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionForward& saved, const Tensor& positions, const Tensor& valid,
                                   const Tensor& sinks, Tensor* dsinks, const AttentionOptions& options) {
+  KernelScope scope(KernelKind::attention);
   const char* op = "attention_backward";
   const cpu::AttentionShape s = check_inputs(op, q, k, v, positions, valid, sinks, options);
   check_tensor(op, "dout", dout, DType::f32, q.shape());

@@ -1,10 +1,12 @@
 #include "kernels/ops/elementwise.hpp"
 
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
 
 Tensor scaled_add(const Tensor& a, float ca, const Tensor& b, float cb, Precision precision) {
+  KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("scaled_add", "a", a, DType::f32);
   detail::require_dtype("scaled_add", "b", b, DType::f32);
   detail::require(a.shape() == b.shape(), "scaled_add", "a " + a.describe() + " and b " + b.describe());
@@ -16,6 +18,7 @@ Tensor scaled_add(const Tensor& a, float ca, const Tensor& b, float cb, Precisio
 }
 
 Tensor scaled(const Tensor& a, float c) {
+  KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("scaled", "a", a, DType::f32);
   Tensor y = Tensor::empty(a.shape());
   const float* pa = a.data<float>();
@@ -25,11 +28,13 @@ Tensor scaled(const Tensor& a, float c) {
 }
 
 void scale_inplace(const Tensor& t, float factor) {
+  KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("scale_inplace", "t", t, DType::f32);
   for (float& x : t.span<float>()) x *= factor;
 }
 
 void add_inplace(const Tensor& dst, const Tensor& src) {
+  KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("add_inplace", "dst", dst, DType::f32);
   detail::require_dtype("add_inplace", "src", src, DType::f32);
   detail::require(dst.shape() == src.shape(), "add_inplace", "dst " + dst.describe() + " and src " + src.describe());

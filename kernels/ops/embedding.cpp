@@ -1,6 +1,7 @@
 #include "kernels/ops/embedding.hpp"
 
 #include "kernels/cpu/embedding.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
@@ -20,6 +21,7 @@ void check_ids(const char* op, const Tensor& ids, std::int64_t vocab) {
 }  // namespace
 
 Tensor embedding_forward(const Tensor& table_in, const Tensor& ids) {
+  KernelScope scope(KernelKind::elementwise);
   constexpr const char* op = "embedding_forward";
   Tensor table = detail::as_f32(op, "table", table_in);
   require(table.rank() == 2, op, "table must be [V, H], got " + table.describe());
@@ -33,6 +35,7 @@ Tensor embedding_forward(const Tensor& table_in, const Tensor& ids) {
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable) {
+  KernelScope scope(KernelKind::elementwise);
   constexpr const char* op = "embedding_backward";
   detail::require_dtype(op, "dtable", dtable, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);

@@ -1,4 +1,5 @@
 #include "kernels/ops/experts.hpp"
+#include "kernels/kernel_clock.hpp"
 
 #include <cstring>
 #include <stdexcept>
@@ -60,6 +61,7 @@ cpu::DispatchView saved_view(const ExpertsSaved& s) {
 
 ExpertsForward experts_forward(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& indices,
                                const Tensor& weights, const Tensor& token_mask, const ExpertsConfig& cfg) {
+  KernelScope scope(KernelKind::experts);
   const char* op = "experts_forward";
   const cpu::ExpertsDims d = experts_dims(op, x, gate_up, down, indices);
   check_tensor(op, "weights", weights, DType::f32, {d.tokens, d.top_k});
@@ -89,6 +91,7 @@ ExpertsForward experts_forward(const Tensor& x, const Tensor& gate_up, const Ten
 ExpertsGrads experts_backward(const Tensor& d_out, const ExpertsSaved& saved, const Tensor& gate_up,
                               const Tensor& down, const ExpertsConfig& cfg, const Tensor& d_gate_up,
                               const Tensor& d_down) {
+  KernelScope scope(KernelKind::experts);
   const char* op = "experts_backward";
   const cpu::ExpertsDims d = experts_dims(op, saved.x, gate_up, down, saved.indices);
   check_tensor(op, "d_out", d_out, DType::f32, {d.tokens, d.hidden});

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cpu/gate.hpp"
+#include "kernels/kernel_clock.hpp"
 
 namespace atl {
 
@@ -40,6 +41,7 @@ GateLayout check_inputs(const char* op, const Tensor& o, const Tensor& gate, con
 }  // namespace
 
 Tensor output_gate_forward(const Tensor& o, const Tensor& gate, const Tensor& bias) {
+  KernelScope scope(KernelKind::activation);
   const GateLayout l = check_inputs("output_gate_forward", o, gate, bias);
   Tensor y = Tensor::empty(o.shape(), DType::f32);
   cpu::output_gate_forward<float>(o.data<float>(), gate.data<float>(), bias.data<float>(), y.data<float>(), l.rows,
@@ -49,6 +51,7 @@ Tensor output_gate_forward(const Tensor& o, const Tensor& gate, const Tensor& bi
 
 OutputGateGrads output_gate_backward(const Tensor& dy, const Tensor& o, const Tensor& gate, const Tensor& bias,
                                      Tensor* d_bias) {
+  KernelScope scope(KernelKind::activation);
   const char* op = "output_gate_backward";
   const GateLayout l = check_inputs(op, o, gate, bias);
   if (!is_cpu_f32(dy) || dy.shape() != o.shape()) {

@@ -1,6 +1,7 @@
 #include "kernels/ops/l2_clip.hpp"
 
 #include "kernels/cpu/l2_clip.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
@@ -18,6 +19,7 @@ const float* scale_ptr(const char* op, const Tensor& scale, std::int64_t dim) {
 }  // namespace
 
 L2ClipForward l2_clip_forward(const Tensor& x, const Tensor& scale, float radius, Precision precision) {
+  KernelScope scope(KernelKind::norm);
   constexpr const char* op = "l2_clip_forward";
   detail::require_dtype(op, "x", x, DType::f32);
   require(x.rank() >= 1 && x.size(-1) > 0, op, "x must be [..., d], got " + x.describe());
@@ -31,6 +33,7 @@ L2ClipForward l2_clip_forward(const Tensor& x, const Tensor& scale, float radius
 
 Tensor l2_clip_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, float radius, const Tensor& norms,
                         const Tensor* dscale) {
+  KernelScope scope(KernelKind::norm);
   constexpr const char* op = "l2_clip_backward";
   detail::require_dtype(op, "x", x, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);

@@ -1,4 +1,5 @@
 #include "kernels/ops/loss.hpp"
+#include "kernels/kernel_clock.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,7 @@ void check_loss_inputs(const char* op, const Tensor& logits, const Tensor& targe
 
 LogitLossForward logit_loss_forward(const Tensor& logits, const Tensor& targets, std::int64_t usable_vocab,
                                     float cap) {
+  KernelScope scope(KernelKind::loss);
   check_loss_inputs("logit_loss_forward", logits, targets, usable_vocab);
   LogitLossForward f;
   f.capped = Tensor::empty(logits.shape());
@@ -41,6 +43,7 @@ LogitLossForward logit_loss_forward(const Tensor& logits, const Tensor& targets,
 
 Tensor logit_loss_backward(const LogitLossForward& saved, const Tensor& targets, std::int64_t usable_vocab, float cap,
                            float scale) {
+  KernelScope scope(KernelKind::loss);
   check_loss_inputs("logit_loss_backward", saved.probs, targets, usable_vocab);
   if (!saved.capped.defined() || saved.capped.dtype() != DType::f32 || saved.capped.shape() != saved.probs.shape()) {
     throw std::invalid_argument("logit_loss_backward: saved.capped must be f32 " + shape_string(saved.probs.shape()) +

@@ -1,6 +1,7 @@
 #include "kernels/ops/norm.hpp"
 
 #include "kernels/cpu/norm.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
@@ -17,6 +18,7 @@ const float* weight_ptr(const char* op, const Tensor& weight, const Tensor& weig
 }  // namespace
 
 RmsNormForward rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Precision precision) {
+  KernelScope scope(KernelKind::norm);
   constexpr const char* op = "rmsnorm_forward";
   detail::require_dtype(op, "x", x, DType::f32);
   const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
@@ -29,6 +31,7 @@ RmsNormForward rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps,
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                         const Tensor* dweight) {
+  KernelScope scope(KernelKind::norm);
   constexpr const char* op = "rmsnorm_backward";
   detail::require_dtype(op, "x", x, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);

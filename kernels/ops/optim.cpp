@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "kernels/cpu/optim.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
@@ -13,6 +14,7 @@ using detail::require;
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamWHyper& h, std::int64_t step) {
+  KernelScope scope(KernelKind::optimizer);
   constexpr const char* op = "adamw_step";
   for (const auto* t : {&param, &grad, &exp_avg, &exp_avg_sq}) detail::require_dtype(op, "tensor", *t, DType::f32);
   require(grad.shape() == param.shape() && exp_avg.shape() == param.shape() && exp_avg_sq.shape() == param.shape(),
@@ -28,6 +30,7 @@ double grad_sum_of_squares(const Tensor& grad) {
 }
 
 double global_grad_norm(const std::vector<Tensor>& grads) {
+  KernelScope scope(KernelKind::optimizer);
   double total = 0;
   for (const Tensor& g : grads) total += grad_sum_of_squares(g);
   return std::sqrt(total);
@@ -38,6 +41,7 @@ double clip_factor(double norm, double max_norm) {
 }
 
 double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_norm) {
+  KernelScope scope(KernelKind::optimizer);
   const double factor = clip_factor(norm, max_norm);
   if (factor < 1.0) {
     for (const Tensor& g : grads) scale_inplace(g, static_cast<float>(factor));

@@ -1,6 +1,7 @@
 #include "kernels/ops/relative_attention.hpp"
 
 #include "kernels/cpu/relative_attention.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
@@ -69,6 +70,7 @@ cpu::SinkLogits<float> sinks_of(const Tensor& sink_logits, const Tensor& grads, 
 AttentionForward relative_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                                             const Tensor& valid, const Tensor& profiles, const Tensor& sink_logits,
                                             const AttentionOptions& options) {
+  KernelScope scope(KernelKind::attention);
   const cpu::AttentionShape s =
       check_inputs("relative_attention_forward", q, k, v, positions, valid, profiles, sink_logits, options);
   AttentionForward f{Tensor::empty(q.shape()), Tensor::empty({s.batch, s.q_heads, s.seq})};
@@ -83,6 +85,7 @@ RelativeAttentionGrads relative_attention_backward(const Tensor& dout, const Ten
                                                    const Tensor& v, const AttentionForward& saved,
                                                    const Tensor& positions, const Tensor& valid, const Tensor& profiles,
                                                    const Tensor& sink_logits, const AttentionOptions& options) {
+  KernelScope scope(KernelKind::attention);
   constexpr const char* op = "relative_attention_backward";
   const cpu::AttentionShape s = check_inputs(op, q, k, v, positions, valid, profiles, sink_logits, options);
   check_shape(op, "dout", dout, DType::f32, q.shape());

@@ -1,6 +1,7 @@
 #include "kernels/ops/residual_mix.hpp"
 
 #include "kernels/cpu/residual_mix.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
@@ -31,6 +32,7 @@ void check_query(const char* op, const char* name, const Tensor& q, std::int64_t
 
 ResidualMixForward residual_mix_forward(const std::vector<Tensor>& sources, const Tensor& query, float eps,
                                         Precision precision) {
+  KernelScope scope(KernelKind::norm);
   constexpr const char* op = "residual_mix_forward";
   std::vector<const float*> ptrs = source_ptrs(op, sources);
   if (sources.size() == 1) return {sources[0], Tensor(), Tensor()};
@@ -45,6 +47,7 @@ ResidualMixForward residual_mix_forward(const std::vector<Tensor>& sources, cons
 
 std::vector<Tensor> residual_mix_backward(const Tensor& d_out, const std::vector<Tensor>& sources, const Tensor& query,
                                           const ResidualMixForward& saved, const Tensor* dquery) {
+  KernelScope scope(KernelKind::norm);
   constexpr const char* op = "residual_mix_backward";
   std::vector<const float*> ptrs = source_ptrs(op, sources);
   detail::require_dtype(op, "d_out", d_out, DType::f32);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cpu/rope.hpp"
+#include "kernels/kernel_clock.hpp"
 
 namespace atl {
 
@@ -40,6 +41,7 @@ TokenLayout check_inputs(const char* op, const char* x_name, const Tensor& x, co
 }  // namespace
 
 Tensor rope_forward(const Tensor& x, const Tensor& positions, float theta) {
+  KernelScope scope(KernelKind::elementwise);
   const TokenLayout l = check_inputs("rope_forward", "x", x, positions, true);
   Tensor y = Tensor::empty(x.shape(), DType::f32);
   cpu::rope_forward<float>(x.data<float>(), positions.data<std::int64_t>(), y.data<float>(), l.tokens, l.heads,
@@ -48,6 +50,7 @@ Tensor rope_forward(const Tensor& x, const Tensor& positions, float theta) {
 }
 
 Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta) {
+  KernelScope scope(KernelKind::elementwise);
   const TokenLayout l = check_inputs("rope_backward", "dy", dy, positions, true);
   Tensor dx = Tensor::empty(dy.shape(), DType::f32);
   cpu::rope_backward<float>(dy.data<float>(), positions.data<std::int64_t>(), dx.data<float>(), l.tokens, l.heads,
@@ -56,6 +59,7 @@ Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta) {
 }
 
 Tensor ssmax_forward(const Tensor& q, const Tensor& positions, float base, float exponent) {
+  KernelScope scope(KernelKind::elementwise);
   const TokenLayout l = check_inputs("ssmax_forward", "q", q, positions, false);
   Tensor y = Tensor::empty(q.shape(), DType::f32);
   cpu::ssmax_forward<float>(q.data<float>(), positions.data<std::int64_t>(), y.data<float>(), l.tokens,
@@ -64,6 +68,7 @@ Tensor ssmax_forward(const Tensor& q, const Tensor& positions, float base, float
 }
 
 Tensor ssmax_backward(const Tensor& dy, const Tensor& positions, float base, float exponent) {
+  KernelScope scope(KernelKind::elementwise);
   const TokenLayout l = check_inputs("ssmax_backward", "dy", dy, positions, false);
   Tensor dq = Tensor::empty(dy.shape(), DType::f32);
   cpu::ssmax_backward<float>(dy.data<float>(), positions.data<std::int64_t>(), dq.data<float>(), l.tokens,

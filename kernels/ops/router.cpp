@@ -1,4 +1,5 @@
 #include "kernels/ops/router.hpp"
+#include "kernels/kernel_clock.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -19,6 +20,7 @@ void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype
 
 RouterForward router_forward(const Tensor& logits, const Tensor& correction_bias, const RouterConfig& cfg,
                              Precision precision) {
+  KernelScope scope(KernelKind::routing);
   cpu::validate_router_config(cfg);
   if (!logits.defined() || logits.rank() != 2) {
     throw std::invalid_argument("router_forward: logits must be f32 [T, " + std::to_string(cfg.num_experts) +
@@ -38,6 +40,7 @@ RouterForward router_forward(const Tensor& logits, const Tensor& correction_bias
 }
 
 Tensor router_backward(const Tensor& d_weights, const RouterForward& saved, const RouterConfig& cfg) {
+  KernelScope scope(KernelKind::routing);
   cpu::validate_router_config(cfg);
   if (!saved.scores.defined() || saved.scores.rank() != 2) {
     throw std::invalid_argument("router_backward: saved.scores must be f32 [T, E]");

@@ -1,6 +1,7 @@
 #include "kernels/ops/short_conv.hpp"
 
 #include "kernels/cpu/short_conv.hpp"
+#include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
 namespace atl {
@@ -66,6 +67,7 @@ cpu::ShortConvDims dynamic_dims(const char* op, const Tensor& x, const Tensor& t
 
 Tensor short_conv_forward(const Tensor& x, const Tensor& weight, const Tensor& positions, const Tensor& valid,
                           Precision precision) {
+  KernelScope scope(KernelKind::elementwise);
   const cpu::ShortConvDims d = static_dims("short_conv_forward", x, weight, positions, valid);
   Tensor y = Tensor::empty(x.shape());
   cpu::short_conv_forward<float>(x.data<float>(), weight.data<float>(), 0, positions.data<std::int64_t>(),
@@ -75,6 +77,7 @@ Tensor short_conv_forward(const Tensor& x, const Tensor& weight, const Tensor& p
 
 Tensor short_conv_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& positions,
                            const Tensor& valid, const Tensor* dweight) {
+  KernelScope scope(KernelKind::elementwise);
   constexpr const char* op = "short_conv_backward";
   const cpu::ShortConvDims d = static_dims(op, x, weight, positions, valid);
   detail::require_dtype(op, "dy", dy, DType::f32);
@@ -94,6 +97,7 @@ Tensor short_conv_backward(const Tensor& dy, const Tensor& x, const Tensor& weig
 
 Tensor dynamic_short_conv_forward(const Tensor& x, const Tensor& taps, const Tensor& positions, const Tensor& valid,
                                   Precision precision) {
+  KernelScope scope(KernelKind::elementwise);
   const cpu::ShortConvDims d = dynamic_dims("dynamic_short_conv_forward", x, taps, positions, valid);
   Tensor y = Tensor::empty(x.shape());
   cpu::short_conv_forward<float>(x.data<float>(), taps.data<float>(), d.groups * d.width,
@@ -104,6 +108,7 @@ Tensor dynamic_short_conv_forward(const Tensor& x, const Tensor& taps, const Ten
 
 DynamicShortConvGrads dynamic_short_conv_backward(const Tensor& dy, const Tensor& x, const Tensor& taps,
                                                   const Tensor& positions, const Tensor& valid) {
+  KernelScope scope(KernelKind::elementwise);
   constexpr const char* op = "dynamic_short_conv_backward";
   const cpu::ShortConvDims d = dynamic_dims(op, x, taps, positions, valid);
   detail::require_dtype(op, "dy", dy, DType::f32);
