@@ -136,18 +136,16 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
       dst_swapped[(2 * q) * width + l] = bf16_bits_to_float(odd_bits);
       dst_swapped[(2 * q + 1) * width + l] = bf16_bits_to_float(even_bits);
     };
-    if (k_contiguous) {
-      // Each line rounded into a row of 2 * pairs bf16 values (the bits of k and k+1 then sit as
-      // one little-endian pair), then the rows of pairs transposed into the panel.
+    if (k_contiguous && dot) {
+      pk.pair_lines(src.base + p0 * src.line_stride, src.line_stride, lines, kc, dst_pairs, width);
+      continue;
+    }
+    if (k_contiguous) {  // bf16_as_f32: each line rounded into a row of 2 * pairs bf16 values, then placed
       std::uint16_t* rows = scratch_bits(lines * 2 * pairs);
       for (std::int64_t l = 0; l < lines; ++l) {
         std::uint16_t* row = rows + l * 2 * pairs;
         pk.to_bf16_bits(src.base + (p0 + l) * src.line_stride, kc, row);
         if (kc % 2) row[kc] = 0;  // the odd partner of a last, unpaired k
-      }
-      if (dot) {
-        pk.transpose(reinterpret_cast<const std::uint32_t*>(rows), pairs, lines, pairs, dst_pairs, width);
-        continue;
       }
       for (std::int64_t l = 0; l < width; ++l) {
         for (std::int64_t q = 0; q < pairs; ++q) {

@@ -59,9 +59,22 @@ void bf16_pairs(const float* src, std::int64_t k_stride, std::int64_t kc, std::i
   }
 }
 
+void pair_lines(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc, std::uint32_t* dst,
+                std::int64_t width) {
+  const std::int64_t pairs = (kc + 1) / 2;
+  for (std::int64_t q = 0; q < pairs; ++q) {
+    for (std::int64_t l = 0; l < width; ++l) {
+      const float* line = src + l * line_stride;
+      const std::uint32_t lo = l < lines ? float_to_bf16_bits(line[2 * q]) : 0u;
+      const std::uint32_t hi = l < lines && 2 * q + 1 < kc ? float_to_bf16_bits(line[2 * q + 1]) : 0u;
+      dst[q * width + l] = lo | hi << 16;
+    }
+  }
+}
+
 }  // namespace
 
 F32MicroKernel f32_kernel_portable() { return {kMr, kNr, f32_4x8}; }
-PackKernels pack_kernels_portable() { return {transpose_lines, to_bf16_bits, bf16_pairs}; }
+PackKernels pack_kernels_portable() { return {transpose_lines, to_bf16_bits, bf16_pairs, pair_lines}; }
 
 }  // namespace atl::cpu::gemm_detail

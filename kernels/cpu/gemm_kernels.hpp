@@ -32,10 +32,14 @@ using TransposeLines = void (*)(const std::uint32_t* src, std::int64_t src_strid
 using ToBf16Bits = void (*)(const float* in, std::int64_t n, std::uint16_t* out);
 using Bf16Pairs = void (*)(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t lines,
                            std::uint32_t* dst, std::int64_t width);
+// pair_lines: the same panel from k-contiguous lines (line l, k at src[l * line_stride + k]).
+using PairLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
+                           std::uint32_t* dst, std::int64_t width);
 struct PackKernels {
   TransposeLines transpose;
   ToBf16Bits to_bf16_bits;
   Bf16Pairs bf16_pairs;
+  PairLines pair_lines;
 };
 
 F32MicroKernel f32_kernel_portable();

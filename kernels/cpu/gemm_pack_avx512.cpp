@@ -95,9 +95,34 @@ __attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* src, std:
   }
 }
 
+// k-contiguous lines straight into a panel of bf16 pairs: 16 lines x 16 k transposed in registers,
+// then k = 2q and 2q + 1 (now in registers 2q and 2q + 1) rounded and paired.
+__attribute__((target("avx512f"))) void pair_lines_avx512(const float* src, std::int64_t line_stride,
+                                                          std::int64_t lines, std::int64_t kc, std::uint32_t* dst,
+                                                          std::int64_t width) {
+  const std::int64_t pairs = (kc + 1) / 2;
+  for (std::int64_t l0 = 0; l0 < width; l0 += 16) {
+    const __mmask16 store_mask = first_lanes(width - l0);
+    for (std::int64_t k0 = 0; k0 < kc; k0 += 16) {
+      const __mmask16 load_mask = first_lanes(kc - k0);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const std::int64_t l = l0 + i;
+        r[i] = l < lines ? _mm512_maskz_loadu_epi32(load_mask, src + l * line_stride + k0) : _mm512_setzero_si512();
+      }
+      transpose_16x16(r);
+      const std::int64_t q0 = k0 / 2, block_pairs = pairs - q0 < 8 ? pairs - q0 : 8;
+      for (std::int64_t q = 0; q < block_pairs; ++q) {
+        const __m512i paired = _mm512_or_si512(bf16_bits(r[2 * q]), _mm512_slli_epi32(bf16_bits(r[2 * q + 1]), 16));
+        _mm512_mask_storeu_epi32(dst + (q0 + q) * width + l0, store_mask, paired);
+      }
+    }
+  }
+}
+
 }  // namespace
 
-PackKernels pack_kernels_avx512() { return {transpose_lines_avx512, to_bf16_bits_avx512, bf16_pairs_avx512}; }
+PackKernels pack_kernels_avx512() { return {transpose_lines_avx512, to_bf16_bits_avx512, bf16_pairs_avx512, pair_lines_avx512}; }
 
 }  // namespace atl::cpu::gemm_detail
 #endif
