@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/isa_dispatch.hpp"
+#include "kernels/cpu/vector_math.hpp"
 #include "kernels/host_allocator.hpp"
 #include "kernels/kernel_clock.hpp"
 
@@ -13,7 +14,7 @@ namespace atl {
 
 namespace {
 
-// The conversions on hot paths (gathers in bf16, upcasts, the bf16 emulation points), vectorized
+// The conversions on hot paths (gathers in bf16, upcasts), vectorized
 // per instruction set (integer bit work: the same bits at every level).
 struct ToBf16Loop {
   [[gnu::always_inline]] void operator()(const float* src, bf16* dst, std::int64_t n) const {
@@ -23,11 +24,6 @@ struct ToBf16Loop {
 struct ToFloatLoop {
   [[gnu::always_inline]] void operator()(const bf16* src, float* dst, std::int64_t n) const {
     for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
-  }
-};
-struct RoundBf16Loop {
-  [[gnu::always_inline]] void operator()(float* x, std::int64_t n) const {
-    for (std::int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
   }
 };
 }  // namespace
@@ -197,7 +193,7 @@ std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + 
 
 void round_to_bf16_inplace(const Tensor& t) {
   KernelScope scope(KernelKind::conversion);
-  cpu::run_for_isa<RoundBf16Loop>(t.data<float>(), t.numel());
+  cpu::round_to_bf16_values(t.data<float>(), t.numel());
 }
 
 }  // namespace atl

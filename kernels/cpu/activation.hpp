@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/vector_math.hpp"
@@ -38,6 +39,17 @@ template <class T>
 inline T round_emulated(Precision p, T x) {
   if (p != Precision::bf16) return x;
   return static_cast<T>(round_to_bf16(static_cast<float>(x)));
+}
+
+// round_emulated over n values (vectorized for float).
+template <class T>
+inline void round_emulated_values(Precision p, T* x, std::int64_t n) {
+  if (p != Precision::bf16) return;
+  if constexpr (std::is_same_v<T, float>) {
+    round_to_bf16_values(x, n);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = round_emulated(p, x[i]);
+  }
 }
 
 // act(g, u) given s = sigmoid(g) (computed a row at a time by sigmoid_values, vector_math.hpp).
@@ -100,9 +112,10 @@ void glu_forward(const T* gate_up, std::int64_t rows, std::int64_t inter, const 
     gate_sigmoids(row + v.g_offset, v.elem_stride, inter, sig.data());
     for (std::int64_t i = 0; i < inter; ++i) {
       const T g = row[v.g_offset + i * v.elem_stride], u = row[v.u_offset + i * v.elem_stride];
-      out[r * inter + i] = round_emulated(precision, glu_value_given(cfg, g, u, sig[static_cast<std::size_t>(i)]));
+      out[r * inter + i] = glu_value_given(cfg, g, u, sig[static_cast<std::size_t>(i)]);
     }
   }
+  round_emulated_values(precision, out, rows * inter);
 }
 
 // d_gate_up[rows, 2*inter] (overwritten) from d_out[rows, inter]. The output rounding is straight-through.
@@ -131,9 +144,8 @@ template <class T>
 void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, Precision precision, T* out) {
   std::vector<T> sig(static_cast<std::size_t>(n));
   gate_sigmoids(gate, 1, n, sig.data());
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = round_emulated(precision, glu_value_given(cfg, gate[i], up[i], sig[static_cast<std::size_t>(i)]));
-  }
+  for (std::int64_t i = 0; i < n; ++i) out[i] = glu_value_given(cfg, gate[i], up[i], sig[static_cast<std::size_t>(i)]);
+  round_emulated_values(precision, out, n);
 }
 
 // d_gate[n], d_up[n] (overwritten) from d_out[n].

@@ -114,9 +114,7 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
     }
     T* h = gate_up_out + r0 * 2 * I;
     gemm<T>(false, false, n, 2 * I, H, xs.data(), H, gate_up + e * H * 2 * I, 2 * I, false, h, 2 * I, operands);
-    if (prec == Precision::bf16) {
-      for (std::int64_t i = 0; i < n * 2 * I; ++i) h[i] = round_emulated(prec, h[i]);
-    }
+    round_emulated_values(prec, h, n * 2 * I);
     T* a = act_out + r0 * I;
     glu_forward(h, n, I, glu, prec, a);
     const T* down_in = a;
@@ -124,17 +122,17 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
       a_in.resize(static_cast<std::size_t>(n * I));
       for (std::int64_t r = 0; r < n; ++r) {
         const T w = weights[plan.row_pair[r0 + r]];
-        for (std::int64_t i = 0; i < I; ++i) a_in[r * I + i] = round_emulated(prec, a[r * I + i] * w);
+        for (std::int64_t i = 0; i < I; ++i) a_in[r * I + i] = a[r * I + i] * w;
       }
+      round_emulated_values(prec, a_in.data(), n * I);
       down_in = a_in.data();
     }
     T* y = down_out + r0 * H;
     gemm<T>(false, false, n, H, I, down_in, I, down + e * I * H, H, false, y, H, operands);
-    if (prec == Precision::bf16) {
-      for (std::int64_t i = 0; i < n * H; ++i) y[i] = round_emulated(prec, y[i]);
-    }
+    round_emulated_values(prec, y, n * H);
   }
   std::vector<std::int64_t> slots;
+  std::vector<T> weighted(static_cast<std::size_t>(H));
   for (std::int64_t t = 0; t < d.tokens; ++t) {
     T* o = out + t * H;
     std::fill(o, o + H, T(0));
@@ -145,15 +143,14 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
       const T* y = down_out + row * H;
       if (cfg.weight_after_down) {
         const T w = weights[t * K + j];
-        for (std::int64_t c = 0; c < H; ++c) o[c] += round_emulated(prec, w * y[c]);
-      } else {
-        for (std::int64_t c = 0; c < H; ++c) o[c] += y[c];
+        for (std::int64_t c = 0; c < H; ++c) weighted[c] = w * y[c];
+        round_emulated_values(prec, weighted.data(), H);
+        y = weighted.data();
       }
-    }
-    if (prec == Precision::bf16) {
-      for (std::int64_t c = 0; c < H; ++c) o[c] = round_emulated(prec, o[c]);
+      for (std::int64_t c = 0; c < H; ++c) o[c] += y[c];
     }
   }
+  round_emulated_values(prec, out, d.tokens * H);
 }
 
 // Backward. dx [T,H] and d_weights [T,K] are overwritten (zero for masked tokens); d_gate_up

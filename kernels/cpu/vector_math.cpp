@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kernels/cpu/isa_dispatch.hpp"
+#include "kernels/dtype.hpp"
 
 namespace atl::cpu {
 
@@ -47,7 +48,15 @@ struct MapLoop {
   }
 };
 
+struct RoundBf16Loop {
+  [[gnu::always_inline]] void operator()(float* x, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+  }
+};
+
 }  // namespace
+
+void round_to_bf16_values(float* x, std::int64_t n) { run_for_isa<RoundBf16Loop>(x, n); }
 
 void exp_inplace(float* x, std::int64_t n) { run_for_isa<MapLoop<exp_lane>>(x, n); }
 void sigmoid_inplace(float* x, std::int64_t n) { run_for_isa<MapLoop<sigmoid_lane>>(x, n); }

@@ -17,6 +17,9 @@ void exp_inplace(float* x, std::int64_t n);
 // x[i] = 1 / (1 + exp(-x[i])), as e / (1 + e) with e = exp(-|x|) for x < 0 (no overflow).
 void sigmoid_inplace(float* x, std::int64_t n);
 
+// x[i] = round_to_bf16(x[i]) (dtype.hpp: nearest even, NaN quieted), vectorized per ISA.
+void round_to_bf16_values(float* x, std::int64_t n);
+
 // The same function for one value (bitwise equal to exp_inplace on it).
 float exp_f32(float x);
 
