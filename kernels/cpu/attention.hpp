@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/lane_sum.hpp"
 #include "kernels/cpu/vector_math.hpp"
 
 namespace atl::cpu {
@@ -102,6 +103,28 @@ void tile_scores(const QueryTile& tile, std::int64_t h, const T* q_head, std::in
   }
 }
 
+// The keys query t may see, as a range of its tile row: [begin, begin + count).
+struct KeySpan {
+  std::int64_t begin, count;
+  template <class T>
+  void zero_outside(T* row, std::int64_t nk) const {
+    std::fill(row, row + begin, T(0));
+    std::fill(row + begin + count, row + nk, T(0));
+  }
+};
+
+inline KeySpan key_span(const QueryTile& tile, std::int64_t t, std::int64_t position, std::int64_t window) {
+  const std::int64_t lo = attention_first_key(t, position, window);
+  return {lo - tile.j0, t - lo + 1};
+}
+
+// A sum over a query's keys in lane_sum's order, counted from the query's first key: the same
+// order wherever the query's document sits in the row or the tile.
+template <class T, class Term>
+T key_sum(const KeySpan& keys, Term term) {
+  return lane_sum<T>(keys.count, term);
+}
+
 }  // namespace attention_detail
 
 template <class T, class Bias = NoScoreBias<T>>
@@ -137,15 +160,18 @@ void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* p
             *lse_t = sink;
             continue;
           }
+          const KeySpan keys = key_span(tile, t, pos[t], window);
+          T* p = row + keys.begin;
           T m = sink;
-          for (std::int64_t j = 0; j < nk; ++j) m = std::max(m, row[j]);
-          for (std::int64_t j = 0; j < nk; ++j) row[j] -= m;  // masked: -inf - m = -inf, exp 0
-          exp_values(row, nk);  // the row now holds unnormalised probabilities
-          T sum = sinks.enabled() ? exp_value(sink - m) : T(0);
-          for (std::int64_t j = 0; j < nk; ++j) sum += row[j];
+          for (std::int64_t j = 0; j < keys.count; ++j) m = std::max(m, p[j]);
+          for (std::int64_t j = 0; j < keys.count; ++j) p[j] -= m;  // masked: -inf - m = -inf, exp 0
+          exp_values(p, keys.count);  // unnormalised probabilities
+          const T sink_term = sinks.enabled() ? exp_value(sink - m) : T(0);
+          const T sum = sink_term + key_sum<T>(keys, [&](std::int64_t j) { return p[j]; });
           *lse_t = m + std::log(sum);
           const T inv_sum = T(1) / sum;
-          for (std::int64_t j = 0; j < nk; ++j) row[j] *= inv_sum;
+          for (std::int64_t j = 0; j < keys.count; ++j) p[j] *= inv_sum;
+          keys.zero_outside(row, nk);
         }
         gemm<T>(false, false, tile.queries(), D, nk, probs.data(), nk, v_head + tile.j0 * kv_row, kv_row, false,
                 out_head + tile.t0 * q_row, q_row);
@@ -195,15 +221,19 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
             std::fill(ds, ds + nk, T(0));
             continue;
           }
-          for (std::int64_t j = 0; j < nk; ++j) p[j] -= lse_t;
-          exp_values(p, nk);
-          T delta = 0;
-          for (std::int64_t j = 0; j < nk; ++j) delta += p[j] * ds[j];
-          for (std::int64_t j = 0; j < nk; ++j) {
-            ds[j] = p[j] * (ds[j] - delta);
-            if (p[j] != T(0)) bias.add_grad(b, h, t, tile.j0 + j, ds[j]);
-            ds[j] *= scale;
+          const KeySpan keys = key_span(tile, t, pos[t], window);
+          T* pk = p + keys.begin;
+          T* dsk = ds + keys.begin;
+          for (std::int64_t j = 0; j < keys.count; ++j) pk[j] -= lse_t;
+          exp_values(pk, keys.count);
+          const T delta = key_sum<T>(keys, [&](std::int64_t j) { return pk[j] * dsk[j]; });
+          for (std::int64_t j = 0; j < keys.count; ++j) {
+            dsk[j] = pk[j] * (dsk[j] - delta);
+            if (pk[j] != T(0)) bias.add_grad(b, h, t, tile.j0 + keys.begin + j, dsk[j]);
+            dsk[j] *= scale;
           }
+          keys.zero_outside(p, nk);
+          keys.zero_outside(ds, nk);
           if (sinks.enabled() && sinks.grads != nullptr) {
             const std::int64_t i = sinks.index(b, h, t);
             sinks.grads[i] -= exp_value(sinks.values[i] - lse_t) * delta;
