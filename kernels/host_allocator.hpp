@@ -10,10 +10,10 @@
 namespace atl {
 
 struct HostCacheStats {
-  std::size_t cached_bytes = 0;      // held in free lists now
-  std::size_t cache_limit = 0;       // the most the free lists may hold
-  std::uint64_t reused = 0;          // allocations served from the cache
-  std::uint64_t fresh = 0;           // cacheable allocations that went to the system
+  std::size_t cached_bytes = 0;  // held in free lists now
+  std::size_t cache_limit = 0;   // the most the free lists may hold
+  std::uint64_t reused = 0;      // allocations served from the cache
+  std::uint64_t fresh = 0;       // cacheable allocations that went to the system
 };
 
 // At least `bytes` bytes (any size; 0 gives a minimal block). Throws std::bad_alloc when the

@@ -19,8 +19,9 @@ std::int64_t now_ns() {
 }  // namespace
 
 const char* kernel_kind_name(KernelKind kind) {
-  static constexpr const char* kNames[kKernelKinds] = {"gemm", "attention", "norm", "activation", "routing",
-                                                       "experts", "loss", "optimizer", "conversion", "elementwise"};
+  static constexpr const char* kNames[kKernelKinds] = {"gemm",       "attention",  "norm", "activation",
+                                                       "routing",    "experts",    "loss", "optimizer",
+                                                       "conversion", "elementwise"};
   return kNames[static_cast<int>(kind)];
 }
 

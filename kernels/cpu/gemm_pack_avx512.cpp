@@ -27,7 +27,8 @@ __attribute__((target("avx512f"), always_inline)) inline void transpose_16x16(__
     u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
   }
   for (int c = 0; c < 4; ++c) {  // gather the four row groups' 128-bit lanes
-    const __m512i x_even = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), x_odd = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+    const __m512i x_even = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88),
+                  x_odd = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
     const __m512i y_even = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88),
                   y_odd = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
     r[c] = _mm512_shuffle_i32x4(x_even, y_even, 0x88);
@@ -122,7 +123,9 @@ __attribute__((target("avx512f"))) void pair_lines_avx512(const float* src, std:
 
 }  // namespace
 
-PackKernels pack_kernels_avx512() { return {transpose_lines_avx512, to_bf16_bits_avx512, bf16_pairs_avx512, pair_lines_avx512}; }
+PackKernels pack_kernels_avx512() {
+  return {transpose_lines_avx512, to_bf16_bits_avx512, bf16_pairs_avx512, pair_lines_avx512};
+}
 
 }  // namespace atl::cpu::gemm_detail
 #endif

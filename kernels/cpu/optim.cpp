@@ -26,12 +26,12 @@ struct AdamWLoop {
 
 }  // namespace
 
-void adamw_step(float* param, const float* grad, float* m, float* v, std::int64_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, std::int64_t step) {
+void adamw_step(float* param, const float* grad, float* m, float* v, std::int64_t n, float lr, float beta1, float beta2,
+                float eps, float weight_decay, std::int64_t step) {
   const float bias1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta1), static_cast<double>(step)));
   const float bias2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta2), static_cast<double>(step)));
-  const AdamWScalars s{1.0f - lr * weight_decay, beta1, 1.0f - beta1, beta2, 1.0f - beta2, std::sqrt(bias2), eps,
-                       lr / bias1};
+  const AdamWScalars s{1.0f - lr * weight_decay, beta1, 1.0f - beta1, beta2, 1.0f - beta2,
+                       std::sqrt(bias2),         eps,   lr / bias1};
   run_for_isa<AdamWLoop>(param, grad, m, v, n, &s);
 }
 

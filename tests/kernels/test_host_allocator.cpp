@@ -1,7 +1,6 @@
 // The caching host allocator behind tensor storage: reuse within a size class, the cache limit,
 // release, alignment, and integrity under two threads.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -42,8 +41,8 @@ TEST_CASE("host allocator: nothing is cached beyond the limit, small blocks neve
 }
 
 TEST_CASE("host allocator: blocks are 64-byte aligned and tensors keep their bytes", "[allocator]") {
-  for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{65536},
-                            std::size_t{65537}, std::size_t{5'000'000}}) {
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{65536}, std::size_t{65537},
+                            std::size_t{5'000'000}}) {
     void* p = host_allocate(bytes);
     CHECK(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);
     if (bytes) std::memset(p, 0xab, bytes);

@@ -1,7 +1,6 @@
 // The kernel clock behind the benchmark's step breakdown: off by default, per-kind totals, and
 // exclusive time (a GEMM inside an attention scope counts once, as gemm).
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <string>
 #include <vector>

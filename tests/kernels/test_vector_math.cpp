@@ -1,7 +1,6 @@
 // exp and sigmoid of vector_math.hpp: accuracy against double, the special values, and the same
 // bits at every instruction-set level and between the vector loop and the scalar function.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
