@@ -67,6 +67,7 @@ struct OptimizerStep {
   float lr = 0;
   double clip_factor = 1.0;  // applied when < 1
   OptimizerSettings settings;
+  bool apply = true;  // false: the step's loss or gradient is not finite; drop the gradients
 };
 
 struct UnitShards {

@@ -26,6 +26,16 @@ struct StepProgress {
   caf::typed_response_promise<StepResult> promise;
 };
 
+// The first unit (plan order) whose gradient's sum of squares is not finite on some rank.
+std::string first_nonfinite_unit(const Plan& plan, const std::vector<StageReport>& reports) {
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    for (const StageReport& report : reports) {
+      if (!std::isfinite(report.unit_sum_squares[u])) return plan.units[u].name;
+    }
+  }
+  return {};
+}
+
 void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> progress) {
   auto& st = self->state;
   const Plan& plan = *st.setup.plan;
@@ -54,9 +64,14 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   }
   r.grad_norm = std::sqrt(total);
   const OptimizerSettings& o = st.setup.optimizer;
-  const double clip = clip_factor(r.grad_norm, o.grad_clip);  // the reference trainer's rule
   r.lr = warmup_cosine_lr(r.step, o.warmup, o.total_steps, o.lr, o.min_lr_ratio);
-  OptimizerStep msg{r.step, static_cast<float>(r.lr), clip, o};
+  OptimizerStep msg{r.step, static_cast<float>(r.lr), 1.0, o};
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    r.applied = msg.apply = false;  // every unit drops its gradient; nothing is updated
+    r.nonfinite = nonfinite_description(r.loss, r.grad_norm, first_nonfinite_unit(plan, progress->reports));
+  } else {
+    msg.clip_factor = clip_factor(r.grad_norm, o.grad_clip);  // the reference trainer's rule
+  }
   progress->remaining = st.setup.stages.size();
   for (const auto& stage : st.setup.stages) {
     self->request(stage, caf::infinite, optimize_atom::value, msg)

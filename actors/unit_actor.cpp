@@ -106,6 +106,11 @@ void start_reduce(unit_pointer self, const UnitGrads& msg) {
 
 void optimize(UnitState& st, const OptimizerStep& msg) {
   const UnitPlan& u = *st.unit;
+  if (!msg.apply) {  // a non-finite step: masters and moments stay as they are
+    st.reduced = false;
+    st.grad_shard = Tensor();
+    return;
+  }
   if (msg.clip_factor < 1.0) scale_inplace(st.grad_shard, static_cast<float>(msg.clip_factor));
   const OptimizerSettings& o = msg.settings;
   for (std::size_t i = 0; i < u.params.size(); ++i) {

@@ -1,5 +1,6 @@
 // atoll-train CONFIG.yaml [--set key.path=value ...]: train a model as the config says.
-// Exit codes: 0 done, 2 bad config or command line (nothing written), 1 failure while running.
+// Exit codes: 0 done, 2 bad config or command line (nothing written), 3 a non-finite loss or
+// gradient (docs/failures.md), 1 failure while running.
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
                                                                                       : atl::make_actor_engine;
     atl::run_training(config, options, engine, std::cout);
     return 0;
+  } catch (const atl::NonFiniteError& e) {
+    std::cerr << "atoll-train: non-finite training: " << e.what() << "\n";
+    return 3;
   } catch (const atl::ConfigError& e) {
     std::cerr << "atoll-train: config error: " << e.what() << "\n";
     return 2;

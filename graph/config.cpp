@@ -156,6 +156,8 @@ TrainConfig read_train(ConfigReader reader) {
   train.adam_eps = number_in("adam_eps", 1e-8, [](double v) { return v > 0; }, "a positive number");
   train.grad_clip = number_in("grad_clip", 1.0, [](double v) { return v >= 0; }, "a non-negative number (0 = off)");
   train.log_every = reader.get_positive("log_every", 10);
+  train.skip_nonfinite_steps = reader.get_choice("on_nonfinite", "stop", {"stop", "skip_step"}) == "skip_step";
+  train.max_skipped_steps = reader.get_non_negative("max_skipped_steps", 10);
   reader.finish();
   return train;
 }
@@ -287,7 +289,9 @@ nlohmann::json to_json(const RunConfig& c) {
         {"beta2", t.beta2},
         {"adam_eps", t.adam_eps},
         {"grad_clip", t.grad_clip},
-        {"log_every", t.log_every}}},
+        {"log_every", t.log_every},
+        {"on_nonfinite", t.skip_nonfinite_steps ? "skip_step" : "stop"},
+        {"max_skipped_steps", t.max_skipped_steps}}},
       {"data",
        {{"source", data_source_spec(d)},
         {"synthetic_branching", d.synthetic_branching},

@@ -58,6 +58,11 @@ struct TrainConfig {
   double adam_eps = 1e-8;
   double grad_clip = 1.0;         // global gradient-norm clip; 0 = off
   std::int64_t log_every = 10;
+  // A step whose loss or gradient norm is not finite is never applied. stop: the run ends (exit
+  // code 3); skip_step: the step is dropped (counted in metrics.jsonl) and the run goes on, until
+  // more than max_skipped_steps steps were skipped.
+  bool skip_nonfinite_steps = false;
+  std::int64_t max_skipped_steps = 10;
 };
 
 struct ModelSection {

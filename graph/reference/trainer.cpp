@@ -1,6 +1,7 @@
 #include "graph/reference/trainer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -80,8 +81,20 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
 
   const std::vector<Tensor> grads = last_grads_.tensors();
   r.grad_norm = global_grad_norm(grads);
-  clip_grad_norm(grads, r.grad_norm, opt_.grad_clip);
   r.lr = warmup_cosine_lr(r.step, opt_.warmup, opt_.total_steps, opt_.lr, opt_.min_lr_ratio);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    std::string first;  // the first parameter (spec order) whose gradient is not finite
+    for (const auto& s : specs) {
+      if (!std::isfinite(grad_sum_of_squares(last_grads_.at(s.name)))) {
+        first = s.name;
+        break;
+      }
+    }
+    r.applied = false;
+    r.nonfinite = nonfinite_description(r.loss, r.grad_norm, first);
+    return r;
+  }
+  clip_grad_norm(grads, r.grad_norm, opt_.grad_clip);
   for (const auto& s : specs) {
     AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
                  static_cast<float>(opt_.eps), s.weight_decay ? static_cast<float>(opt_.weight_decay) : 0.0f};

@@ -31,6 +31,11 @@ struct StepResult {
   std::int64_t tokens = 0;  // valid input tokens processed
   double grad_norm = 0;     // before clipping
   double lr = 0;
+  // False when the loss or the gradient norm was not finite: the optimizer left every parameter
+  // and moment as it was, and `nonfinite` says which quantity (and the first unit or tensor whose
+  // gradient is not finite).
+  bool applied = true;
+  std::string nonfinite;
   std::int64_t bytes_gathered = 0;  // all ranks, this step (0 for the reference trainer)
   std::int64_t bytes_reduced = 0;
   // When requested: per micro-batch of the global batch (global order), its router choices.
@@ -43,6 +48,10 @@ struct TrainingState {
   TensorMap master;       // fp32, full, native layout
   TensorMap exp_avg, exp_avg_sq;
 };
+
+// "loss is nan", "gradient norm is inf (first non-finite: model.layers.3.mlp...)": what
+// StepResult::nonfinite says. `first` may be empty.
+std::string nonfinite_description(double loss, double grad_norm, const std::string& first);
 
 class TrainingEngine {
  public:

@@ -238,6 +238,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   double last_loss = 0;
   out << "starting from " << start_description << "\n";
   std::int64_t tokens_total = tokens_before;
+  std::int64_t skipped = 0;
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
     const auto step_start = clock::now();
     Batch batch = first_batch ? std::move(*first_batch) : data->next(t.global_batch, t.seq_len);
@@ -252,7 +253,26 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                            {"bytes_gathered", r.bytes_gathered}, {"bytes_reduced", r.bytes_reduced},
                            {"tokens_per_s", r.tokens / std::max(step_seconds, 1e-9)},
                            {"elapsed_s", elapsed}};
+    if (!r.applied) {
+      ++skipped;
+      line["skipped"] = true;  // a non-finite loss or norm is written as null
+      line["skipped_steps"] = skipped;
+      line["nonfinite"] = r.nonfinite;
+    }
     metrics << line.dump() << "\n" << std::flush;
+    if (!r.applied) {
+      if (!t.skip_nonfinite_steps) {
+        throw NonFiniteError(fmt::format("step {}: {}; the step was not applied and no checkpoint was saved "
+                                         "(train.on_nonfinite: stop)",
+                                         s, r.nonfinite));
+      }
+      if (skipped > t.max_skipped_steps) {
+        throw NonFiniteError(fmt::format("step {}: {}; {} steps skipped, more than train.max_skipped_steps ({})", s,
+                                         r.nonfinite, skipped, t.max_skipped_steps));
+      }
+      out << fmt::format("step {:>5}/{}  skipped: {} ({} skipped so far)\n", s, t.steps, r.nonfinite, skipped)
+          << std::flush;
+    }
     if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) {
       TrainingState state = engine->state();
       CheckpointContents contents{s,

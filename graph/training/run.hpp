@@ -5,6 +5,7 @@
 #include <iosfwd>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "graph/config.hpp"
@@ -12,6 +13,13 @@
 #include "graph/training/engine.hpp"
 
 namespace atl {
+
+// A step's loss or gradient norm was not finite (and train.on_nonfinite said stop, or too many
+// steps were skipped). Nothing was applied; atoll-train exits with code 3.
+class NonFiniteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct RunOptions {
   bool overwrite = false;  // replace the outputs of an earlier run in run_dir
