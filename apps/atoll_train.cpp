@@ -1,11 +1,13 @@
 // atoll-train CONFIG.yaml [--set key.path=value ...]: train a model as the config says.
 // Exit codes: 0 done, 2 bad config or command line (nothing written), 3 a non-finite loss or
-// gradient (docs/failures.md), 1 failure while running.
+// gradient, 143 / 130 stopped by SIGTERM / SIGINT after saving (docs/failures.md), 1 failure
+// while running.
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
 #include "actors/actor_engine.hpp"
+#include "apps/graceful_stop.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/config.hpp"
 #include "graph/data/data_source.hpp"
@@ -34,12 +36,17 @@ int main(int argc, char** argv) {
   }
 
   if (resume->count() > 0) options.resume = resume_from;
+  atl::install_graceful_stop();
+  options.stop_requested = atl::graceful_stop_signal;
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
     const atl::EngineFactory engine = config.topology.engine == atl::Engine::reference ? atl::make_reference_engine
                                                                                       : atl::make_actor_engine;
     atl::run_training(config, options, engine, std::cout);
     return 0;
+  } catch (const atl::RunStopped& e) {
+    std::cerr << "atoll-train: " << e.what() << "\n";
+    return 128 + e.signal();
   } catch (const atl::NonFiniteError& e) {
     std::cerr << "atoll-train: non-finite training: " << e.what() << "\n";
     return 3;

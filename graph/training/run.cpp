@@ -1,6 +1,7 @@
 #include "graph/training/run.hpp"
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -239,7 +240,45 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   out << "starting from " << start_description << "\n";
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
+  std::int64_t last_saved = -1;
+  fs::path last_saved_path;
+  auto save = [&](std::int64_t s) {
+    TrainingState state = engine->state();
+    CheckpointContents contents{s,
+                                std::move(state.master),
+                                std::move(state.exp_avg),
+                                std::move(state.exp_avg_sq),
+                                trainer_state_json(config, *model, *engine, s, tokens_total, *data),
+                                model->hf_config()};
+    const fs::path saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
+    last_saved = s;
+    last_saved_path = saved;
+    out << "checkpoint saved: " << saved.string() << "\n" << std::flush;
+    return saved;
+  };
+  auto write_trace = [&] {
+    if (options.trace_path.empty()) return;
+    auto trace = engine->chrome_trace();
+    if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
+    write_file_durably(options.trace_path, *trace);
+    out << "trace written to " << options.trace_path << "\n";
+  };
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
+    // A stop request (SIGTERM, SIGINT) ends the run between steps, saving the last finished one.
+    if (const int signal = options.stop_requested ? options.stop_requested() : 0; signal != 0) {
+      const std::int64_t done = s - 1;
+      std::string saved = "no checkpoint (checkpoint.every is 0)";
+      if (done < first_step) {
+        saved = "no step was taken";
+      } else if (config.checkpoint.every > 0) {
+        saved = "checkpoint " + (last_saved == done ? last_saved_path : save(done)).string() +
+                " holds it; continue with --resume";
+      }
+      metrics.close();
+      write_trace();
+      const std::string name = signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : std::to_string(signal);
+      throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", name, done, t.steps, saved));
+    }
     const auto step_start = clock::now();
     Batch batch = first_batch ? std::move(*first_batch) : data->next(t.global_batch, t.seq_len);
     first_batch.reset();
@@ -273,17 +312,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       out << fmt::format("step {:>5}/{}  skipped: {} ({} skipped so far)\n", s, t.steps, r.nonfinite, skipped)
           << std::flush;
     }
-    if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) {
-      TrainingState state = engine->state();
-      CheckpointContents contents{s,
-                                  std::move(state.master),
-                                  std::move(state.exp_avg),
-                                  std::move(state.exp_avg_sq),
-                                  trainer_state_json(config, *model, *engine, s, tokens_total, *data),
-                                  model->hf_config()};
-      const fs::path saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
-      out << "checkpoint saved: " << saved.string() << "\n" << std::flush;
-    }
+    if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) save(s);
     if (s == first_step || s % t.log_every == 0 || s == t.steps) {
       const double eta = elapsed / static_cast<double>(s - first_step + 1) * static_cast<double>(t.steps - s);
       out << fmt::format("step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  tokens/s {:.0f}  eta {}\n", s,
@@ -293,12 +322,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     }
   }
   metrics.close();
-  if (!options.trace_path.empty()) {
-    auto trace = engine->chrome_trace();
-    if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
-    write_file_durably(options.trace_path, *trace);
-    out << "trace written to " << options.trace_path << "\n";
-  }
+  write_trace();
   out << fmt::format("final loss={:.6f} steps={}\n", last_loss, t.steps) << std::flush;
   return last_loss;
 }

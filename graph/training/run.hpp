@@ -21,12 +21,25 @@ class NonFiniteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The run stopped early because a signal asked it to (after finishing a step and saving a
+// checkpoint when checkpoints are configured). atoll-train exits with 128 + signal.
+class RunStopped : public std::runtime_error {
+ public:
+  RunStopped(int signal, const std::string& what) : std::runtime_error(what), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 struct RunOptions {
   bool overwrite = false;  // replace the outputs of an earlier run in run_dir
   std::string trace_path;  // write a Chrome trace-event JSON here at the end (engines that record one)
   // Continue from a checkpoint (optimizer state, step, data position): a checkpoint directory, or
   // "" for the latest complete one under checkpoint.dir. Unset: start fresh.
   std::optional<std::string> resume;
+  // Polled after every step: a non-zero signal number ends the run there (RunStopped).
+  std::function<int()> stop_requested;
 };
 
 struct EngineInputs {

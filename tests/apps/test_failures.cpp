@@ -1,7 +1,16 @@
 // atoll-train when training goes wrong or is stopped (docs/failures.md): non-finite losses and
-// gradients, skipped steps.
+// gradients, skipped steps, SIGTERM.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -99,4 +108,80 @@ TEST_CASE("failures: train.on_nonfinite accepts stop and skip_step only", "[apps
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("train.on_nonfinite") != std::string::npos);
   CHECK_FALSE(fs::exists(tmp.path / "run"));
+}
+
+namespace {
+
+// Starts atoll-train with `args` (stdout, stderr to files in `scratch`); returns its pid.
+pid_t spawn_train(const std::vector<std::string>& args, const fs::path& scratch) {
+  const std::string binary = app_binary("atoll-train").string();
+  std::vector<std::string> all = {binary};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, (scratch / "stdout.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&files, 2, (scratch / "stderr.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, binary.c_str(), &files, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+std::size_t metric_lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::size_t n = 0;
+  for (std::string line; std::getline(in, line);) n += !line.empty();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("failures: SIGTERM finishes the step, saves, exits 143, and --resume reaches the uninterrupted result",
+          "[apps][failures][signals]") {
+  TempDir tmp;
+  const fs::path stopped = tmp.path / "stopped", straight = tmp.path / "straight";
+  auto args = [&](const fs::path& dir, std::vector<std::string> extra) {
+    std::vector<std::string> a = {source_path("configs/beam-tiny.yaml").string(), "--set", "run_dir=" + dir.string(),
+                                  "--set", "train.steps=24", "--set", "checkpoint.every=100"};
+    for (auto& e : extra) {
+      a.push_back("--set");
+      a.push_back(std::move(e));
+    }
+    return a;
+  };
+  // Slowed down by an injected all-gather delay (it changes no number) so the signal lands mid-run.
+  const pid_t pid = spawn_train(args(stopped, {"topology.sim_delay_ms={all_gather: 25}"}), tmp.path);
+  for (int i = 0; i < 600 && metric_lines(stopped / "metrics.jsonl") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(metric_lines(stopped / "metrics.jsonl") >= 2);
+  REQUIRE(kill(pid, SIGTERM) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  const std::string err = read_file(tmp.path / "stderr.txt");
+  INFO(err);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 143);
+  CHECK(err.find("stopped by SIGTERM after step") != std::string::npos);
+  CHECK(err.find("--resume") != std::string::npos);
+  const std::size_t done = metric_lines(stopped / "metrics.jsonl");
+  REQUIRE(done < 24);  // it really stopped early
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08zu", done);
+  CHECK(fs::exists(stopped / "checkpoints" / name / "COMPLETE"));  // the last finished step, saved
+
+  const Result resumed = run_app("atoll-train", [&] {
+    auto a = args(stopped, {});
+    a.push_back("--resume");
+    return a;
+  }(), tmp.path);
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  const Result whole = run_app("atoll-train", args(straight, {}), tmp.path);
+  REQUIRE(whole.exit_code == 0);
+  CHECK(metrics_without_timing(stopped / "metrics.jsonl") == metrics_without_timing(straight / "metrics.jsonl"));
 }

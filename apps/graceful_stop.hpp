@@ -1,0 +1,12 @@
+// SIGTERM and SIGINT as a request to stop: the first one is recorded and the run loop ends after
+// the current step (saving a checkpoint); a second one ends the process at once, as the default
+// action would. Clusters (Slurm preemption, Kubernetes) send SIGTERM and wait a grace period.
+#pragma once
+
+namespace atl {
+
+void install_graceful_stop();
+// The signal that asked to stop (SIGTERM or SIGINT), or 0.
+int graceful_stop_signal();
+
+}  // namespace atl
