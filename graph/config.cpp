@@ -182,6 +182,25 @@ DataConfig read_data(ConfigReader reader) {
   reader.check(data.token_width == 0 || data.token_width == 2 || data.token_width == 4, "token_width",
                "2 or 4 (bytes per token), or 0 for the file extension");
   data.loop = reader.get<bool>("loop", true);
+  // A key set for a source it does not apply to is a mistake (it would be ignored). A resolved
+  // config (to_json) lists every key at its default, so defaults pass.
+  const DataConfig defaults;
+  const std::string source_name = source.substr(0, source.find(':'));
+  auto applies_only_to = [&](const char* key, bool applies, bool is_default, const char* where) {
+    if (!applies && !is_default) {
+      reader.fail(key, fmt::format("applies to {} only; data.source is {}", where, source_name));
+    }
+  };
+  const bool synthetic = data.kind == DataSourceKind::synthetic, tokens = data.kind == DataSourceKind::tokens;
+  applies_only_to("synthetic_branching", synthetic, data.synthetic_branching == defaults.synthetic_branching,
+                  "data.source: synthetic");
+  applies_only_to("synthetic_min_doc", synthetic, data.synthetic_min_doc == defaults.synthetic_min_doc,
+                  "data.source: synthetic");
+  applies_only_to("synthetic_max_doc", synthetic, data.synthetic_max_doc == defaults.synthetic_max_doc,
+                  "data.source: synthetic");
+  applies_only_to("eos_id", tokens, !data.eos_id.has_value(), "data.source: tokens:<path>");
+  applies_only_to("token_width", tokens, data.token_width == defaults.token_width, "data.source: tokens:<path>");
+  applies_only_to("loop", !synthetic, data.loop == defaults.loop, "file sources (text:<path>, tokens:<path>)");
   reader.finish();
   return data;
 }
@@ -205,6 +224,7 @@ ModelSection read_model(ConfigReader reader) {
 
 RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& sets) {
+  check_config_text(yaml_text, source_name);
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -213,6 +233,7 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
                       fmt::format("line {}, column {}: YAML syntax error: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
   }
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  check_no_duplicate_keys(root, source_name);
   if (!root.IsMap()) {
     throw ConfigError(source_name, "",
                       "expected a mapping of keys at the top level, got " + ConfigReader::describe_value(root));
@@ -249,6 +270,10 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError(path, "", "is a directory; expected a YAML config file (e.g. configs/beam-tiny.yaml)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path, "", fmt::format("cannot open config file: {}", std::strerror(errno)));
   std::ostringstream text;

@@ -191,7 +191,65 @@ std::string ConfigReader::describe_value(const YAML::Node& node) {
   if (node.IsSequence()) return "a list";
   const std::string& text = node.Scalar();
   if (node.Tag() != "!" && (parse_config_number(text) || parse_config_bool(text))) return text;
-  return "'" + text + "'";
+  // Quoted, at most 60 characters, anything unprintable as \xNN: an error message never echoes
+  // a whole (possibly binary) input.
+  constexpr std::size_t kShown = 60;
+  std::string shown;
+  for (std::size_t i = 0; i < text.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    shown += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  if (text.size() > kShown) shown += fmt::format("... ({} characters)", text.size());
+  return "'" + shown + "'";
 }
+
+void check_config_text(const std::string& text, const std::string& file) {
+  std::size_t line = 1;
+  int depth = 0, deepest = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') ++line;
+    if (c == 0 || (c < 0x20 && c != '\n' && c != '\r' && c != '\t')) {
+      throw ConfigError(file, "", fmt::format("not a text file (byte {} on line {} is 0x{:02x}); expected a YAML config",
+                                              i, line, c));
+    }
+    // Flow collections ([..], {..}) nest; quoted text does not count, and YAML comments cannot
+    // hold brackets that matter for this bound.
+    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    if ((c == ']' || c == '}') && depth > 0) --depth;
+    if (deepest > kMaxConfigDepth) {
+      throw ConfigError(file, "", fmt::format("line {}: nested more than {} levels deep; a config is a few levels of "
+                                              "mappings",
+                                              line, kMaxConfigDepth));
+    }
+  }
+}
+
+namespace {
+void check_duplicates(const YAML::Node& node, const std::string& file, const std::string& prefix, int depth) {
+  if (depth > kMaxConfigDepth) {
+    throw ConfigError(file, prefix, fmt::format("nested more than {} levels deep", kMaxConfigDepth));
+  }
+  if (node.IsMap()) {
+    std::vector<std::string> seen;
+    for (const auto& entry : node) {
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : std::string("?");
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+        throw ConfigError(file, path, fmt::format("duplicated key (line {}); each key may appear once",
+                                                  entry.first.Mark().line + 1));
+      }
+      seen.push_back(key);
+      check_duplicates(entry.second, file, path, depth + 1);
+    }
+  } else if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      check_duplicates(node[i], file, prefix + "[" + std::to_string(i) + "]", depth + 1);
+    }
+  }
+}
+}  // namespace
+
+void check_no_duplicate_keys(const YAML::Node& root, const std::string& file) { check_duplicates(root, file, "", 0); }
 
 }  // namespace atl

@@ -90,6 +90,15 @@ std::optional<std::uint64_t> parse_config_unsigned(const std::string& text);
 std::optional<double> parse_config_number(const std::string& text);  // finite only
 std::optional<bool> parse_config_bool(const std::string& text);
 
+// Deepest nesting a config may have (flow brackets or mappings); deeper input is refused.
+inline constexpr int kMaxConfigDepth = 64;
+// Before parsing: throws ConfigError for a binary file (NUL or control bytes) or nesting deeper than
+// kMaxConfigDepth, naming the line, never echoing the input.
+void check_config_text(const std::string& text, const std::string& file);
+// After parsing: a key that appears twice in one mapping is a ConfigError naming it and its line
+// (YAML parsers keep the first silently).
+void check_no_duplicate_keys(const YAML::Node& root, const std::string& file);
+
 // A YAML tree as JSON: scalars become integers, numbers, booleans or null where they parse so, else strings.
 nlohmann::json yaml_to_json(const YAML::Node& node);
 

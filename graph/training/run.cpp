@@ -1,6 +1,10 @@
 #include "graph/training/run.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +46,42 @@ void check_reference_supports(const RunConfig& c) {
     throw ConfigError(c.source_file, "topology.backend",
                       std::string("only sim runs in this build, got ") + backend_name(c.topology.backend));
   }
+}
+
+// An output path must be a directory (or a file, for `as_file`) we can create or write: checked
+// before the first step, so a typo fails in a second instead of after the run.
+void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    if (as_file && fs::is_directory(path, ec)) throw ConfigError(file, key, "'" + path.string() + "' is a directory");
+    if (!as_file && !fs::is_directory(path, ec)) {
+      throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
+    }
+    const fs::path dir = as_file ? (path.has_parent_path() ? path.parent_path() : fs::path(".")) : path;
+    if (::access(dir.c_str(), W_OK) != 0) {
+      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + std::strerror(errno));
+    }
+    return;
+  }
+  // Not there yet: the nearest existing ancestor must be a writable directory.
+  fs::path ancestor = fs::absolute(path, ec).parent_path();
+  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path()) {
+    ancestor = ancestor.parent_path();
+  }
+  if (!fs::is_directory(ancestor, ec)) {
+    throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() + "' is not a directory");
+  }
+  if (::access(ancestor.c_str(), W_OK) != 0) {
+    throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() +
+                                     "' is not writable: " + std::strerror(errno));
+  }
+}
+
+void check_outputs(const RunConfig& config, const RunOptions& options) {
+  check_output_path(config.run_dir, false, config.source_file, "run_dir");
+  if (config.checkpoint.every > 0) check_output_path(config.checkpoint.dir, false, config.source_file, "checkpoint.dir");
+  if (!options.trace_path.empty()) check_output_path(options.trace_path, true, config.source_file, "--trace");
 }
 
 }  // namespace
@@ -187,6 +227,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
 
   // The first batch is read before anything is written, so a bad data file leaves run_dir alone.
   std::optional<Batch> first_batch = data->next(t.global_batch, t.seq_len);
+  check_outputs(config, options);
 
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;

@@ -185,3 +185,56 @@ TEST_CASE("failures: SIGTERM finishes the step, saves, exits 143, and --resume r
   REQUIRE(whole.exit_code == 0);
   CHECK(metrics_without_timing(stopped / "metrics.jsonl") == metrics_without_timing(straight / "metrics.jsonl"));
 }
+
+TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the problem and write nothing",
+          "[apps][failures][config]") {
+  TempDir tmp;
+  const fs::path file = tmp.path / "a-file";
+  write_file(file, "x");
+  const fs::path base = source_path("configs/beam-tiny.yaml");
+  const std::string run_dir = "run_dir=" + (tmp.path / "run").string();
+  std::string binary;
+  for (int i = 0; i < 5000; ++i) binary += static_cast<char>(i % 256);
+  write_file(tmp.path / "binary.yaml", binary);
+  write_file(tmp.path / "deep.yaml", "model: {family: beam}\nx: " + std::string(500, '[') + std::string(500, ']') + "\n");
+  write_file(tmp.path / "dup.yaml", "model: {family: beam}\ntrain: {steps: 2, global_batch: 4, micro_batch: 2,\n"
+                                    "  seq_len: 32, lr: 1.0e-3, steps: 3}\n");
+  write_file(tmp.path / "long.yaml", "model: {family: " + std::string(5000, 'q') + "}\n");
+  struct Case {
+    const char* what;
+    std::vector<std::string> args;
+    std::vector<std::string> expected;  // all in stderr
+  };
+  const std::vector<Case> cases = {
+      {"a directory as the config", {tmp.path.string()}, {"is a directory", "YAML config file"}},
+      {"a binary config", {(tmp.path / "binary.yaml").string()}, {"not a text file", "byte 0"}},
+      {"nesting 500 deep", {(tmp.path / "deep.yaml").string()}, {"line 2", "nested more than 64 levels"}},
+      {"a duplicated key", {(tmp.path / "dup.yaml").string()}, {"train.steps", "duplicated key (line 3)"}},
+      {"a 5000-character value", {(tmp.path / "long.yaml").string()}, {"model.family", "(5000 characters)"}},
+      {"a data key for another source", {base.string(), "--set", "data.token_width=2"},
+       {"data.token_width", "applies to data.source: tokens:<path> only"}},
+      {"a synthetic key for a file source", {base.string(), "--set", "data.source=text:" + base.string(), "--set",
+                                             "data.synthetic_branching=3"},
+       {"data.synthetic_branching", "applies to data.source: synthetic only"}},
+      {"run_dir is a file", {base.string(), "--set", "run_dir=" + file.string()}, {"run_dir", "not a directory"}},
+      {"checkpoint.dir under a file",
+       {base.string(), "--set", "checkpoint.every=2", "--set", "checkpoint.dir=" + (file / "ck").string()},
+       {"checkpoint.dir", "is not a directory"}},
+      {"--trace under a file", {base.string(), "--trace", (file / "trace.json").string()},
+       {"--trace", "is not a directory"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    std::vector<std::string> args = c.args;
+    if (c.args.size() == 1 || c.args[2].rfind("run_dir=", 0) != 0) {
+      args.push_back("--set");
+      args.push_back(run_dir);
+    }
+    const Result r = run_app("atoll-train", args, tmp.path);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    for (const auto& e : c.expected) CHECK(r.err.find(e) != std::string::npos);
+    CHECK(r.err.size() < 400);  // one line, no echo of the input
+    CHECK_FALSE(fs::exists(tmp.path / "run"));
+  }
+}
