@@ -1,7 +1,9 @@
 // atoll-eval CONFIG --checkpoint DIR [--batches N] [--dump-logits FILE --tokens FILE]
 // Loss and perplexity of a checkpoint over the config's data source; with --dump-logits, the
 // fp32 logits of the token rows in --tokens as a safetensors file (tensor `logits` [B, S, V]).
-// Exit codes: 0 done, 2 bad input, 1 other failures.
+// Exit codes: 0 done, 2 bad input (a checkpoint with NaN/inf weights too, unless
+// --allow-nonfinite), 3 the loss is not finite, 1 other failures.
+#include <cmath>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   auto* dump = app.add_option("--dump-logits", dump_logits, "write the fp32 logits of --tokens rows here");
   auto* rows = app.add_option("--tokens", tokens, "safetensors file with input_ids, positions, valid [B, S]");
+  bool allow_nonfinite = false;
+  app.add_flag("--allow-nonfinite", allow_nonfinite,
+               "load a checkpoint whose weights hold NaN or infinities (to inspect a broken run)");
   dump->needs(rows);
   rows->needs(dump);
   try {
@@ -33,7 +38,7 @@ int main(int argc, char** argv) {
   try {
     const atl::RunConfig config = atl::load_run_config(config_path, sets);
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
-    const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint);
+    const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint, allow_nonfinite);
     if (!dump_logits.empty()) {
       atl::TensorMap out;
       out.insert("logits", atl::model_logits(*model, master, config.precision, atl::read_token_rows(tokens, model->unpadded_vocab_size())));
@@ -46,6 +51,10 @@ int main(int argc, char** argv) {
                                             config.train.seq_len, batches);
     std::cout << fmt::format("eval loss={:.6f} perplexity={:.4f} targets={} batches={}\n", r.loss, r.perplexity,
                              r.targets, r.batches);
+    if (!std::isfinite(r.loss)) {
+      std::cerr << "atoll-eval: the loss is not finite\n";
+      return 3;
+    }
     return 0;
   } catch (const atl::ConfigError& e) {
     std::cerr << "atoll-eval: config error: " << e.what() << "\n";

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -10,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/manifest.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 
 namespace atl {
@@ -78,6 +80,23 @@ void check_optimizer_matches(const fs::path& file, const TensorMap& model, const
   }
 }
 
+// Every value finite (and >= 0 for a second moment); the first offender is named.
+void check_values(const fs::path& file, const std::string& what, const Tensor& t, bool non_negative) {
+  if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) return;
+  const Tensor values = t.dtype() == DType::f32 ? t : t.to(DType::f32);
+  const float* v = values.data<float>();
+  for (std::int64_t i = 0; i < values.numel(); ++i) {
+    if (!std::isfinite(v[i])) {
+      fail(file, fmt::format("{} holds {} at element {}: refused (atoll-eval --allow-nonfinite loads it for inspection)",
+                             what, std::isnan(v[i]) ? "NaN" : "an infinity", i));
+    }
+    if (non_negative && v[i] < 0.0f) {
+      fail(file, fmt::format("{} holds {} at element {}, but a second moment is a mean of squares (>= 0)", what,
+                             v[i], i));
+    }
+  }
+}
+
 json read_json_file(const fs::path& file) {
   if (!fs::is_regular_file(file)) fail(file, "missing");
   std::string text;
@@ -108,6 +127,12 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   if (contents.step < 0) fail(final_dir, fmt::format("step must be non-negative, got {}", contents.step));
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg, kExpAvgPrefix);
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg_sq, kExpAvgSqPrefix);
+  // Never write what a load would refuse.
+  for (const auto& n : contents.model.names()) {
+    check_values(final_dir, "weight '" + n + "'", contents.model.at(n), false);
+    check_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false);
+    check_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true);
+  }
   json trainer_state = contents.trainer_state.is_null() ? json::object() : contents.trainer_state;
   if (!trainer_state.is_object()) fail(final_dir, "trainer_state must be a JSON object");
   if (auto it = trainer_state.find("step"); it != trainer_state.end() && *it != json(contents.step)) {
@@ -131,8 +156,10 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
     write_safetensors(temporary / kOptimizerFile, moments);
     write_file_durably(temporary / kTrainerStateFile, trainer_state.dump(2) + "\n");
     write_file_durably(temporary / kConfigFile, config.dump(2) + "\n");
-    // Last: its presence says every other file is complete and durable.
-    write_file_durably(temporary / kComplete, fmt::format("{}\n", contents.step));
+    // Last: its presence says every other file is complete and durable; it lists their sizes
+    // and checksums, verified on load.
+    write_file_durably(temporary / kComplete,
+                       make_manifest(temporary, contents.step, std::string(kComplete)).dump(2) + "\n");
     fsync_directory(temporary);
   } catch (...) {
     std::error_code ignored;
@@ -205,13 +232,14 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   return dirs.back();
 }
 
-CheckpointContents load_checkpoint(const fs::path& dir_in) {
+CheckpointContents load_checkpoint(const fs::path& dir_in, const CheckpointLoadOptions& options) {
   const fs::path dir = normalised(dir_in);
   if (!fs::is_directory(dir)) fail(dir, "not a checkpoint directory (missing or not a directory)");
   if (!fs::is_regular_file(dir / kComplete)) {
     fail(dir / kComplete, "missing: the checkpoint is incomplete (its save did not finish)");
   }
 
+  verify_manifest(dir, std::string(kComplete));
   CheckpointContents c;
   c.model = read_model_files(dir).tensors;
 
@@ -233,6 +261,13 @@ CheckpointContents load_checkpoint(const fs::path& dir_in) {
   for (const auto& n : c.model.names()) {
     c.exp_avg.insert(n, exp_avg.at(n));
     c.exp_avg_sq.insert(n, exp_avg_sq.at(n));
+  }
+  if (!options.allow_nonfinite) {
+    for (const auto& n : c.model.names()) {
+      check_values(dir, "weight '" + n + "'", c.model.at(n), false);
+      check_values(optimizer_file, std::string(kExpAvgPrefix) + n, c.exp_avg.at(n), false);
+      check_values(optimizer_file, std::string(kExpAvgSqPrefix) + n, c.exp_avg_sq.at(n), true);
+    }
   }
 
   const fs::path state_file = dir / kTrainerStateFile;

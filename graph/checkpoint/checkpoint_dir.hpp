@@ -44,9 +44,16 @@ std::vector<std::filesystem::path> complete_checkpoints(const std::filesystem::p
 // The complete checkpoint with the highest step; nullopt when there is none (or no root).
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
 
-// Loads and validates a checkpoint directory: COMPLETE present, every file parses, optimizer tensors
-// match the model's names and shapes, trainer_state.json's step matches the directory name.
-// model is sorted by name (as read_model_files returns it); exp_avg and exp_avg_sq follow model's order.
-CheckpointContents load_checkpoint(const std::filesystem::path& dir);
+struct CheckpointLoadOptions {
+  // Accept NaN / inf in weights and moments (atoll-eval --allow-nonfinite, to inspect a broken run).
+  bool allow_nonfinite = false;
+};
+
+// Loads and validates a checkpoint directory: COMPLETE present and its manifest matching every
+// file (manifest.hpp), every file parses, optimizer tensors match the model's names and shapes,
+// trainer_state.json's step matches the directory name, weights and moments are finite and every
+// exp_avg_sq is >= 0. model is sorted by name (as read_model_files returns it); exp_avg and
+// exp_avg_sq follow model's order.
+CheckpointContents load_checkpoint(const std::filesystem::path& dir, const CheckpointLoadOptions& options = {});
 
 }  // namespace atl

@@ -1,10 +1,13 @@
 #include "graph/checkpoint/hf_export.hpp"
 
 #include <fstream>
+
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/model_weights.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "graph/models/model.hpp"
 
@@ -34,9 +37,11 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   const RunConfig config = checkpoint_run_config(checkpoint_dir);
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   CheckpointContents contents = load_checkpoint(checkpoint_dir);
+  // Names, shapes and dtypes exactly the model's: nothing else is exported.
+  const TensorMap master = model_weights_from(*model, contents.model, checkpoint_dir.string());
   TensorMap native;
   for (const auto& s : model->specs()) {
-    const Tensor& t = contents.model.at(s.name);
+    const Tensor& t = master.at(s.name);
     native.insert(s.name, (bulk_dtype == DType::bf16 && !s.island) ? t.to(DType::bf16) : t);
   }
   const fs::path tmp = out_dir.parent_path() / (".tmp-" + out_dir.filename().string() + "-" + std::to_string(::getpid()));
@@ -68,6 +73,10 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   contents.step = 0;
   for (const auto& s : model->specs()) {
     const Tensor& t = native.at(s.name);
+    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
+      throw CheckpointError(fmt::format("{}: tensor for '{}' is {}; weights must be F32 or BF16", hf_dir.string(),
+                                        s.name, t.describe()));
+    }
     contents.model.insert(s.name, t.dtype() == DType::f32 ? t : t.to(DType::f32));  // masters are fp32
   }
   contents.exp_avg = TensorMap::zeros_like(model->specs());

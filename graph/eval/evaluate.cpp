@@ -71,8 +71,10 @@ Tensor model_logits(const Model& model, const TensorMap& master, Precision preci
   return logits;
 }
 
-TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir) {
-  return model_weights_from(model, load_checkpoint(checkpoint_dir).model, checkpoint_dir.string());
+TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir, bool allow_nonfinite) {
+  CheckpointLoadOptions options;
+  options.allow_nonfinite = allow_nonfinite;
+  return model_weights_from(model, load_checkpoint(checkpoint_dir, options).model, checkpoint_dir.string());
 }
 
 }  // namespace atl

@@ -29,6 +29,7 @@ Batch read_token_rows(const std::filesystem::path& file, std::int64_t usable_voc
 Tensor model_logits(const Model& model, const TensorMap& master, Precision precision, const Batch& rows);
 
 // The masters of a training checkpoint, checked against the model.
-TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir);
+TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir,
+                             bool allow_nonfinite = false);
 
 }  // namespace atl

@@ -150,6 +150,26 @@ void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state
   same("data", nullptr);
 }
 
+// A training checkpoint carries what a run needs to continue exactly; without it a resume would
+// silently restart the data stream or the token count. (An import, at step 0, carries none.)
+void check_resumable_state(const nlohmann::json& state, const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "trainer_state.json";
+  if (state.contains("imported_from")) return;
+  auto need = [&](const char* key, bool ok, const char* expected) {
+    if (!state.contains(key)) {
+      throw CheckpointError(fmt::format("{}: \"{}\" is missing (expected {}); --resume cannot continue the run",
+                                        file.string(), key, expected));
+    }
+    if (!ok) throw CheckpointError(fmt::format("{}: \"{}\" must be {}", file.string(), key, expected));
+  };
+  need("data_cursor", state.contains("data_cursor") && state.at("data_cursor").is_object(), "a JSON object");
+  need("tokens",
+       state.contains("tokens") && state.at("tokens").is_number_integer() && state.at("tokens").get<std::int64_t>() >= 0,
+       "a non-negative integer");
+  need("config", state.contains("config") && state.at("config").is_object(), "the run's resolved config (an object)");
+  need("seed", state.contains("seed") && state.at("seed").is_number_unsigned(), "a non-negative integer");
+}
+
 // Where the run starts: a resumed checkpoint, weights to fine-tune from, or a fresh init.
 struct StartingPoint {
   TrainingState state;
@@ -173,6 +193,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
     }
     CheckpointContents c = load_checkpoint(dir);
     TensorMap master = model_weights_from(model, c.model, dir.string());
+    check_resumable_state(c.trainer_state, dir);
     check_same_run(config, c.trainer_state, dir);
     if (c.step >= config.train.steps) {
       throw ConfigError(config.source_file, "train.steps",
@@ -181,7 +202,9 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
     }
     start.state = {c.step, std::move(master), model_weights_from(model, c.exp_avg, dir.string() + " (exp_avg)"),
                    model_weights_from(model, c.exp_avg_sq, dir.string() + " (exp_avg_sq)")};
-    if (c.trainer_state.contains("data_cursor")) start.data_cursor = c.trainer_state.at("data_cursor");
+    if (c.trainer_state.contains("data_cursor")) {
+      start.data_cursor = c.trainer_state.at("data_cursor");
+    }
     start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
     start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
     return start;

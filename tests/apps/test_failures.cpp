@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,9 +18,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "graph/checkpoint/manifest.hpp"
+#include "graph/checkpoint/safetensors.hpp"
 #include "tests/apps/app_test_support.hpp"
 
 namespace fs = std::filesystem;
+using namespace atl;
 using namespace atl::testing;
 
 namespace {
@@ -237,4 +242,87 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
     CHECK(r.err.size() < 400);  // one line, no echo of the input
     CHECK_FALSE(fs::exists(tmp.path / "run"));
   }
+}
+
+namespace {
+
+// Rewrites one tensor of a safetensors file with `edit`, then the checkpoint's manifest, so the
+// checkpoint is self-consistent and only its values are wrong.
+void edit_checkpoint_tensor(const fs::path& dir, const std::string& file, const std::string& name,
+                            const std::function<Tensor(const Tensor&)>& edit) {
+  const TensorMap old = read_safetensors(dir / file).tensors;
+  TensorMap updated;
+  for (const auto& n : old.names()) updated.insert(n, n == name ? edit(old.at(n).clone()) : old.at(n));
+  write_safetensors(dir / file, updated);
+  write_file(dir / "COMPLETE", make_manifest(dir, 2, "COMPLETE").dump());
+}
+
+fs::path copy_checkpoint(const fs::path& good, const fs::path& to) {
+  fs::create_directories(to.parent_path());
+  fs::copy(good, to);
+  return to;
+}
+
+}  // namespace
+
+TEST_CASE("failures: checkpoints with NaN weights, negative second moments, no data cursor or I32 weights are refused",
+          "[apps][failures][checkpoint]") {
+  TempDir tmp;
+  const fs::path config = source_path("configs/beam-tiny.yaml");
+  const std::vector<std::string> base = {config.string(), "--set", "run_dir=" + (tmp.path / "run").string(),
+                                         "--set", "train.steps=2", "--set", "checkpoint.every=2"};
+  REQUIRE(run_app("atoll-train", base, tmp.path).exit_code == 0);
+  const fs::path good = tmp.path / "run" / "checkpoints" / "step-00000002";
+  auto resume = [&](const fs::path& dir) {
+    std::vector<std::string> a = {config.string(), "--set", "run_dir=" + (tmp.path / "resumed").string(),
+                                  "--set", "train.steps=4", "--resume", dir.string()};
+    return run_app("atoll-train", a, tmp.path);
+  };
+
+  const fs::path nan = copy_checkpoint(good, tmp.path / "nan" / "step-00000002");
+  edit_checkpoint_tensor(nan, "model.safetensors", "lm_head.weight", [](Tensor t) {
+    t.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+    return t;
+  });
+  Result r = resume(nan);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("weight 'lm_head.weight' holds NaN at element 5") != std::string::npos);
+  const std::vector<std::string> eval = {config.string(), "--checkpoint", nan.string(), "--batches", "1"};
+  r = run_app("atoll-eval", eval, tmp.path);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--allow-nonfinite") != std::string::npos);
+  auto inspect = eval;
+  inspect.push_back("--allow-nonfinite");
+  r = run_app("atoll-eval", inspect, tmp.path);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 3);  // loaded for inspection; a NaN loss is still not a success
+
+  const fs::path negative = copy_checkpoint(good, tmp.path / "negative" / "step-00000002");
+  edit_checkpoint_tensor(negative, "optimizer.safetensors", "exp_avg_sq.model.norm.weight", [](Tensor t) {
+    t.data<float>()[0] = -1.0f;
+    return t;
+  });
+  r = resume(negative);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("exp_avg_sq.model.norm.weight holds -1 at element 0") != std::string::npos);
+
+  const fs::path no_cursor = copy_checkpoint(good, tmp.path / "cursor" / "step-00000002");
+  {
+    nlohmann::json state = nlohmann::json::parse(read_file(no_cursor / "trainer_state.json"));
+    state.erase("data_cursor");
+    write_file(no_cursor / "trainer_state.json", state.dump());
+    write_file(no_cursor / "COMPLETE", make_manifest(no_cursor, 2, "COMPLETE").dump());
+  }
+  r = resume(no_cursor);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("\"data_cursor\" is missing") != std::string::npos);
+
+  const fs::path int_weights = copy_checkpoint(good, tmp.path / "i32" / "step-00000002");
+  edit_checkpoint_tensor(int_weights, "model.safetensors", "model.norm.weight",
+                         [](const Tensor& t) { return t.to(DType::i32); });
+  r = run_app("atoll-convert", {"export", int_weights.string(), (tmp.path / "hf").string()}, tmp.path);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("model.norm.weight") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path / "hf"));
+  CHECK_FALSE(fs::exists(tmp.path / "resumed" / "metrics.jsonl"));  // no refused resume wrote anything
 }

@@ -6,8 +6,10 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/manifest.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "tests/graph/checkpoint_test_support.hpp"
 
@@ -35,7 +38,9 @@ CheckpointContents make_contents(std::int64_t step, std::uint64_t seed) {
   for (const auto& [name, shape] : params) {
     c.model.insert(name, random_f32(shape, s++));
     c.exp_avg.insert(name, random_f32(shape, s++));
-    c.exp_avg_sq.insert(name, random_f32(shape, s++));
+    Tensor second = random_f32(shape, s++);
+    for (float& v : second.span<float>()) v = std::abs(v);  // a second moment is >= 0
+    c.exp_avg_sq.insert(name, second);
   }
   c.trainer_state = {{"data_cursor", {{"document", 17 + step}, {"offset", 3}}},
                      {"seed", seed},
@@ -168,6 +173,11 @@ TEST_CASE("checkpoint dir: saving a step that exists replaces it", "[checkpoint]
   check_same(load_checkpoint(dir), make_contents(10, 6));
 }
 
+// Rewrites a checkpoint's manifest for its current files, as if a (buggy) writer had saved them.
+void reseal(const fs::path& dir) {
+  write_bytes(dir / "COMPLETE", make_manifest(dir, 7, "COMPLETE").dump());
+}
+
 TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and fault", "[checkpoint]") {
   TempDir tmp;
   int n = 0;
@@ -185,6 +195,7 @@ TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and 
     }
     write_safetensors(missing_moment / "optimizer.safetensors", moments);
   }
+  reseal(missing_moment);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(missing_moment),
              Contains((missing_moment / "optimizer.safetensors").string()) && Contains("no exp_avg_sq.lm_head.weight"));
 
@@ -197,6 +208,7 @@ TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and 
     }
     write_safetensors(wrong_shape / "optimizer.safetensors", moments);
   }
+  reseal(wrong_shape);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(wrong_shape), Contains("optimizer.safetensors") && Contains("exp_avg.model.norm.weight has shape [5]"));
 
   fs::path stranger = fresh();
@@ -205,6 +217,7 @@ TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and 
     moments.insert("momentum.lm_head.weight", c.exp_avg.at("lm_head.weight"));
     write_safetensors(stranger / "optimizer.safetensors", moments);
   }
+  reseal(stranger);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(stranger), Contains("optimizer.safetensors") && Contains("'momentum.lm_head.weight'"));
 
   fs::path extra = fresh();
@@ -213,22 +226,27 @@ TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and 
     moments.insert("exp_avg.ghost", random_f32({2}, 3));
     write_safetensors(extra / "optimizer.safetensors", moments);
   }
+  reseal(extra);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(extra), Contains("optimizer.safetensors") && Contains("no parameter 'ghost'"));
 
   fs::path truncated_model = fresh();
   fs::resize_file(truncated_model / "model.safetensors", fs::file_size(truncated_model / "model.safetensors") - 1);
+  reseal(truncated_model);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(truncated_model), Contains((truncated_model / "model.safetensors").string()) && Contains("truncated"));
 
   fs::path bad_state = fresh();
   write_bytes(bad_state / "trainer_state.json", "{\"step\": 7,");
+  reseal(bad_state);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(bad_state), Contains((bad_state / "trainer_state.json").string()) && Contains("invalid JSON"));
 
   fs::path wrong_step = fresh();
   write_bytes(wrong_step / "trainer_state.json", "{\"step\": 8}");
+  reseal(wrong_step);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(wrong_step), Contains("trainer_state.json") && Contains("does not match the directory name"));
 
   fs::path no_step = fresh();
   write_bytes(no_step / "trainer_state.json", "{\"seed\": 8}");
+  reseal(no_step);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(no_step), Contains("trainer_state.json") && Contains("\"step\""));
 
   fs::path no_config = fresh();
@@ -240,6 +258,39 @@ TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and 
   CHECK_THAT(load_error(no_optimizer), Contains((no_optimizer / "optimizer.safetensors").string()));
 
   CHECK_THAT(load_error(tmp.path / "absent"), Contains("absent") && Contains("not a checkpoint directory"));
+}
+
+TEST_CASE("checkpoint dir: the manifest refuses a flipped byte, a foreign file and a bogus marker", "[checkpoint]") {
+  TempDir tmp;
+  int n = 0;
+  auto fresh = [&]() { return save_checkpoint(tmp.path / ("root" + std::to_string(n++)), make_contents(7, 8), 0); };
+
+  const fs::path flipped = fresh();
+  {
+    // One bit of the last tensor byte (data, not header): still a well-formed safetensors file.
+    std::fstream f(flipped / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char byte = 0;
+    f.get(byte);
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(byte ^ 0x10));
+  }
+  CHECK_THAT(load_error(flipped), Contains((flipped / "model.safetensors").string()) && Contains("checksum differs"));
+
+  const fs::path foreign = fresh();
+  write_bytes(foreign / "model-00002-of-00002.safetensors", "x");
+  CHECK_THAT(load_error(foreign), Contains("model-00002-of-00002.safetensors") && Contains("not in its manifest"));
+
+  const fs::path bogus = fresh();
+  write_bytes(bogus / "COMPLETE", "done, trust me\n");
+  CHECK_THAT(load_error(bogus), Contains((bogus / "COMPLETE").string()) && Contains("not a checkpoint manifest"));
+
+  // A checkpoint written before manifests (COMPLETE holds the step) still loads.
+  const fs::path legacy = fresh();
+  write_bytes(legacy / "COMPLETE", "7\n");
+  CHECK(load_checkpoint(legacy).step == 7);
+  CHECK_FALSE(verify_manifest(legacy, "COMPLETE"));
+  CHECK(verify_manifest(fresh(), "COMPLETE"));
 }
 
 TEST_CASE("checkpoint dir: save refuses inconsistent contents and writes nothing", "[checkpoint]") {
@@ -273,7 +324,9 @@ TEST_CASE("checkpoint dir: a save process killed at arbitrary points leaves a lo
     CheckpointContents c = make_contents(step, static_cast<std::uint64_t>(step));
     c.model.insert("big", random_f32({256, 256}, static_cast<std::uint64_t>(step)));
     c.exp_avg.insert("big", random_f32({256, 256}, 1000 + static_cast<std::uint64_t>(step)));
-    c.exp_avg_sq.insert("big", random_f32({256, 256}, 2000 + static_cast<std::uint64_t>(step)));
+    Tensor second = random_f32({256, 256}, 2000 + static_cast<std::uint64_t>(step));
+    for (float& v : second.span<float>()) v = std::abs(v);
+    c.exp_avg_sq.insert("big", second);
     return c;
   };
   std::int64_t next_step = 1;
