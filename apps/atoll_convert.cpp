@@ -1,5 +1,5 @@
 // atoll-convert export CHECKPOINT OUT [--dtype fp32|bf16] [--max-shard-bytes N]
-// atoll-convert import HF_DIR OUT_ROOT --config RUN.yaml [--set key=value ...]
+// atoll-convert import HF_DIR OUT_ROOT [--config RUN.yaml [--set key=value ...]]
 // Exit codes: 0 done, 2 bad input (config, checkpoint, HF files), 1 other failures.
 #include <iostream>
 
@@ -7,6 +7,7 @@
 
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/hf_export.hpp"
+#include "graph/checkpoint/hf_import_config.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"atoll-convert: training checkpoints <-> HF safetensors layout"};
@@ -24,7 +25,9 @@ int main(int argc, char** argv) {
   imp->add_option("hf_dir", hf_dir, "the HF directory")->required();
   imp->add_option("out_root", out_root, "checkpoint root; the checkpoint is written to OUT_ROOT/step-00000000")
       ->required();
-  imp->add_option("--config", config_path, "the run config that names the model")->required();
+  imp->add_option("--config", config_path,
+                  "a run config whose model section states the model (default: the HF directory's config.json); "
+                  "config.json must agree with it");
   imp->add_option("--set", sets, "override a config key (repeatable)");
   try {
     app.parse(argc, argv);
@@ -36,7 +39,13 @@ int main(int argc, char** argv) {
       atl::export_hf(checkpoint, out, dtype == "bf16" ? atl::DType::bf16 : atl::DType::f32, max_shard_bytes);
       std::cout << "exported " << checkpoint << " to " << out << "\n";
     } else {
-      const auto path = atl::import_hf(hf_dir, atl::load_run_config(config_path, sets), out_root);
+      if (config_path.empty() && !sets.empty()) {
+        std::cerr << "atoll-convert: --set changes the run config of --config; give --config too\n";
+        return 2;
+      }
+      std::optional<atl::RunConfig> given;
+      if (!config_path.empty()) given = atl::load_run_config(config_path, sets);
+      const auto path = atl::import_hf(hf_dir, atl::hf_import_config(hf_dir, given), out_root);
       std::cout << "imported " << hf_dir << " to " << path.string() << "\n";
     }
     return 0;

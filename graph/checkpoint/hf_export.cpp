@@ -67,7 +67,8 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   try {
     native = model->from_hf(files.tensors);
   } catch (const std::logic_error& e) {  // invalid_argument and out_of_range: a tensor missing or misshapen
-    throw CheckpointError(hf_dir.string() + ": " + e.what());
+    throw CheckpointError(hf_dir.string() + ": the tensors do not fit the model its config.json describes: " +
+                          e.what());
   }
   CheckpointContents contents;
   contents.step = 0;

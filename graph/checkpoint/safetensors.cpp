@@ -437,6 +437,9 @@ void write_sharded_safetensors(const fs::path& dir, const TensorMap& tensors, st
 
 SafetensorsContents read_model_files(const fs::path& dir) {
   const fs::path index_path = dir / kIndexFile;
+  if (fs::exists(index_path) && fs::exists(dir / kSingleFile)) {
+    fail(dir, "holds both model.safetensors and model.safetensors.index.json; expected one (which is the model?)");
+  }
   if (!fs::exists(index_path)) {
     if (!fs::exists(dir / kSingleFile)) fail(dir, "no model.safetensors or model.safetensors.index.json");
     return read_safetensors(dir / kSingleFile);

@@ -326,3 +326,86 @@ TEST_CASE("failures: checkpoints with NaN weights, negative second moments, no d
   CHECK_FALSE(fs::exists(tmp.path / "hf"));
   CHECK_FALSE(fs::exists(tmp.path / "resumed" / "metrics.jsonl"));  // no refused resume wrote anything
 }
+
+TEST_CASE("failures: HF import builds the model from config.json and refuses a config.json or folder that disagrees",
+          "[apps][failures][hf]") {
+  TempDir tmp;
+  const fs::path config = source_path("configs/beam-tiny.yaml");
+  REQUIRE(run_app("atoll-train", {config.string(), "--set", "run_dir=" + (tmp.path / "run").string(), "--set",
+                                  "train.steps=1", "--set", "checkpoint.every=1"},
+                  tmp.path)
+              .exit_code == 0);
+  const fs::path ckpt = tmp.path / "run" / "checkpoints" / "step-00000001";
+  const fs::path hf = tmp.path / "hf";
+  REQUIRE(run_app("atoll-convert", {"export", ckpt.string(), hf.string()}, tmp.path).exit_code == 0);
+  // As the ecosystem writes it: no atoll_preset, extra keys atoll does not use.
+  nlohmann::json hf_config = nlohmann::json::parse(read_file(hf / "config.json"));
+  hf_config.erase("atoll_preset");
+  hf_config["torch_dtype"] = "float32";
+  hf_config["transformers_version"] = "4.50.0";
+  write_file(hf / "config.json", hf_config.dump(2));
+  Result r = run_app("atoll-convert", {"import", hf.string(), (tmp.path / "in").string()}, tmp.path);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const fs::path back = tmp.path / "back";
+  REQUIRE(run_app("atoll-convert", {"export", (tmp.path / "in" / "step-00000000").string(), back.string()}, tmp.path)
+              .exit_code == 0);
+  CHECK(read_file(back / "model.safetensors") == read_file(hf / "model.safetensors"));
+
+  struct Case {
+    const char* what;
+    std::function<void(const fs::path&)> damage;
+    std::vector<std::string> extra;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {"a field the run config contradicts",
+       [&](const fs::path& d) {
+         nlohmann::json c = hf_config;
+         c["num_attention_heads"] = 8;
+         write_file(d / "config.json", c.dump());
+       },
+       {"--config", config.string()},
+       {"config.json: num_attention_heads: 8 in the file"}},
+      {"a family atoll does not train",
+       [&](const fs::path& d) {
+         nlohmann::json c = hf_config;
+         c["model_type"] = "llama";
+         write_file(d / "config.json", c.dump());
+       },
+       {},
+       {"model_type: 'llama'"}},
+      {"a field that does not fit the tensors",
+       [&](const fs::path& d) {
+         nlohmann::json c = hf_config;
+         c["hidden_size"] = 128;
+         write_file(d / "config.json", c.dump());
+       },
+       {},
+       {"do not fit the model its config.json describes", "model.embed_tokens.weight"}},
+      {"no config.json", [](const fs::path& d) { fs::remove(d / "config.json"); }, {}, {"config.json: missing"}},
+      {"config.json that is not JSON", [](const fs::path& d) { write_file(d / "config.json", "hidden_size = 64"); },
+       {}, {"config.json: not JSON"}},
+      {"both a single file and an index",
+       [](const fs::path& d) {
+         write_file(d / "model.safetensors.index.json",
+                    R"({"metadata": {"total_size": 0}, "weight_map": {}})");
+       },
+       {},
+       {"holds both model.safetensors and model.safetensors.index.json"}},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const fs::path dir = tmp.path / ("hf" + std::to_string(n++));
+    fs::copy(hf, dir);
+    c.damage(dir);
+    std::vector<std::string> args = {"import", dir.string(), (tmp.path / "out").string()};
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    r = run_app("atoll-convert", args, tmp.path);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    for (const auto& e : c.expected) CHECK(r.err.find(e) != std::string::npos);
+    CHECK_FALSE(fs::exists(tmp.path / "out"));
+  }
+}

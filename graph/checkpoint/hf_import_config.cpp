@@ -1,0 +1,110 @@
+#include "graph/checkpoint/hf_import_config.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/models/model.hpp"
+
+namespace atl {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Fields of config.json that describe the file rather than the model's shape.
+const std::set<std::string> kNotModelKeys = {"architectures", "model_type", "atoll_preset"};
+
+json read_hf_config(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw CheckpointError(file.string() + ": missing; an HF directory's config.json names the model");
+  std::ostringstream text;
+  text << in.rdbuf();
+  json config;
+  try {
+    config = json::parse(text.str());
+  } catch (const json::exception&) {
+    throw CheckpointError(file.string() + ": not JSON (expected the model's config.json)");
+  }
+  if (!config.is_object()) throw CheckpointError(file.string() + ": not a JSON object");
+  return config;
+}
+
+// Numbers compare by value (HF writes 1e-06 where atoll writes 1e-6, or 10000 for 10000.0).
+bool same_value(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+  return a == b;
+}
+
+std::string model_yaml(const json& model) {
+  json doc = {{"model", model},
+              {"train", {{"steps", 1}, {"global_batch", 1}, {"micro_batch", 1}, {"seq_len", 2}, {"lr", 1e-3}}}};
+  return doc.dump();  // JSON is YAML
+}
+
+}  // namespace
+
+RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig>& given) {
+  const fs::path file = hf_dir / "config.json";
+  const json hf = read_hf_config(file);
+  if (!hf.contains("model_type") || !hf.at("model_type").is_string()) {
+    throw CheckpointError(file.string() + ": model_type: missing (expected one of the families: beam, flint, inkling2)");
+  }
+  const std::string family = hf.at("model_type").get<std::string>();
+  const auto& families = model_families();
+  if (std::find(families.begin(), families.end(), family) == families.end()) {
+    throw CheckpointError(fmt::format("{}: model_type: '{}' is not a family atoll trains (beam, flint, inkling2)",
+                                      file.string(), family));
+  }
+
+  RunConfig config;
+  if (given) {
+    config = *given;
+    if (config.model.family != family) {
+      throw CheckpointError(fmt::format("{}: model_type: '{}', but the run config names model.family '{}'",
+                                        file.string(), family, config.model.family));
+    }
+  } else {
+    // Overrides: every config.json field the family takes as a model key; the family's reader
+    // names the first key it does not take, which is dropped and the build retried.
+    json model = {{"family", family}};
+    if (hf.contains("atoll_preset") && hf.at("atoll_preset").is_string()) model["preset"] = hf.at("atoll_preset");
+    for (const auto& [key, value] : hf.items()) {
+      if (!kNotModelKeys.count(key)) model[key] = value;
+    }
+    const std::string source = (hf_dir / "config.json").string();
+    for (;;) {
+      try {
+        config = parse_run_config(model_yaml(model), source);
+        make_model(config.model, config.source_file);
+        break;
+      } catch (const ConfigError& e) {
+        const std::string key = e.key().rfind("model.", 0) == 0 ? e.key().substr(6) : "";
+        const bool unknown = std::string(e.what()).find("unknown key") != std::string::npos;
+        if (!unknown || key.empty() || !model.contains(key)) {
+          throw CheckpointError(fmt::format("{}: {}", source, e.what()));
+        }
+        model.erase(key);  // not a model key of this family (e.g. torch_dtype); checked below if it matters
+      }
+    }
+  }
+  // What the model would write must be what the file says, field by field.
+  const json mine = make_model(config.model, config.source_file)->hf_config();
+  for (const auto& [key, value] : mine.items()) {
+    if (key == "atoll_preset" || !hf.contains(key)) continue;
+    if (!same_value(hf.at(key), value)) {
+      throw CheckpointError(fmt::format("{}: {}: {} in the file, but the model {} has {}", file.string(), key,
+                                        hf.at(key).dump(), given ? "the run config describes" : "built from it",
+                                        value.dump()));
+    }
+  }
+  return config;
+}
+
+}  // namespace atl
