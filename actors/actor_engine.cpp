@@ -55,9 +55,26 @@ struct ActorEngine::Impl {
   trainer_actor trainer;
   std::int64_t steps = 0;
 
-  ~Impl() {
+  ~Impl() { stop_all(); }
+
+  // A failure while the engine is being built (std::bad_alloc, no thread for a detached actor):
+  // stop what was spawned, then abandon the actor system rather than destroy it. A spawn that
+  // failed halfway may have registered an actor that never runs, and the system's destructor
+  // would wait for it forever; leaking on this error path is what keeps the process able to exit.
+  void abandon_after_failure() {
+    if (!system) return;
+    stop_handles();
+    [[maybe_unused]] caf::actor_system* leaked = system.release();
+  }
+
+  void stop_all() {
     // Stop every actor explicitly so the system's destructor does not wait on anything.
     if (!system) return;
+    stop_handles();
+    system.reset();
+  }
+
+  void stop_handles() {
     auto stop = [](const auto& handle) { caf::anon_send_exit(handle, caf::exit_reason::user_shutdown); };
     stop(trainer);
     for (const auto& s : stages) stop(s);
@@ -71,7 +88,6 @@ struct ActorEngine::Impl {
     computes.clear();
     units.clear();
     comms.clear();
-    system.reset();
   }
 };
 
@@ -104,20 +120,34 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
   im.world = std::make_unique<SimWorld>(world, sim_options(config), im.recorder);
   im.system_config = std::make_unique<caf::actor_system_config>();
   im.system = std::make_unique<caf::actor_system>(*im.system_config);
-  auto& sys = *im.system;
+  im.steps = in.start_step;
 
+  try {
+    spawn_actors(in, plan, mesh, threads_per_rank);
+  } catch (const std::exception& e) {
+    im.abandon_after_failure();
+    throw std::runtime_error("building the actor runtime for " + std::to_string(world) + " ranks failed: " + e.what() +
+                             " (sim runs every rank's actors and threads in this process: use fewer ranks, or more "
+                             "memory and threads)");
+  }
+}
+
+void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const Mesh& mesh, int threads_per_rank) {
+  auto& im = *impl_;
+  auto& sys = *im.system;
+  const RunConfig& config = in.config;
+  const int world = mesh.world_size();
   const TensorMap exp_avg = initial_moments(in.initial_exp_avg, in.model->specs());
   const TensorMap exp_avg_sq = initial_moments(in.initial_exp_avg_sq, in.model->specs());
-  im.steps = in.start_step;
   std::map<std::string, bool> weight_decay;
   for (const auto& s : in.model->specs()) weight_decay[s.name] = s.weight_decay;
-
   im.units.resize(static_cast<std::size_t>(world));
   for (int rank = 0; rank < world; ++rank) {
     const Group shard_group = mesh.shard_group(rank), replicate_group = mesh.replicate_group(rank);
+    // Every handle is kept the moment it exists, so a failure later can stop it.
     comm_actor shard_comm = spawn_comm_actor(sys, im.world->communicator(shard_group, rank));
-    comm_actor replicate_comm = spawn_comm_actor(sys, im.world->communicator(replicate_group, rank));
     im.comms.push_back(shard_comm);
+    comm_actor replicate_comm = spawn_comm_actor(sys, im.world->communicator(replicate_group, rank));
     im.comms.push_back(replicate_comm);
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
       const UnitPlan& unit = plan.units[u];

@@ -37,6 +37,9 @@ class ActorEngine : public TrainingEngine {
   std::vector<Span> spans() const;
 
  private:
+  // Spawns every rank's actors and the trainer (the constructor abandons the system if it throws).
+  void spawn_actors(const EngineInputs& in, const Plan& plan, const Mesh& mesh, int threads_per_rank);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

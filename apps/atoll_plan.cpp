@@ -10,10 +10,10 @@
 
 #include "graph/config.hpp"
 #include "graph/models/model.hpp"
-#include "graph/models/model.hpp"
 #include "graph/plan/format.hpp"
 #include "graph/plan/mesh.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/training/preflight.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"atoll-plan: show how a run config is split into FSDP units, and what each rank holds"};
@@ -38,6 +38,15 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("atoll-plan: {}: {} {} ({} parameters)\n", config.source_file, model->family(),
                              model->preset(), model->parameter_count())
               << atl::format_plan(plan);
+    // What atoll-train's preflight checks: this process's whole estimate, activations included.
+    const atl::RunMemoryEstimate run = atl::estimate_run_memory(config, *model);
+    std::cout << "\nthis process (atoll-train's preflight estimate, activations included):\n";
+    for (const auto& part : run.parts) {
+      std::cout << fmt::format("  {:>10.1f} MiB  {}\n", part.bytes / (1 << 20), part.what);
+    }
+    const std::optional<double> room = atl::available_memory_bytes();
+    std::cout << fmt::format("  {:>10.1f} MiB  total; available here: {}\n", run.total() / (1 << 20),
+                             room ? fmt::format("{:.1f} MiB", *room / (1 << 20)) : std::string("unknown"));
     return 0;
   } catch (const atl::ConfigError& e) {
     std::cerr << "atoll-plan: config error: " << e.what() << "\n";

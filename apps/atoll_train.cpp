@@ -3,6 +3,7 @@
 // gradient, 143 / 130 stopped by SIGTERM / SIGINT after saving (docs/failures.md), 1 failure
 // while running.
 #include <iostream>
+#include <new>
 
 #include <CLI/CLI.hpp>
 
@@ -59,6 +60,10 @@ int main(int argc, char** argv) {
   } catch (const atl::DataError& e) {  // bad input: a data file
     std::cerr << "atoll-train: " << e.what() << "\n";
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "atoll-train: out of memory (the preflight estimate, docs/failures.md, is coarse: reduce "
+                 "train.micro_batch, train.seq_len or the mesh)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "atoll-train: error: " << e.what() << "\n";
     return 1;

@@ -409,3 +409,56 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
     CHECK_FALSE(fs::exists(tmp.path / "out"));
   }
 }
+
+TEST_CASE("failures: runs that cannot fit in memory are refused before they allocate, naming the key",
+          "[apps][failures][memory]") {
+  TempDir tmp;
+  const fs::path config = source_path("configs/beam-tiny.yaml");
+  struct Case {
+    std::vector<std::string> sets;
+    const char* key;
+  };
+  const std::vector<Case> cases = {
+      {{"train.seq_len=100000000"}, "train.seq_len: the run needs about"},
+      {{"train.seq_len=4294967297"}, "train.seq_len: the run needs about"},
+      {{"model.hidden_size=1000000000"}, "model: the run needs about"},
+      {{"topology.mesh.dp_shard=2000", "train.global_batch=2000", "train.micro_batch=1"},
+       "topology.mesh: the run needs about"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.sets[0]);
+    std::vector<std::string> args = {config.string(), "--set", "run_dir=" + (tmp.path / "run").string()};
+    for (const auto& s : c.sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    const Result r = run_app("atoll-train", args, tmp.path);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(c.key) != std::string::npos);
+    CHECK(r.err.find("GiB available") != std::string::npos);
+    CHECK_FALSE(fs::exists(tmp.path / "run"));
+  }
+}
+
+TEST_CASE("failures: running out of threads or memory while the actor engine is built exits instead of hanging",
+          "[apps][failures][memory]") {
+  TempDir tmp;
+  // 256 simulated ranks under a 3 GB address-space limit (the preflight skipped): thread or memory
+  // allocation fails part-way through spawning. The process must end (timeout would say 124).
+  std::string command = "ulimit -v 3000000; ATOLL_SKIP_MEMORY_CHECK=1 timeout 120 " +
+                        shell_quote(app_binary("atoll-train").string()) + " " +
+                        shell_quote(source_path("configs/beam-tiny.yaml").string()) +
+                        " --set run_dir=" + shell_quote((tmp.path / "run").string()) +
+                        " --set topology.mesh.dp_shard=256 --set train.global_batch=256 --set train.micro_batch=1" +
+                        " --set train.steps=1 >" + shell_quote((tmp.path / "out.txt").string()) + " 2>" +
+                        shell_quote((tmp.path / "err.txt").string());
+  const int status = std::system(("bash -c " + shell_quote(command)).c_str());
+  const std::string err = read_file(tmp.path / "err.txt");
+  INFO(err);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 124);  // it did not hang
+  CHECK(WEXITSTATUS(status) != 0);
+  CHECK((err.find("building the actor runtime for 256 ranks failed") != std::string::npos ||
+         err.find("out of memory") != std::string::npos));
+}

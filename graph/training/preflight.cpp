@@ -1,0 +1,143 @@
+#include "graph/training/preflight.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "graph/plan/memory.hpp"
+#include "graph/plan/mesh.hpp"
+#include "graph/plan/plan.hpp"
+#include "graph/training/run.hpp"
+
+namespace atl {
+
+namespace {
+
+double gib(double bytes) { return bytes / double(std::int64_t{1} << 30); }
+
+// /proc/meminfo's MemAvailable, in bytes.
+std::optional<double> mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024.0;
+  }
+  return std::nullopt;
+}
+
+// cgroup v2: memory.max minus memory.current, when a limit is set.
+std::optional<double> cgroup_room() {
+  std::ifstream max_in("/sys/fs/cgroup/memory.max"), cur_in("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  double current = 0;
+  if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) return std::nullopt;
+  return std::max(0.0, std::strtod(max_text.c_str(), nullptr) - current);
+}
+
+// RLIMIT_AS minus the address space in use (VmSize).
+std::optional<double> address_space_room() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmSize:", 0) == 0) {
+      const double used = std::strtod(line.c_str() + 7, nullptr) * 1024.0;
+      return std::max(0.0, static_cast<double>(limit.rlim_cur) - used);
+    }
+  }
+  return static_cast<double>(limit.rlim_cur);
+}
+
+double field(const nlohmann::json& c, const char* key) {
+  auto it = c.find(key);
+  return it != c.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+}  // namespace
+
+double RunMemoryEstimate::total() const {
+  double sum = 0;
+  for (const auto& p : parts) sum += p.bytes;
+  return sum;
+}
+
+RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model) {
+  // Counted in double: absurd sizes must not overflow on the way to being refused.
+  double params = 0;
+  for (const auto& s : model.specs()) {
+    double n = 1;
+    for (auto d : s.shape) n *= static_cast<double>(d);
+    params += n;
+  }
+  const bool reference = config.topology.engine == Engine::reference;
+  const double ranks = reference ? 1.0 : static_cast<double>(config.topology.mesh.world_size());
+  const double threads = static_cast<double>(compute_threads(config));
+  RunMemoryEstimate e;
+  const double in_flight = reference ? threads : ranks;
+  if (reference) {
+    // fp32 master, gradient, two moments, the initial copy, and one gradient per micro-batch in flight.
+    e.parts.push_back({"parameters, gradients and AdamW state (model size)", 20.0 * params});
+    e.parts.push_back({"per-thread gradients (model size x compute.threads)", 4.0 * params * threads});
+  } else {
+    // The sim holds every rank: the plan's per-rank estimate (shards, state, gathered units with
+    // their padding: a tensor with fewer dim-0 rows than ranks pads to one row per rank) plus the
+    // unsharded gradients waiting for their reduce-scatter, about as big as the gathers.
+    const Plan plan = make_plan(model.specs(), model.sharding_rules(), Mesh(config.topology.mesh, config.source_file),
+                                config.precision);
+    const MemoryEstimate m = estimate_memory(plan);
+    e.parts.push_back({"the initial full model (model size)", 4.0 * params});
+    e.parts.push_back({"per-rank shards, gathers and unsharded gradients (topology.mesh ranks x the plan's per-rank "
+                       "estimate, atoll-plan prints it)",
+                       ranks * (static_cast<double>(m.total_bytes()) + 4.0 * static_cast<double>(m.peak_gathered_bytes))});
+  }
+  const nlohmann::json hf = model.hf_config();
+  const double H = field(hf, "hidden_size"), L = field(hf, "num_hidden_layers"), V = field(hf, "vocab_size");
+  const double mlp = std::max(field(hf, "intermediate_size"),
+                              3.0 * field(hf, "num_experts_per_tok") * field(hf, "moe_intermediate_size"));
+  const double per_token = 4.0 * (L * (16.0 * H + 3.0 * mlp) + 3.0 * V);
+  const double tokens = static_cast<double>(config.train.micro_batch) * static_cast<double>(config.train.seq_len);
+  e.parts.push_back({"activations (train.micro_batch x train.seq_len tokens per micro-batch, model.hidden_size, "
+                     "model.num_hidden_layers, model.vocab_size)",
+                     per_token * tokens * in_flight});
+  // The global batch itself (ids, positions, masks, targets).
+  e.parts.push_back({"the global batch (train.global_batch x train.seq_len)",
+                     32.0 * static_cast<double>(config.train.global_batch) * static_cast<double>(config.train.seq_len)});
+  return e;
+}
+
+std::optional<double> available_memory_bytes() {
+  std::optional<double> room;
+  for (auto candidate : {mem_available(), cgroup_room(), address_space_room()}) {
+    if (candidate) room = room ? std::min(*room, *candidate) : *candidate;
+  }
+  return room;
+}
+
+void check_memory_preflight(const RunConfig& config, const Model& model) {
+  const char* skip = std::getenv("ATOLL_SKIP_MEMORY_CHECK");
+  if (skip && std::string(skip) == "1") return;
+  const RunMemoryEstimate e = estimate_run_memory(config, model);
+  const std::optional<double> room = available_memory_bytes();
+  if (!room || e.total() <= *room) return;
+  const auto biggest = std::max_element(e.parts.begin(), e.parts.end(),
+                                        [](const MemoryPart& a, const MemoryPart& b) { return a.bytes < b.bytes; });
+  const bool activations = biggest->what.rfind("activations", 0) == 0;
+  // The sim's per-rank part grows with the mesh, unless there is one rank: then it is the model.
+  const bool per_rank = biggest->what.rfind("per-rank", 0) == 0 && config.topology.mesh.world_size() > 1;
+  const std::string key = activations ? "train.seq_len" : per_rank ? "topology.mesh" : "model";
+  throw ConfigError(config.source_file, key,
+                    fmt::format("the run needs about {:.1f} GiB, this machine has {:.1f} GiB available; the largest "
+                                "part is {} at {:.1f} GiB (ATOLL_SKIP_MEMORY_CHECK=1 skips this estimate)",
+                                gib(e.total()), gib(*room), biggest->what, gib(biggest->bytes)));
+}
+
+}  // namespace atl

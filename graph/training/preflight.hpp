@@ -1,0 +1,36 @@
+// Before anything large is allocated: does the run fit in this machine's memory? An estimate of
+// the process's peak (parameters, gradients, AdamW state, the sim's per-rank buffers, and the
+// activations of the micro-batches in flight) against what is available (MemAvailable, the
+// cgroup's memory.max, RLIMIT_AS). Over it: a ConfigError naming the keys that drive the biggest
+// part, instead of an OOM kill or std::bad_alloc mid-run. The estimate is coarse (within a small
+// factor); ATOLL_SKIP_MEMORY_CHECK=1 skips the check.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/config.hpp"
+#include "graph/models/model.hpp"
+
+namespace atl {
+
+struct MemoryPart {
+  std::string what;  // with the keys that drive it
+  double bytes = 0;
+};
+
+struct RunMemoryEstimate {
+  std::vector<MemoryPart> parts;
+  double total() const;
+};
+
+RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model);
+
+// Bytes this process may still allocate (nullopt: unknown).
+std::optional<double> available_memory_bytes();
+
+// Throws ConfigError when the estimate exceeds the available memory (or a size overflows).
+void check_memory_preflight(const RunConfig& config, const Model& model);
+
+}  // namespace atl
