@@ -10,6 +10,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libcaf-dev libucx-dev ucx-utils catch2 libboost-dev libyaml-cpp-dev nlohmann-json3-dev
   libopenblas-dev libfmt-dev libspdlog-dev libcli11-dev libxxhash-dev
+  clang libclang-rt-14-dev
   python3 python3-venv
 )
 
