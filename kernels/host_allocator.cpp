@@ -1,5 +1,6 @@
 #include "kernels/host_allocator.hpp"
 
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <mutex>
@@ -42,6 +43,15 @@ struct HostCache {
   }
 };
 
+std::atomic<std::size_t> g_live{0}, g_peak{0};
+
+void count_allocation(std::size_t bytes) {
+  const std::size_t live = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t peak = g_peak.load(std::memory_order_relaxed);
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+}
+
 // Leaked on purpose: tensors held by static objects may be freed after main returns.
 HostCache& cache() {
   static HostCache* c = new HostCache;
@@ -50,7 +60,8 @@ HostCache& cache() {
 
 }  // namespace
 
-void* host_allocate(std::size_t bytes) {
+namespace {
+void* allocate_block(std::size_t bytes) {
   if (bytes < kMinCached) {
     void* p = system_allocate(bytes);
     if (!p) throw std::bad_alloc();
@@ -82,8 +93,17 @@ void* host_allocate(std::size_t bytes) {
   return p;
 }
 
+}  // namespace
+
+void* host_allocate(std::size_t bytes) {
+  void* p = allocate_block(bytes);
+  count_allocation(bytes);
+  return p;
+}
+
 void host_free(void* p, std::size_t bytes) {
   if (!p) return;
+  g_live.fetch_sub(bytes, std::memory_order_relaxed);
   if (bytes < kMinCached) {
     std::free(p);
     return;
@@ -113,6 +133,10 @@ void host_set_cache_limit(std::size_t bytes) {
   c.stats.cache_limit = bytes;
   if (c.stats.cached_bytes > bytes) c.release_locked();
 }
+
+std::size_t host_live_bytes() { return g_live.load(std::memory_order_relaxed); }
+std::size_t host_peak_live_bytes() { return g_peak.load(std::memory_order_relaxed); }
+void host_reset_peak_live_bytes() { g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 HostCacheStats host_cache_stats() {
   HostCache& c = cache();

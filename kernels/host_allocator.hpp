@@ -28,4 +28,10 @@ void host_release_cached();
 void host_set_cache_limit(std::size_t bytes);
 HostCacheStats host_cache_stats();
 
+// Bytes of tensor storage allocated and not yet freed (as requested, before size classes), and
+// the most there was since the last reset: what a run's tensors need at their peak.
+std::size_t host_live_bytes();
+std::size_t host_peak_live_bytes();
+void host_reset_peak_live_bytes();
+
 }  // namespace atl
