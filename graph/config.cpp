@@ -153,7 +153,9 @@ TrainConfig read_train(ConfigReader reader) {
   train.weight_decay = number_in("weight_decay", 0.1, [](double v) { return v >= 0; }, "a non-negative number");
   train.beta1 = number_in("beta1", 0.9, [](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)");
   train.beta2 = number_in("beta2", 0.95, [](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)");
-  train.adam_eps = number_in("adam_eps", 1e-8, [](double v) { return v > 0; }, "a positive number");
+  // AdamW runs in fp32: an eps below fp32's smallest normal number (1.2e-38) is 0 or denormal there.
+  train.adam_eps = number_in("adam_eps", 1e-8, [](double v) { return v >= 1.1754943508222875e-38; },
+                             "a positive number that fp32 represents (>= 1.2e-38)");
   train.grad_clip = number_in("grad_clip", 1.0, [](double v) { return v >= 0; }, "a non-negative number (0 = off)");
   train.log_every = reader.get_positive("log_every", 10);
   train.skip_nonfinite_steps = reader.get_choice("on_nonfinite", "stop", {"stop", "skip_step"}) == "skip_step";

@@ -218,6 +218,8 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
       {"a 5000-character value", {(tmp.path / "long.yaml").string()}, {"model.family", "(5000 characters)"}},
       {"a data key for another source", {base.string(), "--set", "data.token_width=2"},
        {"data.token_width", "applies to data.source: tokens:<path> only"}},
+      {"an AdamW eps fp32 cannot hold", {base.string(), "--set", "train.adam_eps=1.0e-46"},
+       {"train.adam_eps", ">= 1.2e-38"}},
       {"a synthetic key for a file source", {base.string(), "--set", "data.source=text:" + base.string(), "--set",
                                              "data.synthetic_branching=3"},
        {"data.synthetic_branching", "applies to data.source: synthetic only"}},
@@ -384,6 +386,19 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
        {},
        {"do not fit the model its config.json describes", "model.embed_tokens.weight"}},
       {"no config.json", [](const fs::path& d) { fs::remove(d / "config.json"); }, {}, {"config.json: missing"}},
+      {"a NaN weight",
+       [](const fs::path& d) {
+         TensorMap tensors = read_safetensors(d / "model.safetensors").tensors;
+         TensorMap out;
+         for (const auto& n : tensors.names()) {
+           Tensor t = tensors.at(n).clone();
+           if (n == "lm_head.weight") t.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+           out.insert(n, t);
+         }
+         write_safetensors(d / "model.safetensors", out);
+       },
+       {},
+       {"weight 'lm_head.weight' holds NaN at element 1"}},
       {"config.json that is not JSON", [](const fs::path& d) { write_file(d / "config.json", "hidden_size = 64"); },
        {}, {"config.json: not JSON"}},
       {"both a single file and an index",
