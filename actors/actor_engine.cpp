@@ -64,7 +64,11 @@ struct ActorEngine::Impl {
   void abandon_after_failure() {
     if (!system) return;
     stop_handles();
+    // The system keeps using its config and the sim world (comm actors) until it is gone: leak
+    // them with it.
     [[maybe_unused]] caf::actor_system* leaked = system.release();
+    [[maybe_unused]] caf::actor_system_config* leaked_config = system_config.release();
+    [[maybe_unused]] SimWorld* leaked_world = world.release();
   }
 
   void stop_all() {

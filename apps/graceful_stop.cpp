@@ -1,20 +1,23 @@
 #include "apps/graceful_stop.hpp"
 
+#include <atomic>
 #include <csignal>
 
 namespace atl {
 
 namespace {
 
-volatile std::sig_atomic_t g_signal = 0;
+// Written in a signal handler, read by the run loop's thread: a lock-free atomic is safe for both.
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int signal) {
-  if (g_signal != 0) {  // the second request: no more grace
+  if (g_signal.load() != 0) {  // the second request: no more grace
     std::signal(signal, SIG_DFL);
     std::raise(signal);
     return;
   }
-  g_signal = signal;
+  g_signal.store(signal);
 }
 
 }  // namespace
@@ -28,6 +31,6 @@ void install_graceful_stop() {
   sigaction(SIGINT, &action, nullptr);
 }
 
-int graceful_stop_signal() { return g_signal; }
+int graceful_stop_signal() { return g_signal.load(); }
 
 }  // namespace atl

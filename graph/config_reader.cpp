@@ -213,8 +213,8 @@ void check_config_text(const std::string& text, const std::string& file) {
       throw ConfigError(file, "", fmt::format("not a text file (byte {} on line {} is 0x{:02x}); expected a YAML config",
                                               i, line, c));
     }
-    // Flow collections ([..], {..}) nest; quoted text does not count, and YAML comments cannot
-    // hold brackets that matter for this bound.
+    // Flow collections ([..], {..}) nest. Every bracket counts, quoted or commented ones too: the
+    // bound is far above any real config, so only input that is not a config reaches it.
     if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
     if ((c == ']' || c == '}') && depth > 0) --depth;
     if (deepest > kMaxConfigDepth) {

@@ -62,6 +62,7 @@ HostCache& cache() {
 
 namespace {
 void* allocate_block(std::size_t bytes) {
+  if (bytes > (std::size_t{1} << 62)) throw std::bad_alloc();  // no machine has it; size classes would wrap
   if (bytes < kMinCached) {
     void* p = system_allocate(bytes);
     if (!p) throw std::bad_alloc();

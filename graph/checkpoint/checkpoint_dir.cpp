@@ -81,14 +81,15 @@ void check_optimizer_matches(const fs::path& file, const TensorMap& model, const
 }
 
 // Every value finite (and >= 0 for a second moment); the first offender is named.
-void check_values(const fs::path& file, const std::string& what, const Tensor& t, bool non_negative) {
+void check_values(const fs::path& file, const std::string& what, const Tensor& t, bool non_negative,
+                  const char* hint = "atoll-eval --allow-nonfinite loads it for inspection") {
   if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) return;
   const Tensor values = t.dtype() == DType::f32 ? t : t.to(DType::f32);
   const float* v = values.data<float>();
   for (std::int64_t i = 0; i < values.numel(); ++i) {
     if (!std::isfinite(v[i])) {
-      fail(file, fmt::format("{} holds {} at element {}: refused (atoll-eval --allow-nonfinite loads it for inspection)",
-                             what, std::isnan(v[i]) ? "NaN" : "an infinity", i));
+      fail(file, fmt::format("{} holds {} at element {}: refused ({})", what, std::isnan(v[i]) ? "NaN" : "an infinity",
+                             i, hint));
     }
     if (non_negative && v[i] < 0.0f) {
       fail(file, fmt::format("{} holds {} at element {}, but a second moment is a mean of squares (>= 0)", what,
@@ -129,9 +130,10 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg_sq, kExpAvgSqPrefix);
   // Never write what a load would refuse.
   for (const auto& n : contents.model.names()) {
-    check_values(final_dir, "weight '" + n + "'", contents.model.at(n), false);
-    check_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false);
-    check_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true);
+    constexpr const char* kSaving = "a checkpoint is never written with values a load would refuse";
+    check_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kSaving);
+    check_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kSaving);
+    check_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true, kSaving);
   }
   json trainer_state = contents.trainer_state.is_null() ? json::object() : contents.trainer_state;
   if (!trainer_state.is_object()) fail(final_dir, "trainer_state must be a JSON object");

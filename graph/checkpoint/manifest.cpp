@@ -66,7 +66,9 @@ bool verify_manifest(const fs::path& dir, const std::string& marker) {
   } catch (const json::exception&) {
     fail(marker_file, "not a checkpoint manifest (expected the JSON object a save writes last)");
   }
-  if (!manifest.is_object() || manifest.value("format", "") != kManifestFormat || !manifest.contains("files") ||
+  const bool format_ok = manifest.is_object() && manifest.contains("format") && manifest.at("format").is_string() &&
+                         manifest.at("format").get<std::string>() == kManifestFormat;
+  if (!format_ok || !manifest.contains("files") ||
       !manifest.at("files").is_object()) {
     fail(marker_file, fmt::format("not a checkpoint manifest (expected \"format\": \"{}\" and \"files\")",
                                   kManifestFormat));

@@ -65,6 +65,17 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
     }
     return;
   }
+  // A file is written where it is named, without creating directories: its folder must exist.
+  if (as_file) {
+    const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+    if (!fs::is_directory(dir, ec)) {
+      throw ConfigError(file, key, "cannot write '" + path.string() + "': '" + dir.string() + "' is not a directory");
+    }
+    if (::access(dir.c_str(), W_OK) != 0) {
+      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + std::strerror(errno));
+    }
+    return;
+  }
   // Not there yet: the nearest existing ancestor must be a writable directory.
   fs::path ancestor = fs::absolute(path, ec).parent_path();
   while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path()) {
@@ -341,7 +352,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                 " holds it; continue with --resume";
       }
       metrics.close();
-      write_trace();
+      try {
+        write_trace();
+      } catch (const std::exception& e) {  // the stop still ends as a stop (and keeps its exit code)
+        saved += std::string("; the trace was not written: ") + e.what();
+      }
       const std::string name = signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : std::to_string(signal);
       throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", name, done, t.steps, saved));
     }

@@ -57,7 +57,10 @@ inline std::int64_t attention_first_key(std::int64_t t, std::int64_t position, s
 // batch-invariant, gemm.hpp). Inside a tile, a key a query may not see gets probability exactly 0,
 // and a zero term leaves an FMA chain unchanged, so every output is the chain over the query's own
 // visible keys in ascending order: independent of the tile, of other documents and of padding.
-// Softmax sums run over a query's visible keys in ascending order, starting from the sink term.
+// Softmax and delta sums run over the query's key span in lane_sum order counted from its first
+// visible key (the sink term added last): the same order wherever its document sits. (A key
+// outside the span enters P·V with probability 0, so a non-finite value there would reach the
+// output as 0·inf; activations are finite, and a non-finite step is never applied.)
 inline constexpr std::int64_t kAttentionQueryTile = 64;
 
 namespace attention_detail {

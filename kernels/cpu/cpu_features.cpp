@@ -11,7 +11,9 @@ CpuFeatures detected_cpu_features() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+  // The avx512 level's loops are compiled for F, BW, DQ and VL (every AVX-512 server CPU since Skylake).
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   f.isa = avx512 ? Isa::avx512 : avx2 ? Isa::avx2 : Isa::portable;
   f.bf16_dot = avx512 && __builtin_cpu_supports("avx512bf16");
 #endif

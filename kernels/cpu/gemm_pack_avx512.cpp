@@ -70,7 +70,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i bf16_bits(__m51
   return _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
 }
 
+// The first n lanes (none for n <= 0: a panel's padding lines read nothing).
 __attribute__((target("avx512f"), always_inline)) inline __mmask16 first_lanes(std::int64_t n) {
+  if (n <= 0) return 0;
   return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
 }
 

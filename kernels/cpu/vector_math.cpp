@@ -28,9 +28,12 @@ namespace {
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
   const float e = std::fma(p, r * r, r) + 1.0f;  // 1 + r + r^2 p(r)
+  // 2^n as a float for n <= 127; n = 128 (x just below ln(FLT_MAX)) as 2^127 * 2, exact unless the
+  // result itself overflows. Multiplying by 1 or 2 is exact, so n <= 127 is unaffected.
   const std::uint32_t n_bits = std::bit_cast<std::uint32_t>(shifted) - std::bit_cast<std::uint32_t>(kShifter);
-  const float scale = std::bit_cast<float>((n_bits + 127u) << 23);
-  const float y = e * scale;
+  const std::uint32_t top = n_bits == 128u ? 127u : n_bits;
+  const float scale = std::bit_cast<float>((top + 127u) << 23);
+  const float y = e * scale * (n_bits == 128u ? 2.0f : 1.0f);
   return x < kLow ? 0.0f : (x > kHigh ? std::numeric_limits<float>::infinity() : y);
 }
 

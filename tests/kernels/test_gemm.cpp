@@ -12,6 +12,7 @@
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/gemm_kernels.hpp"
 #include "kernels/dtype.hpp"
 
 using namespace atl;
@@ -200,4 +201,54 @@ TEST_CASE("gemm handles empty and degenerate shapes", "[gemm]") {
   CHECK(c[0] == 11.0f);
   CHECK_THROWS_WITH(gemm_f32({false, false, 2, 2, 2, 1, 2, 2, false}, a.data(), b.data(), c.data()),
                     Catch::Contains("lda=1"));
+}
+
+// The packing helpers fill exactly the panel: lines past `lines` are zero (never read from past
+// the source), and the AVX-512 helpers agree with the portable ones element for element.
+TEST_CASE("gemm packing: panels are zero past the real lines and equal at every level", "[gemm]") {
+  using namespace cpu::gemm_detail;
+  std::vector<float> src(64 * 64);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = 0.25f * static_cast<float>(i % 97) - 7.0f;
+  std::vector<PackKernels> levels = {pack_kernels_portable()};
+#if defined(__x86_64__)
+  if (cpu::detected_cpu_features().isa == cpu::Isa::avx512) levels.push_back(pack_kernels_avx512());
+#endif
+  for (const std::int64_t width : {12, 32}) {
+    for (const std::int64_t lines : {1, 5, 12}) {
+      if (lines > width) continue;
+      for (const std::int64_t kc : {1, 6, 9}) {
+        INFO("width " << width << " lines " << lines << " kc " << kc);
+        const std::int64_t pairs = (kc + 1) / 2;
+        std::vector<std::vector<std::uint32_t>> pairs_from_columns, pairs_from_rows, transposed;
+        for (const PackKernels& pk : levels) {
+          // Guard words after the panel catch stores past its end.
+          std::vector<std::uint32_t> a(static_cast<std::size_t>(pairs * width + 16), 0xdeadbeefu);
+          std::vector<std::uint32_t> b = a, t(static_cast<std::size_t>(kc * width + 16), 0xdeadbeefu);
+          pk.bf16_pairs(src.data(), 64, kc, lines, a.data(), width);      // lines contiguous
+          pk.pair_lines(src.data(), 64, lines, kc, b.data(), width);      // k contiguous
+          pk.transpose(reinterpret_cast<const std::uint32_t*>(src.data()), 64, lines, kc, t.data(), width);
+          for (std::int64_t q = 0; q < pairs; ++q) {
+            for (std::int64_t l = lines; l < width; ++l) {
+              CHECK(a[static_cast<std::size_t>(q * width + l)] == 0u);
+              CHECK(b[static_cast<std::size_t>(q * width + l)] == 0u);
+            }
+          }
+          for (std::int64_t k = 0; k < kc; ++k) {
+            for (std::int64_t l = lines; l < width; ++l) CHECK(t[static_cast<std::size_t>(k * width + l)] == 0u);
+          }
+          CHECK(a.back() == 0xdeadbeefu);
+          CHECK(b.back() == 0xdeadbeefu);
+          CHECK(t.back() == 0xdeadbeefu);
+          pairs_from_columns.push_back(a);
+          pairs_from_rows.push_back(b);
+          transposed.push_back(t);
+        }
+        for (std::size_t i = 1; i < levels.size(); ++i) {
+          CHECK(pairs_from_columns[i] == pairs_from_columns[0]);
+          CHECK(pairs_from_rows[i] == pairs_from_rows[0]);
+          CHECK(transposed[i] == transposed[0]);
+        }
+      }
+    }
+  }
 }

@@ -36,7 +36,6 @@ TEST_CASE("kernel clock: a scope inside another counts once, under its own kind"
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   kernel_clock_enable(false);
   CHECK(at(KernelKind::gemm) > 0.0);
-  CHECK(at(KernelKind::attention) >= 0.0);
   // Exclusive: the two kinds together fit in the wall time of the outer scope (counting the GEMMs
   // under both kinds would exceed it by the GEMMs' time).
   CHECK(at(KernelKind::gemm) + at(KernelKind::attention) <= wall);

@@ -22,9 +22,9 @@ std::vector<float> arguments() {
   CounterRng rng(5, "exp");
   for (std::uint64_t i = 0; i < 20001; ++i) {
     const double u = rng.uniform(i);
-    x.push_back(static_cast<float>(i % 2 ? -30.0 * u : -87.0 + 175.0 * u));
+    x.push_back(static_cast<float>(i % 2 ? -30.0 * u : -87.0 + 175.72 * u));  // up to 88.72, below ln(FLT_MAX)
   }
-  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 0.5f * 0.6931472f, -87.0f, 88.0f}) x.push_back(v);
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 0.5f * 0.6931472f, -87.0f, 88.0f, 88.5f, 88.72f}) x.push_back(v);
   return x;
 }
 
