@@ -105,8 +105,9 @@ void for_each_case(unsigned seed, int trials, const Sizes& sizes,
 }  // namespace
 
 TEST_CASE("gemm computes exactly the documented FMA chain per element", "[gemm]") {
-  // k past one K block (256 fp32, 512 bf16), odd and even
-  for_each_case(11, 40, {1, 40, 1, 70, 1, 600}, [](const Case& t, GemmOperands op) {
+  // k past one K block (256 fp32, 512 bf16), odd and even; then n past one column block (512)
+  // and m past one row block (96), so A is packed again for each column block.
+  const auto exact = [](const Case& t, GemmOperands op) {
     const std::vector<float> c = run(t, op);
     std::int64_t wrong = 0;
     for (std::int64_t i = 0; i < t.m; ++i)
@@ -115,7 +116,9 @@ TEST_CASE("gemm computes exactly the documented FMA chain per element", "[gemm]"
         if (std::memcmp(&want, &c[i * t.n + j], sizeof(float)) != 0) ++wrong;
       }
     CHECK(wrong == 0);
-  });
+  };
+  for_each_case(11, 40, {1, 40, 1, 70, 1, 600}, exact);
+  for_each_case(16, 4, {97, 200, 513, 700, 1, 256}, exact);
 }
 
 TEST_CASE("gemm agrees with a double-precision product within a K-derived bound", "[gemm]") {
