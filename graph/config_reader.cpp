@@ -179,8 +179,9 @@ void ConfigReader::finish() const {
   for (const auto& entry : node_) {
     const std::string key = entry.first.Scalar();
     if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
-      fail(key, known_.empty() ? "unknown key (this section takes no keys)"
-                               : "unknown key (expected one of: " + join(known_, ", ") + ")");
+      throw UnknownKeyError(file_, path(key),
+                            known_.empty() ? "unknown key (this section takes no keys)"
+                                           : "unknown key (expected one of: " + join(known_, ", ") + ")");
     }
   }
 }

@@ -36,6 +36,13 @@ class ConfigError : public std::runtime_error {
   std::string file_, key_;
 };
 
+// A key nobody reads (ConfigReader::finish): callers that probe which keys a reader takes catch
+// this type instead of reading messages.
+class UnknownKeyError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 class ConfigReader {
  public:
   // `node` must be a mapping, or null/undefined for an empty section; `prefix` is the node's dotted

@@ -1,14 +1,13 @@
 #include "graph/checkpoint/hf_import_config.hpp"
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/checkpoint/json_file.hpp"
 #include "graph/models/model.hpp"
 
 namespace atl {
@@ -20,21 +19,6 @@ namespace {
 
 // Fields of config.json that describe the file rather than the model's shape.
 const std::set<std::string> kNotModelKeys = {"architectures", "model_type", "atoll_preset"};
-
-json read_hf_config(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw CheckpointError(file.string() + ": missing; an HF directory's config.json names the model");
-  std::ostringstream text;
-  text << in.rdbuf();
-  json config;
-  try {
-    config = json::parse(text.str());
-  } catch (const json::exception&) {
-    throw CheckpointError(file.string() + ": not JSON (expected the model's config.json)");
-  }
-  if (!config.is_object()) throw CheckpointError(file.string() + ": not a JSON object");
-  return config;
-}
 
 // Numbers compare by value (HF writes 1e-06 where atoll writes 1e-6, or 10000 for 10000.0).
 bool same_value(const json& a, const json& b) {
@@ -52,7 +36,8 @@ std::string model_yaml(const json& model) {
 
 RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig>& given) {
   const fs::path file = hf_dir / "config.json";
-  const json hf = read_hf_config(file);
+  const json hf = read_json_file(file);  // an HF directory's config.json names the model
+  if (!hf.is_object()) throw CheckpointError(file.string() + ": not a JSON object");
   if (!hf.contains("model_type") || !hf.at("model_type").is_string()) {
     throw CheckpointError(file.string() + ": model_type: missing (expected one of the families: beam, flint, inkling2)");
   }
@@ -84,13 +69,12 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
         config = parse_run_config(model_yaml(model), source);
         make_model(config.model, config.source_file);
         break;
-      } catch (const ConfigError& e) {
+      } catch (const UnknownKeyError& e) {
         const std::string key = e.key().rfind("model.", 0) == 0 ? e.key().substr(6) : "";
-        const bool unknown = std::string(e.what()).find("unknown key") != std::string::npos;
-        if (!unknown || key.empty() || !model.contains(key)) {
-          throw CheckpointError(fmt::format("{}: {}", source, e.what()));
-        }
+        if (key.empty() || !model.contains(key)) throw CheckpointError(e.what());
         model.erase(key);  // not a model key of this family (e.g. torch_dtype); checked below if it matters
+      } catch (const ConfigError& e) {
+        throw CheckpointError(e.what());
       }
     }
   }
