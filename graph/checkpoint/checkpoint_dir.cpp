@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/json_file.hpp"
 #include "graph/checkpoint/manifest.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 
@@ -95,26 +96,6 @@ void check_values(const fs::path& file, const std::string& what, const Tensor& t
       fail(file, fmt::format("{} holds {} at element {}, but a second moment is a mean of squares (>= 0)", what,
                              v[i], i));
     }
-  }
-}
-
-json read_json_file(const fs::path& file) {
-  if (!fs::is_regular_file(file)) fail(file, "missing");
-  std::string text;
-  {
-    std::FILE* f = std::fopen(file.c_str(), "rb");
-    if (!f) fail(file, "cannot open");
-    char buffer[65536];
-    std::size_t n;
-    while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, n);
-    bool error = std::ferror(f) != 0;
-    std::fclose(f);
-    if (error) fail(file, "read failed");
-  }
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    fail(file, fmt::format("invalid JSON: {}", e.what()));
   }
 }
 

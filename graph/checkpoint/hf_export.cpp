@@ -1,12 +1,12 @@
 #include "graph/checkpoint/hf_export.hpp"
 
-#include <fstream>
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/json_file.hpp"
 #include "graph/checkpoint/model_weights.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "graph/models/model.hpp"
@@ -15,15 +15,8 @@ namespace atl {
 
 RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
   const std::filesystem::path state = checkpoint_dir / "trainer_state.json";
-  std::ifstream in(state);
-  if (!in) throw CheckpointError(state.string() + ": cannot open");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(state.string() + ": invalid JSON: " + e.what());
-  }
-  if (!j.contains("config")) throw CheckpointError(state.string() + ": no \"config\" (the run config it was saved with)");
+  const nlohmann::json j = read_json_file(state);
+  if (!j.is_object() || !j.contains("config")) throw CheckpointError(state.string() + ": no \"config\" (the run config it was saved with)");
   // JSON is YAML: the saved resolved config parses back through the same validation.
   nlohmann::json config = j.at("config");
   config.erase("source_file");  // where it came from, not a config key

@@ -1,15 +1,14 @@
 #include "graph/checkpoint/manifest.hpp"
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
 #include <xxhash.h>
 
 #include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/checkpoint/json_file.hpp"
 
 namespace atl {
 
@@ -55,14 +54,11 @@ json make_manifest(const fs::path& dir, std::int64_t step, const std::string& ma
 
 bool verify_manifest(const fs::path& dir, const std::string& marker) {
   const fs::path marker_file = dir / marker;
-  std::ifstream in(marker_file, std::ios::binary);
-  if (!in) fail(marker_file, "cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (is_step_number(text.str())) return false;  // saved before manifests existed
+  const std::string text = read_text_file(marker_file);
+  if (is_step_number(text)) return false;  // saved before manifests existed
   json manifest;
   try {
-    manifest = json::parse(text.str());
+    manifest = json::parse(text);
   } catch (const json::exception&) {
     fail(marker_file, "not a checkpoint manifest (expected the JSON object a save writes last)");
   }

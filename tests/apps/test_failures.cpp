@@ -400,7 +400,7 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
        {},
        {"weight 'lm_head.weight' holds NaN at element 1"}},
       {"config.json that is not JSON", [](const fs::path& d) { write_file(d / "config.json", "hidden_size = 64"); },
-       {}, {"config.json: not JSON"}},
+       {}, {"config.json: invalid JSON"}},
       {"both a single file and an index",
        [](const fs::path& d) {
          write_file(d / "model.safetensors.index.json",
