@@ -93,29 +93,26 @@ TEST_CASE("linear backward with bf16 operands reads the gradient as bf16", "[mat
   Tensor dw = Tensor::zeros({out, in});
   const Tensor dx = linear_backward(Tensor::from_floats({rows, in}, x), Tensor::from_floats({out, in}, w),
                                     Tensor::from_floats({rows, out}, dy), &dw, Precision::bf16);
-  auto worst = [&](const std::vector<float>& g) {  // max error / (fp32 chain bound) over dx and dw
+  // Largest |got - sum_k term(i, j, k)| / (depth * 2^-24 * sum |term|): at most 1 for one fp32 chain.
+  auto chain_error = [](const float* got, std::int64_t m, std::int64_t n, std::int64_t depth, auto term) {
     double ratio = 0;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t i = 0; i < in; ++i) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
         double ref = 0, mag = 0;
-        for (std::int64_t o = 0; o < out; ++o) {
-          ref += double(g[r * out + o]) * w[o * in + i];
-          mag += std::abs(double(g[r * out + o]) * w[o * in + i]);
+        for (std::int64_t k = 0; k < depth; ++k) {
+          ref += term(i, j, k);
+          mag += std::abs(term(i, j, k));
         }
-        ratio = std::max(ratio, std::abs(dx.data<float>()[r * in + i] - ref) / (out * 0x1p-24 * mag));
-      }
-    }
-    for (std::int64_t o = 0; o < out; ++o) {
-      for (std::int64_t i = 0; i < in; ++i) {
-        double ref = 0, mag = 0;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          ref += double(g[r * out + o]) * x[r * in + i];
-          mag += std::abs(double(g[r * out + o]) * x[r * in + i]);
-        }
-        ratio = std::max(ratio, std::abs(dw.data<float>()[o * in + i] - ref) / (rows * 0x1p-24 * mag));
+        ratio = std::max(ratio, std::abs(got[i * n + j] - ref) / (static_cast<double>(depth) * 0x1p-24 * mag));
       }
     }
     return ratio;
+  };
+  auto worst = [&](const std::vector<float>& g) {  // over dx = g w and dw = g^T x
+    return std::max(chain_error(dx.data<float>(), rows, in, out,
+                                [&](auto r, auto i, auto o) { return double(g[r * out + o]) * w[o * in + i]; }),
+                    chain_error(dw.data<float>(), out, in, rows,
+                                [&](auto o, auto i, auto r) { return double(g[r * out + o]) * x[r * in + i]; }));
   };
   CHECK(worst(dy_rounded) <= 1.0);
   CHECK(worst(dy) > 4.0);
