@@ -89,6 +89,20 @@ inline void slots_by_expert(const std::int32_t* idx_row, std::int64_t k, std::ve
   std::stable_sort(slots.begin(), slots.end(), [&](std::int64_t a, std::int64_t b) { return idx_row[a] < idx_row[b]; });
 }
 
+// The down projection's input when the routing weight comes first: rows [r0, r0+n) of the
+// activation `a` (n x I) times their pair's weight, rounded at the emulation point, into `out`.
+template <class T>
+const T* weighted_rows(const T* a, const T* weights, const DispatchView& plan, std::int64_t r0, std::int64_t n,
+                       std::int64_t I, Precision prec, std::vector<T>& out) {
+  out.resize(static_cast<std::size_t>(n * I));
+  for (std::int64_t r = 0; r < n; ++r) {
+    const T w = weights[plan.row_pair[r0 + r]];
+    for (std::int64_t i = 0; i < I; ++i) out[static_cast<std::size_t>(r * I + i)] = a[r * I + i] * w;
+  }
+  round_emulated_values(prec, out.data(), n * I);
+  return out.data();
+}
+
 // Forward. Saves, per dispatched row: gate_up_out [P,2I] (the activation input), act_out [P,I] (the
 // unweighted activation) and down_out [P,H] (the down-projection output, before the weight when
 // weight_after_down). out [T,H] is overwritten. In precision bf16 the gate_up output, the
@@ -102,7 +116,7 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
   const Precision prec = cfg.precision;
   const GluConfig glu = cfg.glu();
   // Both forward products read bf16 values in precision bf16 (rounded inputs, bf16 weights).
-  const GemmOperands operands = prec == Precision::bf16 ? GemmOperands::bf16 : GemmOperands::f32;
+  const GemmOperands operands = gemm_operands(prec);
   std::vector<T> xs, a_in;
   for (std::int64_t e = 0; e < d.experts; ++e) {
     const std::int64_t r0 = plan.expert_offsets[e], n = plan.expert_offsets[e + 1] - r0;
@@ -117,16 +131,7 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
     round_emulated_values(prec, h, n * 2 * I);
     T* a = act_out + r0 * I;
     glu_forward(h, n, I, glu, prec, a);
-    const T* down_in = a;
-    if (!cfg.weight_after_down) {
-      a_in.resize(static_cast<std::size_t>(n * I));
-      for (std::int64_t r = 0; r < n; ++r) {
-        const T w = weights[plan.row_pair[r0 + r]];
-        for (std::int64_t i = 0; i < I; ++i) a_in[r * I + i] = a[r * I + i] * w;
-      }
-      round_emulated_values(prec, a_in.data(), n * I);
-      down_in = a_in.data();
-    }
+    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, weights, plan, r0, n, I, prec, a_in);
     T* y = down_out + r0 * H;
     gemm<T>(false, false, n, H, I, down_in, I, down + e * I * H, H, false, y, H, operands);
     round_emulated_values(prec, y, n * H);
@@ -164,7 +169,7 @@ void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* dow
   const Precision prec = cfg.precision;
   const GluConfig glu = cfg.glu();
   // The backward of bf16-operand products: the gradients entering them are read as bf16 too.
-  const GemmOperands operands = prec == Precision::bf16 ? GemmOperands::bf16 : GemmOperands::f32;
+  const GemmOperands operands = gemm_operands(prec);
   std::fill(dx, dx + d.tokens * H, T(0));
   std::fill(d_weights, d_weights + d.tokens * K, T(0));
   std::vector<T> dy, a_in, da, dh, xs, dxs;
@@ -189,15 +194,7 @@ void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* dow
       }
     }
     // The down projection's input, as in forward.
-    const T* down_in = a;
-    if (!cfg.weight_after_down) {
-      a_in.resize(static_cast<std::size_t>(n * I));
-      for (std::int64_t r = 0; r < n; ++r) {
-        const T w = weights[plan.row_pair[r0 + r]];
-        for (std::int64_t i = 0; i < I; ++i) a_in[r * I + i] = round_emulated(prec, a[r * I + i] * w);
-      }
-      down_in = a_in.data();
-    }
+    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, weights, plan, r0, n, I, prec, a_in);
     gemm<T>(true, false, I, H, n, down_in, I, dy.data(), H, true, d_down + e * I * H, H, operands);
     da.resize(static_cast<std::size_t>(n * I));
     gemm<T>(false, true, n, I, H, dy.data(), H, down + e * I * H, H, false, da.data(), I, operands);

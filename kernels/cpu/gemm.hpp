@@ -17,9 +17,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/precision.hpp"
+
 namespace atl::cpu {
 
 enum class GemmOperands { f32, bf16 };
+
+// The operands of a precision's bulk products: bf16 in precision bf16, else fp32.
+inline GemmOperands gemm_operands(Precision p) { return p == Precision::bf16 ? GemmOperands::bf16 : GemmOperands::f32; }
 
 // A GEMM splits over the current compute pool only when every part gets at least this many
 // multiply-adds: waking a pool thread costs tens of microseconds, about what 8M multiply-adds take

@@ -8,11 +8,6 @@ namespace atl {
 using detail::as_f32;
 using detail::require;
 
-namespace {
-cpu::GemmOperands gemm_operands(Precision p) {
-  return p == Precision::bf16 ? cpu::GemmOperands::bf16 : cpu::GemmOperands::f32;
-}
-}  // namespace
 
 Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands) {
   constexpr const char* op = "linear_forward";
@@ -24,7 +19,7 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands
   y_shape.back() = out;
   Tensor y = Tensor::empty(y_shape);
   cpu::linear_forward<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, in, out,
-                            gemm_operands(operands));
+                            cpu::gemm_operands(operands));
   return y;
 }
 
@@ -41,7 +36,7 @@ Tensor linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy,
   }
   Tensor dx = Tensor::empty(x.shape());
   cpu::linear_backward<float>(x.data<float>(), w.data<float>(), dy.data<float>(), dx.data<float>(),
-                              dw ? dw->data<float>() : nullptr, rows, in, out, gemm_operands(operands));
+                              dw ? dw->data<float>() : nullptr, rows, in, out, cpu::gemm_operands(operands));
   return dx;
 }
 
