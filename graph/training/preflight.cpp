@@ -79,7 +79,7 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
     params += n;
   }
   const bool reference = config.topology.engine == Engine::reference;
-  const double ranks = reference ? 1.0 : static_cast<double>(config.topology.mesh.world_size());
+  const double ranks = ranks_in_process(config);
   const double threads = static_cast<double>(compute_threads(config));
   RunMemoryEstimate e;
   const double in_flight = reference ? threads : ranks;

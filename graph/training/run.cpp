@@ -118,8 +118,11 @@ TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& 
 
 int compute_threads(const RunConfig& config) {
   if (config.compute.threads > 0) return static_cast<int>(config.compute.threads);
-  const bool one_rank = config.topology.engine == Engine::reference;
-  return cpu::default_compute_threads(one_rank ? 1 : static_cast<int>(config.topology.mesh.world_size()));
+  return cpu::default_compute_threads(ranks_in_process(config));
+}
+
+int ranks_in_process(const RunConfig& config) {
+  return config.topology.engine == Engine::reference ? 1 : static_cast<int>(config.topology.mesh.world_size());
 }
 
 std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {

@@ -62,6 +62,8 @@ OptimizerSettings optimizer_settings(const TrainConfig& train);
 // compute.threads resolved: the configured count, or the default for the ranks this process runs
 // (the reference engine: one; the sim actor runtime: the whole mesh) -- kernels/cpu/compute_pool.hpp.
 int compute_threads(const RunConfig& config);
+// The ranks this process runs: 1 for the reference engine, the whole mesh for the sim.
+int ranks_in_process(const RunConfig& config);
 
 // Throws ConfigError (bad config or an engine that cannot run this mesh) before anything is
 // written to run_dir; other exceptions are runtime failures. Returns the final mean loss.
