@@ -8,7 +8,6 @@
 #include <new>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
@@ -67,12 +66,14 @@ Plan plan_for(GemmOperands operands) {
 struct Scratch {
   void* a = nullptr;
   void* b = nullptr;
-  std::size_t a_bytes = 0, b_bytes = 0;
+  void* bits = nullptr;  // bf16 values of lines being packed (the bf16_as_f32 route)
+  std::size_t a_bytes = 0, b_bytes = 0, bits_bytes = 0;
   float tile[32 * 32];
 
   ~Scratch() {
     std::free(a);
     std::free(b);
+    std::free(bits);
   }
   static void* grow(void*& p, std::size_t& have, std::size_t need) {
     if (need <= have) return p;
@@ -88,9 +89,8 @@ thread_local Scratch tls_scratch;
 
 // Per-thread room for bf16 bits while packing.
 std::uint16_t* scratch_bits(std::int64_t count) {
-  thread_local std::vector<std::uint16_t> bits;
-  if (static_cast<std::int64_t>(bits.size()) < count) bits.resize(static_cast<std::size_t>(count));
-  return bits.data();
+  Scratch& s = tls_scratch;
+  return static_cast<std::uint16_t*>(Scratch::grow(s.bits, s.bits_bytes, sizeof(std::uint16_t) * count));
 }
 
 // A strided view of lines (rows of A, columns of B) by k: element (line, k) at
