@@ -24,6 +24,7 @@ SimOptions sim_options(const RunConfig& config) {
 }
 
 void check_runnable(const RunConfig& config, const Mesh& mesh) {
+  mesh.require_runnable();
   if (config.topology.backend != Backend::sim) {
     throw ConfigError(config.source_file, "topology.backend",
                       std::string("only sim runs in this build, got ") + backend_name(config.topology.backend));

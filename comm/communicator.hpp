@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/group.hpp"
+#include "kernels/rank_group.hpp"
 #include "kernels/tensor.hpp"
 
 namespace atl {

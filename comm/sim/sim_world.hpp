@@ -34,7 +34,7 @@
 
 #include "comm/collective_record.hpp"
 #include "comm/communicator.hpp"
-#include "comm/group.hpp"
+#include "kernels/rank_group.hpp"
 
 namespace atl {
 

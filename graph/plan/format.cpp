@@ -33,8 +33,10 @@ std::string format_bytes(std::int64_t bytes) {
 
 std::string format_plan(const Plan& plan) {
   const MemoryEstimate memory = estimate_memory(plan);
-  const std::vector<std::string> header = {"unit",  "role",       "params", "elements",      "storage", "param",
-                                           "reduce", "inputs",    "shard/rank", "gathered/step", "schedule"};
+  std::vector<std::string> header = {"unit",  "role",       "params", "elements",      "storage", "param",
+                                     "reduce", "inputs",    "shard/rank", "gathered/step", "schedule"};
+  const bool staged = plan.mesh.pp() > 1;
+  if (staged) header.push_back("stage");
   std::vector<std::vector<std::string>> rows;
   std::int64_t params = 0, elements = 0, shard = 0, gathered = 0, islands = 0;
   for (std::size_t i = 0; i < plan.units.size(); ++i) {
@@ -45,6 +47,7 @@ std::string format_plan(const Plan& plan) {
                     std::string(dtype_name(u.policy.reduce_dtype)), u.policy.cast_forward_inputs ? "cast" : "as is",
                     fmt::format("{}", u.shard_numel), format_bytes(t.bytes_gathered_per_step),
                     describe_schedule(u.schedule)});
+    if (staged) rows.back().push_back(fmt::format("{}", u.stage));
     params += static_cast<std::int64_t>(u.params.size());
     elements += u.numel;
     shard += u.shard_numel;
@@ -53,6 +56,7 @@ std::string format_plan(const Plan& plan) {
   }
   rows.push_back({"total", "", fmt::format("{}", params), fmt::format("{}", elements), "", "", "", "",
                   fmt::format("{}", shard), format_bytes(gathered), ""});
+  if (staged) rows.back().push_back("");
 
   std::vector<std::size_t> width(header.size());
   for (std::size_t c = 0; c < header.size(); ++c) {
@@ -60,7 +64,7 @@ std::string format_plan(const Plan& plan) {
     for (const auto& r : rows) width[c] = std::max(width[c], r[c].size());
   }
   // Text columns align left, numbers right.
-  auto numeric = [](std::size_t c) { return c == 2 || c == 3 || c == 8 || c == 9; };
+  auto numeric = [](std::size_t c) { return c == 2 || c == 3 || c == 8 || c == 9 || c == 11; };
   auto line = [&](const std::vector<std::string>& cells) {
     std::string s;
     for (std::size_t c = 0; c < cells.size(); ++c) {
@@ -89,20 +93,32 @@ std::string format_plan(const Plan& plan) {
          "gathered again for backward, islands once per step).\n";
 
   out += fmt::format("\nmesh: {}\n", mesh.describe());
+  if (mesh.ep() > 1) {
+    out += fmt::format("MoE mesh per stage: ep_shard {} x ep {} (the units above keep the experts in their blocks "
+                       "until expert parallelism forms expert-group units)\n",
+                       mesh.ep_shard(), mesh.ep());
+  }
+  if (mesh.pp() > 1 || mesh.cp() > 1 || mesh.ep() > 1) {
+    out += "atoll-train does not run pp, cp or ep > 1 yet; this is the layout it will use.\n";
+  }
   out += "groups:\n";
   // Same text as Group::describe, which GCC 12 -O3 flags with a false -Wrestrict when inlined.
   for (const auto& g : mesh.all_groups()) out += fmt::format("  {}[{}]\n", g.axis, fmt::join(g.ranks, ","));
 
-  out += "\nper-rank memory estimate (activations and unsharded gradients not counted):\n";
-  auto memory_line = [&](const std::string& what, std::int64_t bytes) {
-    out += fmt::format("  {:<42} {:>12}  ({} bytes)\n", what, format_bytes(bytes), bytes);
-  };
-  memory_line("parameters (fp32 master shards)", memory.parameter_bytes);
-  memory_line("gradients (fp32 shards)", memory.gradient_bytes);
-  memory_line("optimizer state (AdamW, 2 x fp32 shards)", memory.optimizer_bytes);
-  memory_line("peak gathered parameters", memory.peak_gathered_bytes);
-  out += fmt::format("    (reached at the {})\n", memory.peak_at);
-  memory_line("total", memory.total_bytes());
+  for (int stage = 0; stage < mesh.pp(); ++stage) {
+    const MemoryEstimate m = estimate_memory(plan, stage);
+    const std::string whose = mesh.pp() == 1 ? "" : fmt::format(", pipeline stage {}", stage);
+    out += fmt::format("\nper-rank memory estimate{} (activations and unsharded gradients not counted):\n", whose);
+    auto memory_line = [&](const std::string& what, std::int64_t bytes) {
+      out += fmt::format("  {:<42} {:>12}  ({} bytes)\n", what, format_bytes(bytes), bytes);
+    };
+    memory_line("parameters (fp32 master shards)", m.parameter_bytes);
+    memory_line("gradients (fp32 shards)", m.gradient_bytes);
+    memory_line("optimizer state (AdamW, 2 x fp32 shards)", m.optimizer_bytes);
+    memory_line("peak gathered parameters", m.peak_gathered_bytes);
+    out += fmt::format("    (reached at the {})\n", m.peak_at);
+    memory_line("total", m.total_bytes());
+  }
   return out;
 }
 

@@ -13,11 +13,11 @@ int gathers_per_step(const UnitPlan& unit) {
   return unit.schedule.reshard_after_forward && !unit.schedule.resident_for_step ? 2 : 1;
 }
 
-MemoryEstimate estimate_memory(const Plan& plan) {
+MemoryEstimate estimate_memory(const Plan& plan, int stage) {
   MemoryEstimate m;
   std::int64_t shard_bytes = 0;
   for (const auto& u : plan.units) {
-    shard_bytes += u.shard_numel * static_cast<std::int64_t>(element_size(DType::f32));
+    if (u.stage == stage) shard_bytes += u.shard_numel * static_cast<std::int64_t>(element_size(DType::f32));
     UnitTraffic t;
     t.name = u.name;
     t.gathered_bytes = gathered_bytes(u);
@@ -46,6 +46,7 @@ MemoryEstimate estimate_memory(const Plan& plan) {
   };
   for (std::size_t i = 0; i < plan.units.size(); ++i) {
     const UnitPlan& u = plan.units[i];
+    if (u.stage != stage) continue;
     gather(i);
     gather_named(u.forward_prefetch_units);
     observe("forward of " + u.name);
@@ -53,6 +54,7 @@ MemoryEstimate estimate_memory(const Plan& plan) {
   }
   for (std::size_t i = plan.units.size(); i-- > 0;) {
     const UnitPlan& u = plan.units[i];
+    if (u.stage != stage) continue;
     gather(i);
     gather_named(u.backward_prefetch_units);
     observe("backward of " + u.name);

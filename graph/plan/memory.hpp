@@ -10,6 +10,7 @@
 //   backward, in reverse unit order: re-gather the unit if it was freed, gather the blocks it
 //   prefetches; after its backward the unit is freed unless it is resident for the step.
 // The peak is the largest sum of held buffers seen at any unit's forward or backward.
+// With pp > 1 a rank holds only its stage's units: the estimate is per stage.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -38,6 +39,7 @@ struct MemoryEstimate {
 
 std::int64_t gathered_bytes(const UnitPlan& unit);
 int gathers_per_step(const UnitPlan& unit);
-MemoryEstimate estimate_memory(const Plan& plan);
+// The ranks of pipeline stage `stage` (0 when pp = 1); `units` lists every unit of the plan.
+MemoryEstimate estimate_memory(const Plan& plan, int stage = 0);
 
 }  // namespace atl

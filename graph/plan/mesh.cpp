@@ -1,5 +1,6 @@
 #include "graph/plan/mesh.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -32,23 +33,6 @@ Mesh::Mesh(const MeshConfig& config, std::string source_file) : config_(config),
                         fmt::format("expected at most {} ranks, got {}", max_world_size, size));
     }
   }
-  // The planner lays these axes out, but no runtime runs them yet.
-  struct Unimplemented {
-    const char* axis;
-    const char* feature;
-    std::int64_t size;
-  };
-  const Unimplemented unimplemented[] = {{"pp", "pipeline parallelism", config.pp},
-                                         {"cp", "context parallelism", config.cp},
-                                         {"ep", "expert parallelism", config.ep}};
-  for (const auto& [axis, feature, size] : unimplemented) {
-    if (size != 1) {
-      throw ConfigError(source_file_, std::string("topology.mesh.") + axis,
-                        fmt::format("{} is not implemented yet (issue: expert/pipeline/context parallelism); "
-                                    "expected 1, got {}",
-                                    feature, size));
-    }
-  }
   if (config.world_size() > max_world_size) {
     throw ConfigError(source_file_, "topology.mesh",
                       fmt::format("expected at most {} ranks in all, got {}", max_world_size, config.world_size()));
@@ -58,6 +42,31 @@ Mesh::Mesh(const MeshConfig& config, std::string source_file) : config_(config),
   dp_shard_ = static_cast<int>(config.dp_shard);
   cp_ = static_cast<int>(config.cp);
   ep_ = static_cast<int>(config.ep);
+  if (stage_size() % ep_ != 0) {
+    throw ConfigError(source_file_, "topology.mesh.ep",
+                      fmt::format("expected a divisor of dp_replicate x dp_shard x cp = {} (ep re-factors the ranks "
+                                  "of a pipeline stage as ep_shard x ep), got {}",
+                                  stage_size(), ep_));
+  }
+}
+
+void Mesh::require_runnable() const {
+  struct Unimplemented {
+    const char* axis;
+    const char* feature;
+    int size;
+  };
+  const Unimplemented unimplemented[] = {{"pp", "pipeline parallelism", pp_},
+                                         {"cp", "context parallelism", cp_},
+                                         {"ep", "expert parallelism", ep_}};
+  for (const auto& [axis, feature, size] : unimplemented) {
+    if (size != 1) {
+      throw ConfigError(source_file_, std::string("topology.mesh.") + axis,
+                        fmt::format("{} is not implemented yet (issue: expert/pipeline/context parallelism); "
+                                    "expected 1, got {} (atoll-plan prints the layout)",
+                                    feature, size));
+    }
+  }
 }
 
 RankCoord Mesh::coord(int rank) const {
@@ -88,6 +97,17 @@ int Mesh::dp_index(int rank) const {
   return c.dp_replicate * dp_shard_ + c.dp_shard;
 }
 
+// The ranks that differ from `rank` only in one coordinate, that coordinate increasing.
+Group Mesh::along_axis(int rank, const char* axis, int RankCoord::*field, int size) const {
+  RankCoord c = coord(rank);
+  Group g{axis, {}};
+  for (int i = 0; i < size; ++i) {
+    c.*field = i;
+    g.ranks.push_back(rank_of(c));
+  }
+  return g;
+}
+
 Group Mesh::shard_group(int rank) const {
   RankCoord c = coord(rank);
   Group g{"dp_shard", {}};
@@ -101,30 +121,48 @@ Group Mesh::shard_group(int rank) const {
   return g;
 }
 
-Group Mesh::replicate_group(int rank) const {
-  RankCoord c = coord(rank);
-  Group g{"dp_replicate", {}};
-  for (int r = 0; r < dp_replicate_; ++r) {
-    c.dp_replicate = r;
-    g.ranks.push_back(rank_of(c));
-  }
+Group Mesh::replicate_group(int rank) const { return along_axis(rank, "dp_replicate", &RankCoord::dp_replicate, dp_replicate_); }
+
+Group Mesh::cp_group(int rank) const { return along_axis(rank, "cp", &RankCoord::cp, cp_); }
+
+Group Mesh::pp_group(int rank) const { return along_axis(rank, "pp", &RankCoord::pp, pp_); }
+
+Group Mesh::ep_group(int rank) const {
+  const int first_of_stage = coord(rank).pp * stage_size();
+  const int local = rank - first_of_stage;
+  Group g{"ep", {}};
+  for (int e = 0; e < ep_; ++e) g.ranks.push_back(first_of_stage + local / ep_ * ep_ + e);
+  return g;
+}
+
+Group Mesh::ep_shard_group(int rank) const {
+  const int first_of_stage = coord(rank).pp * stage_size();
+  const int local = rank - first_of_stage;
+  Group g{"ep_shard", {}};
+  for (int s = 0; s < ep_shard(); ++s) g.ranks.push_back(first_of_stage + s * ep_ + local % ep_);
   return g;
 }
 
 std::vector<Group> Mesh::all_groups() const {
-  std::vector<Group> shard, replicate;
-  auto add = [](std::vector<Group>& list, Group g) {
-    for (const auto& existing : list) {
-      if (existing == g) return;
-    }
-    list.push_back(std::move(g));
+  using GroupOf = Group (Mesh::*)(int) const;
+  struct Axis {
+    GroupOf group_of;
+    bool listed;
   };
-  for (int r = 0; r < world_size(); ++r) {
-    add(shard, shard_group(r));
-    add(replicate, replicate_group(r));
+  const Axis axes[] = {{&Mesh::shard_group, true}, {&Mesh::replicate_group, true}, {&Mesh::cp_group, cp_ > 1},
+                       {&Mesh::pp_group, pp_ > 1},  {&Mesh::ep_group, ep_ > 1},       {&Mesh::ep_shard_group, ep_ > 1}};
+  std::vector<Group> out;
+  for (const auto& axis : axes) {
+    if (!axis.listed) continue;
+    const std::size_t first = out.size();
+    for (int r = 0; r < world_size(); ++r) {
+      Group g = (this->*axis.group_of)(r);
+      if (std::find(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(), g) == out.end()) {
+        out.push_back(std::move(g));
+      }
+    }
   }
-  shard.insert(shard.end(), replicate.begin(), replicate.end());
-  return shard;
+  return out;
 }
 
 void Mesh::check_world_size(int ranks) const {

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "graph/config_reader.hpp"
+
 namespace atl {
 
 namespace {
@@ -122,6 +124,31 @@ UnitParam layout_param(const ParamSpec& spec, int shard_count, std::int64_t offs
       "planner ({}): parameter '{}' is not an fp32 island but sits in fp32 unit '{}' (fp32 modules [{}]), so that "
       "unit would mix dtypes and the param cannot be isolated; it must be moved into its own submodule outside '{}'",
       rules.family, spec.name, unit, fmt::join(rules.fp32_modules, ", "), unit));
+}
+
+// MODELS.md §5.6: layers as evenly as possible over the stages, the first (L mod pp) one more.
+void assign_stages(Plan& plan) {
+  const int stages = plan.mesh.pp();
+  std::set<std::int64_t> layer_set;
+  for (const auto& u : plan.units) {
+    if (u.layer >= 0) layer_set.insert(u.layer);
+  }
+  const std::vector<std::int64_t> layers(layer_set.begin(), layer_set.end());
+  const auto count = static_cast<std::int64_t>(layers.size());
+  if (stages > 1 && count < stages) {
+    throw ConfigError(plan.mesh.source_file(), "topology.mesh.pp",
+                      fmt::format("expected at most {} pipeline stages (one per decoder layer at least), got {}",
+                                  count, stages));
+  }
+  std::map<std::int64_t, int> stage_of_layer;
+  std::size_t next = 0;
+  for (int stage = 0; stage < stages; ++stage) {
+    const std::int64_t take = count / stages + (stage < count % stages ? 1 : 0);
+    for (std::int64_t k = 0; k < take; ++k) stage_of_layer[layers[next++]] = stage;
+  }
+  for (auto& u : plan.units) {
+    u.stage = u.layer >= 0 ? stage_of_layer.at(u.layer) : u.role == UnitRole::embedding ? 0 : stages - 1;
+  }
 }
 
 }  // namespace
@@ -305,6 +332,10 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
       case UnitRole::root: u.schedule = {false, 0, 0, false}; break;
     }
     plan.units.push_back(std::move(u));
+  }
+  assign_stages(plan);
+  if (mesh.pp() > 1) {  // MODELS.md §5.2: no reshard and no prefetch under pipeline parallelism
+    for (std::size_t b : blocks) plan.units[b].schedule = {false, 0, 0, false};
   }
   if (!blocks.empty()) plan.units[blocks.back()].schedule.reshard_after_forward = false;
   for (std::size_t b = 0; b < blocks.size(); ++b) {

@@ -27,7 +27,12 @@
 // (backward needs it first), forward prefetch 1 and backward prefetch 2 along the chain of
 // blocks; islands are resident for the step (gathered once, never resharded mid-step, no
 // prefetch); embeddings reshard after forward; root and heads keep their params until their
-// backward ends.
+// backward ends. With pp > 1 no block reshards after forward and nothing prefetches (a stage
+// runs several micro-batches through its layers; re-gathering per micro-batch would cost more).
+//
+// Pipeline stages (MODELS.md §5.6, one stage per pp rank): the decoder layers are split as evenly
+// as possible, the first (L mod pp) stages taking one more; stage 0 also holds the embeddings,
+// the last stage the model-level islands, the root (final norm) and the heads.
 //
 // Sharding: every param is sharded on dim 0 across the shard group (dp_shard x cp ranks). A
 // param of shape [rows, ...] has row_numel = prod(shape[1:]); 1-d params have rows = numel,
@@ -86,6 +91,7 @@ struct UnitPlan {
   std::string name;  // module path, e.g. model.layers.0.mlp.gate
   UnitRole role = UnitRole::block;
   std::int64_t layer = -1;  // decoder layer, -1 if none
+  int stage = 0;            // pipeline stage that holds the unit
   std::vector<UnitParam> params;  // in spec order
   std::int64_t numel = 0;        // unpadded elements of all params
   std::int64_t shard_numel = 0;  // per rank, padded
@@ -127,7 +133,8 @@ struct Plan {
 };
 
 // Throws std::invalid_argument for a param that breaks dtype uniformity (see above), a param
-// named twice, or a storage dtype mixed inside a unit.
+// named twice, or a storage dtype mixed inside a unit; ConfigError (topology.mesh.pp) for more
+// pipeline stages than decoder layers.
 Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, const Mesh& mesh,
                Precision precision);
 

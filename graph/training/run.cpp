@@ -17,6 +17,7 @@
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model_config.hpp"
 #include "graph/reference/trainer.hpp"
+#include "graph/plan/mesh.hpp"
 #include "graph/training/preflight.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/model_weights.hpp"
@@ -252,6 +253,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                     std::ostream& out) {
   // Everything that can be wrong with the config is found before run_dir is touched.
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  Mesh(config.topology.mesh, config.source_file).require_runnable();  // planned, not run yet: pp, cp, ep > 1
   check_memory_preflight(config, *model);  // before the data source, the weights or the engine allocate
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
   const auto& t = config.train;

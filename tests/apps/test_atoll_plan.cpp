@@ -75,11 +75,26 @@ TEST_CASE("atoll-plan: prints 11 units with the four router islands as fp32 rows
   CHECK(r.out.find("per-rank memory estimate") != std::string::npos);
 }
 
+TEST_CASE("atoll-plan: prints layouts for pp, cp and ep > 1 that atoll-train does not run yet", "[apps][plan]") {
+  const PlanRun r = run_plan({tiny_config(), "--set", "topology.mesh.pp=2", "--set", "topology.mesh.dp_shard=2",
+                              "--set", "topology.mesh.cp=2", "--set", "topology.mesh.ep=2", "--world-size", "8"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("pp 2 x dp_replicate 1 x dp_shard 2 x cp 2 (ep 2) = 8 ranks") != std::string::npos);
+  CHECK(r.out.find("cp[0,1]") != std::string::npos);
+  CHECK(r.out.find("pp[0,4]") != std::string::npos);
+  CHECK(r.out.find("ep[0,1]") != std::string::npos);
+  CHECK(r.out.find("ep_shard[0,2]") != std::string::npos);
+  CHECK(r.out.find("per-rank memory estimate, pipeline stage 0") != std::string::npos);
+  CHECK(r.out.find("per-rank memory estimate, pipeline stage 1") != std::string::npos);
+  CHECK(r.out.find("atoll-train does not run pp, cp or ep > 1 yet") != std::string::npos);
+}
+
 TEST_CASE("atoll-plan: bad configs exit 2 naming the key; the dense preset has no islands", "[apps][plan]") {
-  const PlanRun ep = run_plan({tiny_config(), "--set", "topology.mesh.ep=2"});
+  const PlanRun ep = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=4", "--set", "topology.mesh.ep=3"});
   CHECK(ep.exit_code == 2);
   CHECK(ep.err.find("topology.mesh.ep") != std::string::npos);
-  CHECK(ep.err.find("not implemented yet") != std::string::npos);
+  CHECK(ep.err.find("expected a divisor of dp_replicate x dp_shard x cp = 4") != std::string::npos);
 
   const PlanRun world = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=2", "--world-size", "3"});
   CHECK(world.exit_code == 2);

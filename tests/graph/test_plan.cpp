@@ -147,27 +147,33 @@ TEST_CASE("plan mesh: coordinates, dp index and groups for dp_shard x dp_replica
   CHECK_THROWS_AS(hsdp.rank_of({0, 2, 0, 0}), std::out_of_range);
 }
 
-TEST_CASE("plan mesh: bad sizes and axes not implemented yet are ConfigErrors naming the key and the file",
+TEST_CASE("plan mesh: bad sizes are ConfigErrors naming the key and the file; pp, cp, ep > 1 plan but do not run",
           "[plan][mesh]") {
   auto error_of = [](MeshConfig c) -> std::pair<std::string, std::string> {
     try {
       Mesh mesh(c, "configs/x.yaml");
+      mesh.require_runnable();
     } catch (const ConfigError& e) {
       return {e.key(), e.what()};
     }
     return {"", "no error"};
   };
   for (const char* axis : {"pp", "cp", "ep"}) {
-    MeshConfig c;
+    MeshConfig c = mesh_config(2);
     if (std::string(axis) == "pp") c.pp = 2;
     if (std::string(axis) == "cp") c.cp = 2;
     if (std::string(axis) == "ep") c.ep = 2;
-    const auto [key, message] = error_of(c);
+    CHECK_NOTHROW(Mesh(c, "configs/x.yaml"));  // the planner lays it out
+    const auto [key, message] = error_of(c);   // the runtime refuses it
     INFO(message);
     CHECK(key == std::string("topology.mesh.") + axis);
     CHECK(message.find("configs/x.yaml") != std::string::npos);
     CHECK(message.find("not implemented yet (issue: expert/pipeline/context parallelism)") != std::string::npos);
   }
+  MeshConfig ep3 = mesh_config(4);
+  ep3.ep = 3;  // must divide dp_replicate x dp_shard x cp = 4
+  CHECK(error_of(ep3).first == "topology.mesh.ep");
+  CHECK(error_of(ep3).second.find("expected a divisor of dp_replicate x dp_shard x cp = 4") != std::string::npos);
   MeshConfig zero = mesh_config(0);
   CHECK(error_of(zero).first == "topology.mesh.dp_shard");
   MeshConfig negative = mesh_config(1, -2);
@@ -186,6 +192,103 @@ TEST_CASE("plan mesh: bad sizes and axes not implemented yet are ConfigErrors na
     CHECK(message.find("configs/x.yaml") != std::string::npos);
     CHECK(message.find("= 4 ranks") != std::string::npos);
     CHECK(message.find("started 3") != std::string::npos);
+  }
+}
+
+TEST_CASE("plan mesh: cp, pp, ep and ep_shard groups partition the world as MODELS.md 5.1 lays them out",
+          "[plan][mesh]") {
+  MeshConfig c;
+  c.pp = 2;
+  c.dp_replicate = 2;
+  c.dp_shard = 2;
+  c.cp = 2;
+  c.ep = 4;  // 8 ranks per stage -> ep_shard 2
+  const Mesh mesh(c, "test.yaml");
+  REQUIRE(mesh.world_size() == 16);
+  REQUIRE(mesh.stage_size() == 8);
+  REQUIRE(mesh.ep_shard() == 2);
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    INFO("rank " << r);
+    const RankCoord rc = mesh.coord(r);
+    const Group cp = mesh.cp_group(r);
+    REQUIRE(cp.size() == 2);
+    CHECK(cp.ranks[rc.cp] == r);
+    CHECK(cp.ranks[1] - cp.ranks[0] == 1);  // cp is the fastest axis
+    const Group pp = mesh.pp_group(r);
+    REQUIRE(pp.size() == 2);
+    CHECK(pp.ranks[rc.pp] == r);
+    CHECK(pp.ranks[1] - pp.ranks[0] == 8);
+    // Independently: the local index in the stage is r mod 8; ep index = local mod 4.
+    const int local = r % 8, stage = r / 8;
+    const Group ep = mesh.ep_group(r);
+    REQUIRE(ep.size() == 4);
+    for (int e = 0; e < 4; ++e) CHECK(ep.ranks[e] == stage * 8 + local / 4 * 4 + e);
+    const Group ep_shard = mesh.ep_shard_group(r);
+    REQUIRE(ep_shard.size() == 2);
+    for (int s = 0; s < 2; ++s) CHECK(ep_shard.ranks[s] == stage * 8 + s * 4 + local % 4);
+  }
+  std::map<std::string, std::multiset<int>> covered;
+  std::vector<std::string> axes;
+  for (const auto& g : mesh.all_groups()) {
+    if (axes.empty() || axes.back() != g.axis) axes.push_back(g.axis);
+    covered[g.axis].insert(g.ranks.begin(), g.ranks.end());
+  }
+  CHECK(axes == std::vector<std::string>{"dp_shard", "dp_replicate", "cp", "pp", "ep", "ep_shard"});
+  std::multiset<int> all;
+  for (int r = 0; r < 16; ++r) all.insert(r);
+  for (const auto& [axis, ranks] : covered) {
+    INFO(axis);
+    CHECK(ranks == all);  // each axis's groups partition the world
+  }
+  // Axes of size 1 beyond dp_shard/dp_replicate are not listed.
+  for (const auto& g : Mesh(mesh_config(4), "test.yaml").all_groups()) CHECK((g.axis == "dp_shard" || g.axis == "dp_replicate"));
+}
+
+TEST_CASE("plan stages: layers split evenly, the first L mod pp stages one more; embeddings first, head last",
+          "[plan][pp]") {
+  const BeamModel model(beam_preset("beam-tiny-moe"));  // 4 layers
+  for (std::int64_t pp : {2, 3, 4}) {
+    INFO("pp " << pp);
+    MeshConfig c = mesh_config(2);
+    c.pp = pp;
+    const Plan plan = make_plan(model.specs(), beam_sharding_rules(), Mesh(c, "test.yaml"), Precision::bf16);
+    std::map<std::int64_t, int> stage_of_layer;
+    for (const auto& u : plan.units) {
+      if (u.layer >= 0) {
+        const auto [it, fresh] = stage_of_layer.emplace(u.layer, u.stage);
+        CHECK(it->second == u.stage);  // a layer's islands and block share a stage
+      }
+      if (u.role == UnitRole::embedding) CHECK(u.stage == 0);
+      if (u.role == UnitRole::head || u.role == UnitRole::root) CHECK(u.stage == pp - 1);
+      if (u.role == UnitRole::block) {
+        CHECK(u.schedule == GatherSchedule{false, 0, 0, false});  // §5.2: no reshard, no prefetch with PP
+        CHECK(u.forward_prefetch_units.empty());
+        CHECK(u.backward_prefetch_units.empty());
+      }
+    }
+    std::vector<int> per_stage(static_cast<std::size_t>(pp), 0);
+    for (const auto& [layer, stage] : stage_of_layer) ++per_stage[static_cast<std::size_t>(stage)];
+    for (int s = 0; s < pp; ++s) CHECK(per_stage[s] == 4 / pp + (s < 4 % pp ? 1 : 0));
+    int previous = 0;
+    for (const auto& [layer, stage] : stage_of_layer) {
+      CHECK(stage >= previous);  // contiguous, in layer order
+      previous = stage;
+    }
+    // Each stage's memory counts only its units: the stages' shards add up to the whole plan's.
+    std::int64_t staged = 0;
+    for (int s = 0; s < pp; ++s) staged += estimate_memory(plan, s).parameter_bytes;
+    std::int64_t whole = 0;
+    for (const auto& u : plan.units) whole += u.shard_numel * 4;
+    CHECK(staged == whole);
+  }
+  MeshConfig too_many;
+  too_many.pp = 5;
+  try {
+    make_plan(model.specs(), beam_sharding_rules(), Mesh(too_many, "test.yaml"), Precision::bf16);
+    FAIL("5 stages for 4 layers were accepted");
+  } catch (const ConfigError& e) {
+    CHECK(e.key() == "topology.mesh.pp");
+    CHECK(std::string(e.what()).find("at most 4 pipeline stages") != std::string::npos);
   }
 }
 

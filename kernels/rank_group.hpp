@@ -1,4 +1,5 @@
-// A process group: the global ranks that take part in a collective, in group order.
+// A process group: the global ranks that take part in a collective, in group order. It lives
+// below comm/ and graph/: the plan names groups, comm/ runs collectives on them.
 #pragma once
 #include <algorithm>
 #include <stdexcept>
