@@ -44,6 +44,7 @@ void check_runnable(const RunConfig& config, const Mesh& mesh) {
 struct ActorEngine::Impl {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const Model> model;
+  std::vector<std::vector<std::size_t>> op_units;  // units_per_op
   std::shared_ptr<CollectiveRecorder> recorder;
   std::shared_ptr<SpanTracer> tracer;
   std::unique_ptr<SimWorld> world;  // outlives the actor system (declared first, destroyed last)
@@ -104,19 +105,7 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
   im.model = in.model;
   im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), in.model->sharding_rules(), mesh, config.precision));
   const Plan& plan = *im.plan;
-  // Every unit must be read by exactly one op: a unit no op reads would never be gathered, get a
-  // gradient or reduce, and the step would wait on it forever.
-  std::vector<int> readers(plan.units.size(), 0);
-  for (const auto& units : units_per_op(plan, *in.model)) {
-    for (std::size_t u : units) ++readers[u];
-  }
-  for (std::size_t u = 0; u < plan.units.size(); ++u) {
-    if (readers[u] != 1) {
-      throw std::logic_error("actor runtime: unit '" + plan.units[u].name + "' (" + unit_role_name(plan.units[u].role) +
-                             ") is read by " + std::to_string(readers[u]) + " ops of " + in.model->family() +
-                             "; expected exactly 1");
-    }
-  }
+  im.op_units = units_per_op(plan, *in.model, in.model->family());  // throws unless each unit has one reader
   const int world = mesh.world_size();
   const int threads_per_rank = compute_threads(config);  // default: the ranks are the parallelism
 
@@ -150,10 +139,11 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
   for (int rank = 0; rank < world; ++rank) {
     const Group shard_group = mesh.shard_group(rank), replicate_group = mesh.replicate_group(rank);
     // Every handle is kept the moment it exists, so a failure later can stop it.
-    comm_actor shard_comm = spawn_comm_actor(sys, im.world->communicator(shard_group, rank));
-    im.comms.push_back(shard_comm);
-    comm_actor replicate_comm = spawn_comm_actor(sys, im.world->communicator(replicate_group, rank));
-    im.comms.push_back(replicate_comm);
+    std::vector<std::unique_ptr<Communicator>> communicators;
+    communicators.push_back(im.world->communicator(shard_group, rank));
+    communicators.push_back(im.world->communicator(replicate_group, rank));
+    comm_actor comm = spawn_comm_actor(sys, std::move(communicators));
+    im.comms.push_back(comm);
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
       const UnitPlan& unit = plan.units[u];
       UnitActorSetup setup;
@@ -161,8 +151,7 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
       setup.unit_index = u;
       setup.rank = rank;
       setup.shard_index = shard_group.index_of(rank);
-      setup.shard_comm = shard_comm;
-      setup.replicate_comm = replicate_comm;
+      setup.comm = comm;
       setup.replicate_count = replicate_group.size();
       setup.initial_shard = pack_shard(unit, in.initial_master, setup.shard_index, unit.shard_count);
       setup.initial_exp_avg = pack_shard(unit, exp_avg, setup.shard_index, unit.shard_count);
@@ -174,8 +163,8 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
     compute_actor compute = spawn_compute_actor(sys, rank, threads_per_rank, im.tracer);
     im.computes.push_back(compute);
     im.stages.push_back(spawn_stage_actor(
-        sys, StageActorSetup{im.plan, im.model, rank, im.units[static_cast<std::size_t>(rank)], compute,
-                             replicate_group.size() > 1, im.tracer}));
+        sys, StageActorSetup{im.plan, im.model, rank, im.op_units, im.units[static_cast<std::size_t>(rank)], compute,
+                             im.tracer}));
   }
   im.trainer = spawn_trainer_actor(
       sys, TrainerActorSetup{im.plan, im.stages, config.train.micro_batch, in.start_step, config.precision, in.optimizer,

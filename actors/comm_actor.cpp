@@ -1,7 +1,8 @@
-// The comm actor of one process group on one rank. Requests carry sequence numbers that the
-// stage assigns in program order; the actor issues them to the Communicator strictly in that
-// order (holding early arrivals), so every rank of the group issues the same collectives in the
-// same order — what NCCL requires and what the sim backend's rendezvous checks.
+// The comm actor of one rank: one collective stream over all of the rank's groups. Requests carry
+// the sequence numbers of the step program (the same on every rank); the actor issues them to
+// the group's Communicator strictly in that order (holding early arrivals), so every rank issues
+// the same collectives in the same order on each group and across groups — what NCCL on one
+// stream requires and what the sim backend's rendezvous checks.
 #include <map>
 
 #include "actors/spawn.hpp"
@@ -11,7 +12,7 @@ namespace atl {
 namespace {
 
 struct CommState {
-  std::shared_ptr<Communicator> communicator;
+  std::map<std::string, std::shared_ptr<Communicator>> groups;  // by axis
   std::uint64_t next_seq = 0;
   std::map<std::uint64_t, CollectiveRequest> waiting;                       // arrived early
   std::map<std::uint64_t, caf::typed_response_promise<done_atom>> pending;  // issued, not done
@@ -25,10 +26,15 @@ void issue_ready(comm_pointer self) {
     CollectiveRequest req = std::move(it->second);
     st.waiting.erase(it);
     ++st.next_seq;
+    const auto group = st.groups.find(req.axis);
+    if (group == st.groups.end()) {
+      throw std::logic_error("comm actor: collective #" + std::to_string(req.seq) + " (" + req.tag +
+                             ") names group axis '" + req.axis + "' that this rank does not have");
+    }
     // Completions arrive on a backend thread: turn them into a message to this actor.
     comm_actor handle = self;
     Completion done = [handle, seq = req.seq] { caf::anon_send(handle, completed_atom::value, seq); };
-    Communicator& c = *st.communicator;
+    Communicator& c = *group->second;
     switch (req.kind) {
       case CollectiveKind::all_gather:
         c.all_gather(req.send, req.recv, req.tag, done);
@@ -48,8 +54,8 @@ void issue_ready(comm_pointer self) {
   }
 }
 
-comm_actor::behavior_type comm_behavior(comm_pointer self, std::shared_ptr<Communicator> communicator) {
-  self->state.communicator = std::move(communicator);
+comm_actor::behavior_type comm_behavior(comm_pointer self, std::map<std::string, std::shared_ptr<Communicator>> groups) {
+  self->state.groups = std::move(groups);
   return {
       [=](collect_atom, CollectiveRequest req) -> caf::result<done_atom> {
         auto rp = self->make_response_promise<done_atom>();
@@ -78,8 +84,15 @@ comm_actor::behavior_type comm_behavior(comm_pointer self, std::shared_ptr<Commu
 
 }  // namespace
 
-comm_actor spawn_comm_actor(caf::actor_system& system, std::unique_ptr<Communicator> communicator) {
-  return system.spawn(comm_behavior, std::shared_ptr<Communicator>(std::move(communicator)));
+comm_actor spawn_comm_actor(caf::actor_system& system, std::vector<std::unique_ptr<Communicator>> communicators) {
+  std::map<std::string, std::shared_ptr<Communicator>> groups;
+  for (auto& c : communicators) {
+    const std::string axis = c->group().axis;
+    if (!groups.emplace(axis, std::shared_ptr<Communicator>(std::move(c))).second) {
+      throw std::logic_error("comm actor: two groups of axis '" + axis + "' on one rank");
+    }
+  }
+  return system.spawn(comm_behavior, std::move(groups));
 }
 
 }  // namespace atl

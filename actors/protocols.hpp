@@ -25,19 +25,20 @@ struct GatheredParams {
 };
 
 // One micro-batch's gradient for a unit's parameters. On the last micro-batch of a step the unit
-// reduces: reduce-scatter over its shard group (sequence number shard_seq on that group's comm
-// actor), then, with HSDP, all-reduce over its replicate group (replicate_seq).
+// reduces: reduce-scatter over its shard group (collective `seq` of the rank's stream), then,
+// with HSDP, all-reduce over its replicate group (collective seq + 1).
 struct UnitGrads {
   std::shared_ptr<const TensorMap> grads;
   bool last = false;
-  std::uint64_t shard_seq = 0;
-  std::uint64_t replicate_seq = 0;
+  std::uint64_t seq = 0;
 };
 
-// A collective for a comm actor. Requests run in sequence-number order (the stage numbers them
-// in program order, identical on every rank), whatever order they arrive in.
+// A collective for the rank's comm actor. Requests run in sequence-number order (the step
+// program fixes the numbers, the same on every rank), whatever order they arrive in; `axis`
+// names the rank's group that runs it.
 struct CollectiveRequest {
   std::uint64_t seq = 0;
+  std::string axis;
   CollectiveKind kind = CollectiveKind::all_gather;
   Tensor send, recv;
   std::string tag;
@@ -111,7 +112,7 @@ using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 // --- interfaces ---
 
-// One process group on one rank: runs collectives on its Communicator in sequence order.
+// The collective stream of one rank: runs the collectives of all its groups in sequence order.
 using comm_actor = caf::typed_actor<caf::replies_to<collect_atom, CollectiveRequest>::with<done_atom>,
                                     caf::reacts_to<completed_atom, std::uint64_t>>;
 

@@ -11,7 +11,8 @@
 
 namespace atl {
 
-comm_actor spawn_comm_actor(caf::actor_system& system, std::unique_ptr<Communicator> communicator);
+// One per rank: the communicators of the rank's groups (one per axis).
+comm_actor spawn_comm_actor(caf::actor_system& system, std::vector<std::unique_ptr<Communicator>> communicators);
 
 // threads: compute.threads of this rank (its kernels split their outputs over them).
 compute_actor spawn_compute_actor(caf::actor_system& system, int rank, int threads, std::shared_ptr<SpanTracer> tracer);
@@ -21,9 +22,8 @@ struct UnitActorSetup {
   std::size_t unit_index = 0;
   int rank = 0;
   int shard_index = 0;            // this rank's position in the unit's shard group
-  comm_actor shard_comm;          // the dp_shard group of this rank
-  comm_actor replicate_comm;      // the dp_replicate group (unused when it has one member)
-  int replicate_count = 1;
+  comm_actor comm;                // the rank's collective stream (dp_shard and dp_replicate groups)
+  int replicate_count = 1;        // > 1: HSDP, reductions all-reduce over dp_replicate too
   Tensor initial_shard;           // f32 [shard_numel]
   Tensor initial_exp_avg, initial_exp_avg_sq;  // f32 [shard_numel]
   std::vector<bool> weight_decay;  // per UnitParam
@@ -31,17 +31,13 @@ struct UnitActorSetup {
 };
 unit_actor spawn_unit_actor(caf::actor_system& system, UnitActorSetup setup);
 
-// For each op of the model (embedding, each layer, final), the plan's units it reads: the
-// embedding units; a layer's islands and block; the root, the head and model-level islands.
-std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model);
-
 struct StageActorSetup {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const StagedModel> model;
   int rank = 0;
+  std::vector<std::vector<std::size_t>> op_units;  // units_per_op of the plan and model
   std::vector<unit_actor> units;  // plan order
   compute_actor compute;
-  bool replicated = false;        // dp_replicate > 1: units all-reduce after reduce-scatter
   std::shared_ptr<SpanTracer> tracer;
 };
 stage_actor spawn_stage_actor(caf::actor_system& system, StageActorSetup setup);

@@ -1,52 +1,29 @@
-// The stage actor: runs one pipeline stage's schedule (with pp = 1, the whole model) for this
-// rank's micro-batches. For each op (embedding, each layer, final) it makes sure the op's units
-// are gathered, prefetches as the plan's schedules say, hands the math to the compute actor, and
-// afterwards reshards units and sends them their gradients.
-//
-// Every collective a unit will issue on the shard or replicate group gets its sequence number
-// here, in program order: the same order on every rank, so comm actors issue identical streams.
+// The stage actor: the interpreter of its rank's step program (graph/plan/step_program.hpp).
+// It walks the program's instructions in order: gather, release and grads go out as messages
+// to the unit actors (with the collective sequence numbers the program fixed), forward and
+// backward wait for the op's units' params and run on the compute actor. It decides nothing
+// about what comes next; the program says it.
+#include <map>
+
 #include "actors/spawn.hpp"
+#include "graph/plan/step_program.hpp"
 
 namespace atl {
-
-// Units of op `op` (by role and layer): embedding; layer l = its islands and block; final = root,
-// head and model-level islands (Inkling2's output_query).
-std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model) {
-  std::vector<std::vector<std::size_t>> out(static_cast<std::size_t>(model.op_count()));
-  for (int op = 0; op < model.op_count(); ++op) {
-    for (std::size_t u = 0; u < plan.units.size(); ++u) {
-      const UnitPlan& unit = plan.units[u];
-      bool mine = false;
-      switch (model.op_kind(op)) {
-        case OpKind::embedding:
-          mine = unit.role == UnitRole::embedding;
-          break;
-        case OpKind::layer:
-          mine = unit.layer == model.op_layer(op);
-          break;
-        case OpKind::final:
-          mine = unit.role == UnitRole::root || unit.role == UnitRole::head ||
-                 (unit.role == UnitRole::island && unit.layer < 0);
-          break;
-      }
-      if (mine) out[static_cast<std::size_t>(op)].push_back(u);
-    }
-  }
-  return out;
-}
 
 namespace {
 
 struct StageState {
   StageActorSetup setup;
-  int ops = 0;
-  std::vector<std::vector<std::size_t>> op_units;  // op -> unit indices (plan order)
-  std::vector<bool> gathered;                      // as last told to each unit
-  std::uint64_t shard_seq = 0, replicate_seq = 0;
+  std::map<int, std::shared_ptr<const StepProgram>> programs;  // by micro-batch count
+  std::uint64_t next_seq = 0;  // the rank's collective stream position before the next step or probe
   // The step in flight.
+  bool active = false;
   StageStep step;
-  std::size_t micro_batch = 0;
+  std::shared_ptr<const StepProgram> program;
+  std::size_t pc = 0;          // next instruction
+  std::uint64_t seq_base = 0;  // the step's first collective sequence number
   std::shared_ptr<MicroBatchRun> run;  // shared with compute jobs in flight
+  std::shared_ptr<TensorMap> grads;    // of the last backward instruction
   std::vector<double> loss_sums;
   std::vector<std::vector<RoutingRecord>> routing;
   caf::typed_response_promise<StageReport> done;
@@ -54,39 +31,20 @@ struct StageState {
 
 using stage_pointer = stage_actor::stateful_pointer<StageState>;
 
-void forward_op(stage_pointer self, int op);
-void backward_op(stage_pointer self, int op);
+void advance(stage_pointer self);
 
 // Any failure during a step (a unit, a collective, a kernel) ends the step with that error, so
 // the trainer and the engine see it instead of waiting forever.
 void fail(stage_pointer self, const caf::error& error) {
   auto& st = self->state;
+  st.active = false;
   st.run.reset();
   if (st.done.pending()) st.done.deliver(error);
 }
 
-void ensure_gathered(stage_pointer self, std::size_t u) {
-  auto& st = self->state;
-  if (st.gathered[u]) return;
-  st.gathered[u] = true;
-  self->send(st.setup.units[u], gather_atom::value, st.shard_seq++);
-}
-
-void ensure_op_gathered(stage_pointer self, int op) {
-  if (op < 0 || op >= self->state.ops) return;
-  for (std::size_t u : self->state.op_units[static_cast<std::size_t>(op)]) ensure_gathered(self, u);
-}
-
-void release(stage_pointer self, std::size_t u) {
-  auto& st = self->state;
-  if (!st.gathered[u]) return;
-  st.gathered[u] = false;
-  self->send(st.setup.units[u], release_atom::value);
-}
-
 // Collects the gathered params of every unit of `op` into one map, then continues.
 void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<TensorMap>)> next) {
-  const auto& units = self->state.op_units[static_cast<std::size_t>(op)];
+  const auto& units = self->state.setup.op_units[static_cast<std::size_t>(op)];
   auto merged = std::make_shared<TensorMap>();
   auto remaining = std::make_shared<std::size_t>(units.size());
   for (std::size_t u : units) {
@@ -94,39 +52,70 @@ void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<
         .then(
             [=](const GatheredParams& p) {
               for (const auto& name : p.params->names()) merged->insert(name, p.params->at(name));
-              if (--*remaining == 0 && self->state.run) next(merged);  // not after a failure
+              if (--*remaining == 0 && self->state.active) next(merged);  // not after a failure
             },
             [=](caf::error& e) { fail(self, e); });
   }
 }
 
+// Runs `work` on the compute actor; afterwards `next`, then the following instruction.
 void compute(stage_pointer self, std::string name, std::function<void()> work, std::function<void()> next) {
   self->request(self->state.setup.compute, caf::infinite, run_atom::value, ComputeJob{std::move(name), std::move(work)})
       .then(
           [=, next = std::move(next)](done_atom) {
-            if (self->state.run) next();  // a failed step (run reset by fail) goes no further
+            if (!self->state.active) return;  // a failed step goes no further
+            next();
+            ++self->state.pc;
+            advance(self);
           },
           [=](caf::error& e) { fail(self, e); });
 }
 
-bool last_micro_batch(const StageState& st) { return st.micro_batch + 1 == st.step.micro_batches.size(); }
-
-void start_micro_batch(stage_pointer self) {
+void run_forward(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
-  if (st.micro_batch == 0) {
-    // Islands are resident for the step: tiny, so all of them are gathered up front and no op
-    // ever waits for one.
-    for (std::size_t u = 0; u < st.setup.units.size(); ++u) {
-      if (st.setup.plan->units[u].schedule.resident_for_step) ensure_gathered(self, u);
+  if (ins.op == 0) {
+    try {
+      st.run = st.setup.model->start(st.step.micro_batches[static_cast<std::size_t>(ins.micro_batch)],
+                                     st.setup.plan->precision, st.step.grad_scale);
+    } catch (const std::exception& e) {
+      return fail(self,
+                  caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(st.setup.rank) + ": " + e.what()));
     }
   }
-  try {
-    st.run = st.setup.model->start(st.step.micro_batches[st.micro_batch], st.setup.plan->precision, st.step.grad_scale);
-  } catch (const std::exception& e) {
-    return fail(self,
-                caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(st.setup.rank) + ": " + e.what()));
-  }
-  forward_op(self, 0);
+  const int op = ins.op;
+  with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
+    auto run = self->state.run;
+    compute(self, "forward op " + std::to_string(op), [run, op, weights] { run->forward(op, *weights); }, [=] {
+      auto& s = self->state;
+      if (op + 1 < static_cast<int>(s.setup.op_units.size())) return;
+      s.loss_sums.push_back(s.run->loss_sum());
+      if (s.step.record_routing) s.routing.push_back(s.run->routing());
+    });
+  });
+}
+
+void run_backward(stage_pointer self, const StepInstruction& ins) {
+  const int op = ins.op;
+  with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
+    auto grads = std::make_shared<TensorMap>();
+    for (const auto& name : weights->names()) grads->insert(name, Tensor::zeros(weights->at(name).shape()));
+    auto run = self->state.run;
+    compute(
+        self, "backward op " + std::to_string(op), [run, op, weights, grads] { run->backward(op, *weights, *grads); },
+        [=] {
+          auto& s = self->state;
+          s.grads = grads;
+          if (op == 0) s.run.reset();  // the micro-batch is done
+        });
+  });
+}
+
+void send_grads(stage_pointer self, const StepInstruction& ins) {
+  auto& st = self->state;
+  const UnitPlan& unit = st.setup.plan->units[ins.unit];
+  auto mine = std::make_shared<TensorMap>();
+  for (const auto& p : unit.params) mine->insert(p.name, st.grads->at(p.name));
+  self->send(st.setup.units[ins.unit], grads_atom::value, UnitGrads{mine, ins.last, st.seq_base + ins.collective});
 }
 
 void finish_step(stage_pointer self) {
@@ -142,105 +131,79 @@ void finish_step(stage_pointer self) {
         .then(
             [=](double sum_squares) {
               report->unit_sum_squares[u] = sum_squares;
-              if (--*remaining == 0) self->state.done.deliver(std::move(*report));
+              if (--*remaining == 0 && self->state.done.pending()) {
+                self->state.active = false;
+                self->state.done.deliver(std::move(*report));
+              }
             },
             [=](caf::error& e) { fail(self, e); });
   }
 }
 
-void forward_op(stage_pointer self, int op) {
+// Walks instructions until one must wait (forward, backward) or the program ends.
+void advance(stage_pointer self) {
   auto& st = self->state;
-  ensure_op_gathered(self, op);
-  // Forward prefetch: the plan names, per unit, which units to gather ahead.
-  for (std::size_t u : st.op_units[static_cast<std::size_t>(op)]) {
-    for (const auto& name : st.setup.plan->units[u].forward_prefetch_units) {
-      ensure_gathered(self, st.setup.plan->unit_index(name));
+  const auto& instructions = st.program->instructions;
+  while (st.active && st.pc < instructions.size()) {
+    const StepInstruction& ins = instructions[st.pc];
+    switch (ins.kind) {
+      case StepInstructionKind::gather:
+        self->send(st.setup.units[ins.unit], gather_atom::value, st.seq_base + ins.collective);
+        break;
+      case StepInstructionKind::release:
+        self->send(st.setup.units[ins.unit], release_atom::value);
+        break;
+      case StepInstructionKind::grads:
+        send_grads(self, ins);
+        break;
+      case StepInstructionKind::forward:
+        return run_forward(self, ins);
+      case StepInstructionKind::backward:
+        return run_backward(self, ins);
     }
+    ++st.pc;
   }
-  with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
-    auto run = self->state.run;
-    compute(
-        self, "forward op " + std::to_string(op), [run, op, weights] { run->forward(op, *weights); },
-        [=] {
-          auto& s = self->state;
-          for (std::size_t u : s.op_units[static_cast<std::size_t>(op)]) {
-            if (s.setup.plan->units[u].schedule.reshard_after_forward) release(self, u);
-          }
-          if (op + 1 < s.ops) return forward_op(self, op + 1);
-          s.loss_sums.push_back(s.run->loss_sum());
-          if (s.step.record_routing) s.routing.push_back(s.run->routing());
-          backward_op(self, s.ops - 1);
-        });
-  });
+  if (st.active) finish_step(self);
 }
 
-void backward_op(stage_pointer self, int op) {
-  auto& st = self->state;
-  ensure_op_gathered(self, op);  // a unit resharded after forward is gathered again
-  for (std::size_t u : st.op_units[static_cast<std::size_t>(op)]) {
-    for (const auto& name : st.setup.plan->units[u].backward_prefetch_units) {
-      ensure_gathered(self, st.setup.plan->unit_index(name));
-    }
+std::shared_ptr<const StepProgram> program_for(StageState& st, int micro_batches) {
+  auto& slot = st.programs[micro_batches];
+  if (!slot) {
+    slot = std::make_shared<const StepProgram>(compile_step_program(*st.setup.plan, st.setup.op_units, micro_batches));
   }
-  with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
-    auto& s = self->state;
-    auto grads = std::make_shared<TensorMap>();
-    for (const auto& name : weights->names()) grads->insert(name, Tensor::zeros(weights->at(name).shape()));
-    auto run = s.run;
-    compute(
-        self, "backward op " + std::to_string(op), [run, op, weights, grads] { run->backward(op, *weights, *grads); },
-        [=] {
-          auto& s2 = self->state;
-          const bool last = last_micro_batch(s2);
-          for (std::size_t u : s2.op_units[static_cast<std::size_t>(op)]) {
-            const UnitPlan& unit = s2.setup.plan->units[u];
-            auto mine = std::make_shared<TensorMap>();
-            for (const auto& p : unit.params) mine->insert(p.name, grads->at(p.name));
-            UnitGrads msg{mine, last, 0, 0};
-            if (last) {
-              msg.shard_seq = s2.shard_seq++;
-              if (s2.setup.replicated) msg.replicate_seq = s2.replicate_seq++;
-            }
-            self->send(s2.setup.units[u], grads_atom::value, std::move(msg));
-            // FSDP2 keeps params gathered between micro-batches (reshard_after_backward only on the
-            // last one), so the next micro-batch's forward needs no gather.
-            if (last) release(self, u);
-          }
-          if (op > 0) return backward_op(self, op - 1);
-          s2.run.reset();
-          if (last) return finish_step(self);
-          ++s2.micro_batch;
-          start_micro_batch(self);
-        });
-  });
+  return slot;
 }
 
 stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup setup) {
-  auto& st = self->state;
-  st.ops = setup.model->op_count();
-  st.op_units = units_per_op(*setup.plan, *setup.model);
-  st.gathered.assign(setup.units.size(), false);
-  st.setup = std::move(setup);
+  self->state.setup = std::move(setup);
   return {
       [=](step_atom, StageStep step) -> caf::result<StageReport> {
         auto& s = self->state;
         if (step.micro_batches.empty()) return caf::make_error(caf::sec::runtime_error, "stage: no micro-batches");
+        if (s.active) return caf::make_error(caf::sec::runtime_error, "stage: a step is already running");
+        s.program = program_for(s, static_cast<int>(step.micro_batches.size()));
         s.step = std::move(step);
-        s.micro_batch = 0;
+        s.pc = 0;
+        s.seq_base = s.next_seq;
+        s.next_seq += s.program->collectives.size();
         s.loss_sums.clear();
         s.routing.clear();
+        s.active = true;
         s.done = self->make_response_promise<StageReport>();
-        start_micro_batch(self);
+        advance(self);
         return s.done;
       },
+      // Between steps: gather one unit, take its params, reshard it (a gather round trip). It
+      // takes the next number of the rank's stream, like a one-collective program.
       [=](probe_atom, std::uint64_t unit) -> caf::result<done_atom> {
         auto rp = self->make_response_promise<done_atom>();
         const auto u = static_cast<std::size_t>(unit);
-        ensure_gathered(self, u);
-        self->request(self->state.setup.units[u], caf::infinite, params_atom::value)
+        const unit_actor target = self->state.setup.units[u];
+        self->send(target, gather_atom::value, self->state.next_seq++);
+        self->request(target, caf::infinite, params_atom::value)
             .then(
                 [=](const GatheredParams&) mutable {
-                  release(self, u);
+                  self->send(target, release_atom::value);
                   rp.deliver(done_atom::value);
                 },
                 [=](caf::error& e) mutable { rp.deliver(e); });

@@ -56,8 +56,8 @@ void start_gather(unit_pointer self, std::uint64_t seq) {
   Tensor send = u.policy.param_dtype == DType::f32 ? st.master : st.master.to(u.policy.param_dtype);
   Tensor recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
   const double start = st.setup.tracer->now_us();
-  self->request(st.setup.shard_comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{seq, CollectiveKind::all_gather, send, recv, u.name})
+  self->request(st.setup.comm, caf::infinite, collect_atom::value,
+                CollectiveRequest{seq, "dp_shard", CollectiveKind::all_gather, send, recv, u.name})
       .then(
           [=](done_atom) {
             auto& s = self->state;
@@ -92,13 +92,14 @@ void start_reduce(unit_pointer self, const UnitGrads& msg) {
   }
   Tensor recv = Tensor::empty({u.shard_numel}, u.policy.reduce_dtype);
   const double start = st.setup.tracer->now_us();
-  self->request(st.setup.shard_comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{msg.shard_seq, CollectiveKind::reduce_scatter, send, recv, u.name})
+  self->request(st.setup.comm, caf::infinite, collect_atom::value,
+                CollectiveRequest{msg.seq, "dp_shard", CollectiveKind::reduce_scatter, send, recv, u.name})
       .then(
           [=](done_atom) {
             if (self->state.setup.replicate_count == 1) return finish_reduce(self, recv, start);
-            self->request(self->state.setup.replicate_comm, caf::infinite, collect_atom::value,
-                          CollectiveRequest{msg.replicate_seq, CollectiveKind::all_reduce, Tensor(), recv, u.name})
+            self->request(self->state.setup.comm, caf::infinite, collect_atom::value,
+                          CollectiveRequest{msg.seq + 1, "dp_replicate", CollectiveKind::all_reduce, Tensor(), recv,
+                                            u.name})
                 .then([=](done_atom) { finish_reduce(self, recv, start); }, [=](caf::error& e) { fail(self, e); });
           },
           [=](caf::error& e) { fail(self, e); });
@@ -136,7 +137,14 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
   st.setup = std::move(setup);
   return {
       [=](gather_atom, std::uint64_t seq) {
-        if (self->state.gather == GatherState::sharded) start_gather(self, seq);
+        // The step program gathers only sharded units; skipping would leave collective `seq`
+        // unissued and every rank's stream waiting on it, so a second gather is a bug, loudly.
+        if (self->state.gather != GatherState::sharded) {
+          return fail(self, caf::make_error(caf::sec::runtime_error,
+                                            self->state.actor_name + ": gather #" + std::to_string(seq) +
+                                                " of a unit that is already gathered"));
+        }
+        start_gather(self, seq);
       },
       [=](params_atom) -> caf::result<GatheredParams> {
         auto& s = self->state;

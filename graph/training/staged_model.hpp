@@ -9,6 +9,7 @@
 
 #include "graph/data/batch.hpp"
 #include "graph/param.hpp"
+#include "graph/plan/plan.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
@@ -48,5 +49,12 @@ class StagedModel {
   virtual std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
                                                float grad_scale) const = 0;
 };
+
+// For each op of the model (embedding, each layer, final), the plan's units it reads: the
+// embedding units; a layer's islands and block; the root, the head and model-level islands.
+// Throws std::logic_error when a unit is read by no op or by several: a unit no op reads would
+// never be gathered or reduce, and a step would wait on it forever.
+std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model,
+                                                   const std::string& family);
 
 }  // namespace atl

@@ -1,0 +1,153 @@
+#include "graph/plan/step_program.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace atl {
+
+const char* collective_op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_gather: return "all_gather";
+    case CollectiveOp::reduce_scatter: return "reduce_scatter";
+    case CollectiveOp::all_reduce: return "all_reduce";
+  }
+  return "?";
+}
+
+const char* step_instruction_name(StepInstructionKind kind) {
+  switch (kind) {
+    case StepInstructionKind::gather: return "gather";
+    case StepInstructionKind::release: return "release";
+    case StepInstructionKind::forward: return "forward";
+    case StepInstructionKind::backward: return "backward";
+    case StepInstructionKind::grads: return "grads";
+  }
+  return "?";
+}
+
+namespace {
+
+// Emits instructions while tracking which units are gathered, as the actors will.
+class ProgramBuilder {
+ public:
+  explicit ProgramBuilder(const Plan& plan) : plan_(plan), gathered_(plan.units.size(), false) {}
+
+  void gather(std::size_t u) {
+    if (gathered_[u]) return;
+    gathered_[u] = true;
+    emit({StepInstructionKind::gather, -1, -1, u, false, collective(CollectiveOp::all_gather, "dp_shard", u)});
+  }
+  void gather_named(const std::vector<std::string>& names) {
+    for (const auto& name : names) gather(plan_.unit_index(name));
+  }
+  void release(std::size_t u) {
+    if (!gathered_[u]) return;
+    gathered_[u] = false;
+    emit({StepInstructionKind::release, -1, -1, u, false, 0});
+  }
+  void run(StepInstructionKind kind, int op, int micro_batch) { emit({kind, op, micro_batch, 0, false, 0}); }
+  void grads(std::size_t u, int micro_batch, bool last) {
+    std::uint64_t first = 0;
+    if (last) {
+      first = collective(CollectiveOp::reduce_scatter, "dp_shard", u);
+      if (plan_.mesh.dp_replicate() > 1) collective(CollectiveOp::all_reduce, "dp_replicate", u);
+    }
+    emit({StepInstructionKind::grads, -1, micro_batch, u, last, first});
+  }
+  StepProgram finish(int micro_batches) {
+    program_.micro_batches = micro_batches;
+    return std::move(program_);
+  }
+
+ private:
+  std::uint64_t collective(CollectiveOp op, const char* axis, std::size_t u) {
+    const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
+    program_.collectives.push_back({seq, op, axis, u});
+    return seq;
+  }
+  void emit(StepInstruction i) { program_.instructions.push_back(i); }
+
+  const Plan& plan_;
+  std::vector<bool> gathered_;
+  StepProgram program_;
+};
+
+}  // namespace
+
+StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector<std::size_t>>& op_units,
+                                 int micro_batches) {
+  if (micro_batches < 1) {
+    throw std::invalid_argument(fmt::format("step program: expected at least 1 micro-batch, got {}", micro_batches));
+  }
+  for (const auto& units : op_units) {
+    for (std::size_t u : units) {
+      if (u >= plan.units.size()) {
+        throw std::invalid_argument(fmt::format("step program: unit {} is outside the plan's {}", u, plan.units.size()));
+      }
+    }
+  }
+  ProgramBuilder b(plan);
+  const int ops = static_cast<int>(op_units.size());
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    if (plan.units[u].schedule.resident_for_step) b.gather(u);
+  }
+  for (int m = 0; m < micro_batches; ++m) {
+    const bool last = m + 1 == micro_batches;
+    for (int op = 0; op < ops; ++op) {
+      const auto& units = op_units[static_cast<std::size_t>(op)];
+      for (std::size_t u : units) b.gather(u);
+      for (std::size_t u : units) b.gather_named(plan.units[u].forward_prefetch_units);
+      b.run(StepInstructionKind::forward, op, m);
+      for (std::size_t u : units) {
+        if (plan.units[u].schedule.reshard_after_forward) b.release(u);
+      }
+    }
+    for (int op = ops - 1; op >= 0; --op) {
+      const auto& units = op_units[static_cast<std::size_t>(op)];
+      for (std::size_t u : units) b.gather(u);
+      for (std::size_t u : units) b.gather_named(plan.units[u].backward_prefetch_units);
+      b.run(StepInstructionKind::backward, op, m);
+      for (std::size_t u : units) {
+        b.grads(u, m, last);
+        // FSDP2 reshards after backward only on the last micro-batch (MODELS.md §5.4).
+        if (last) b.release(u);
+      }
+    }
+  }
+  return b.finish(micro_batches);
+}
+
+std::string format_step_program(const Plan& plan, const StepProgram& program) {
+  std::string out = fmt::format("step program: {} micro-batch(es), {} instructions, {} collectives per rank\n",
+                                program.micro_batches, program.instructions.size(), program.collectives.size());
+  auto describe = [&](std::uint64_t c) {
+    const CollectiveNode& n = program.collectives[c];
+    return fmt::format("#{} {} over {}", n.seq, collective_op_name(n.op), n.axis);
+  };
+  for (const StepInstruction& i : program.instructions) {
+    const std::string& unit = plan.units[i.unit].name;
+    switch (i.kind) {
+      case StepInstructionKind::gather:
+        out += fmt::format("  gather    {:<28} {}\n", unit, describe(i.collective));
+        break;
+      case StepInstructionKind::release:
+        out += fmt::format("  release   {}\n", unit);
+        break;
+      case StepInstructionKind::forward:
+      case StepInstructionKind::backward:
+        out += fmt::format("  {:<9} op {} micro-batch {}\n", step_instruction_name(i.kind), i.op, i.micro_batch);
+        break;
+      case StepInstructionKind::grads:
+        out += fmt::format("  grads     {:<28}", unit);
+        // fmt, not operator+: GCC 12 -O3 flags "literal" + string with a false -Wrestrict.
+        if (i.last) out += fmt::format(" {}", describe(i.collective));
+        if (i.last && plan.mesh.dp_replicate() > 1) out += fmt::format(", {}", describe(i.collective + 1));
+        out += "\n";
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace atl

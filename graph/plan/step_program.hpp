@@ -1,0 +1,76 @@
+// The step program: what one rank's stage does in one training step, compiled from the Plan
+// before anything runs (DESIGN.md "The plan is the dataflow graph"). The stage actor walks it
+// and decides nothing itself: which unit to gather before which op, which prefetches, when to
+// reshard, which gradients reduce, and the sequence number of every collective.
+//
+// Collectives are nodes with a sequence number fixed here: one stream per rank, numbered across
+// all of the rank's groups in program order. Every rank compiles the same program (pp = 1: the
+// program depends only on the plan and the micro-batch count), so every rank issues the same
+// collectives in the same order on every group, and across groups too (what NCCL on one stream
+// needs; posting the replicate all-reduce whenever the reduce-scatter happens to finish would
+// order them differently on different ranks).
+//
+// The walk reproduces FSDP2's schedule (MODELS.md §5.2, §5.4) for n micro-batches:
+//   step start: gather every island (resident for the step);
+//   forward of op o, micro-batch m: gather o's units that are not gathered, then the units they
+//     prefetch; run; reshard the units whose schedule says so;
+//   backward of op o (reverse order): gather again what was resharded, then the backward
+//     prefetches; run; hand each unit its gradient. On the last micro-batch the unit reduces:
+//     reduce-scatter over its shard group, all-reduce over the replicate group (HSDP), then
+//     reshards. Before that units stay gathered between micro-batches.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/plan/plan.hpp"
+
+namespace atl {
+
+enum class CollectiveOp { all_gather, reduce_scatter, all_reduce };
+const char* collective_op_name(CollectiveOp op);
+
+// One collective of the rank's stream.
+struct CollectiveNode {
+  std::uint64_t seq = 0;  // position in the rank's stream (0-based within the step)
+  CollectiveOp op = CollectiveOp::all_gather;
+  std::string axis;       // the group: "dp_shard" (the unit's shard group) or "dp_replicate"
+  std::size_t unit = 0;   // plan unit index; its name is the collective's tag
+};
+
+enum class StepInstructionKind {
+  gather,    // unit starts its all-gather (collective `collective`)
+  release,   // unit frees its gathered params
+  forward,   // run op's forward for micro_batch
+  backward,  // run op's backward for micro_batch
+  grads,     // hand unit its gradient of the last backward; `last`: it reduces (collectives
+             // `collective` and, with HSDP, `collective + 1`)
+};
+const char* step_instruction_name(StepInstructionKind kind);
+
+struct StepInstruction {
+  StepInstructionKind kind = StepInstructionKind::forward;
+  int op = -1;                  // forward, backward
+  int micro_batch = -1;         // forward, backward, grads
+  std::size_t unit = 0;         // gather, release, grads
+  bool last = false;            // grads: the step's last micro-batch
+  std::uint64_t collective = 0;  // gather, grads with last: index into StepProgram::collectives
+};
+
+struct StepProgram {
+  int micro_batches = 0;
+  std::vector<StepInstruction> instructions;
+  std::vector<CollectiveNode> collectives;  // in stream order: collectives[i].seq == i
+};
+
+// op_units[o]: the plan units op o reads (each unit read by exactly one op); ops run forward
+// 0..n-1 and backward n-1..0. With dp_replicate > 1 every reduction adds an all-reduce.
+// Throws std::invalid_argument for micro_batches < 1 or a unit index outside the plan.
+StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector<std::size_t>>& op_units,
+                                 int micro_batches);
+
+// One line per instruction, collectives with their sequence number and group; for atoll-plan.
+std::string format_step_program(const Plan& plan, const StepProgram& program);
+
+}  // namespace atl

@@ -1,0 +1,135 @@
+// The step program (graph/plan/step_program.hpp) is what the runtime executes: the collectives a
+// run records are exactly the program's collective nodes, in the program's order, on every rank
+// (DESIGN.md "The plan is the dataflow graph"); and the program's schedule is FSDP2's.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <tuple>
+
+#include "actors/actor_engine.hpp"
+#include "graph/plan/step_program.hpp"
+#include "tests/actors/actor_test_support.hpp"
+
+using namespace atl;
+using namespace atl::testing;
+
+namespace {
+
+CollectiveKind kind_of(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_gather: return CollectiveKind::all_gather;
+    case CollectiveOp::reduce_scatter: return CollectiveKind::reduce_scatter;
+    case CollectiveOp::all_reduce: return CollectiveKind::all_reduce;
+  }
+  return CollectiveKind::broadcast;
+}
+
+}  // namespace
+
+TEST_CASE("Every rank records exactly the step program's collectives in its order, for several meshes and families",
+          "[actors][program]") {
+  struct Case {
+    const char* family;
+    const char* preset;
+    Layout layout;
+    std::int64_t global_batch, micro_batch;
+  };
+  const Case cases[] = {
+      {"beam", "beam-tiny-moe", {2, 1}, 2, 1},   // one micro-batch per rank
+      {"beam", "beam-tiny-moe", {2, 2}, 8, 1},   // HSDP, two micro-batches per rank
+      {"beam", "beam-tiny-dense", {4, 1}, 4, 1},
+      {"flint", "flint-tiny", {1, 2}, 6, 1},     // replicate only, three micro-batches
+      {"inkling2", "inkling2-tiny", {2, 1}, 4, 1},
+  };
+  for (const Case& c : cases) {
+    INFO(c.family << " dp_shard " << c.layout.dp_shard << " dp_replicate " << c.layout.dp_replicate << " batch "
+                  << c.global_batch);
+    const RunConfig config = parity_config(c.family, c.preset, Precision::bf16, c.layout, c.global_batch, c.micro_batch);
+    std::unique_ptr<TrainingEngine> engine;
+    run_engine(config, make_actor_engine, 2, false, &engine);
+    auto& actors = dynamic_cast<ActorEngine&>(*engine);
+    const Plan& plan = actors.plan();
+    const auto model = make_model(config.model, config.source_file);
+    const int per_rank = static_cast<int>(c.global_batch / c.micro_batch / (c.layout.dp_shard * c.layout.dp_replicate));
+    const StepProgram program = compile_step_program(plan, units_per_op(plan, *model, model->family()), per_rank);
+    REQUIRE(!program.collectives.empty());
+
+    // Per (step, rank, axis): the records in completion order (a group completes in issue order).
+    std::map<std::tuple<std::int64_t, int, std::string>, std::vector<CollectiveRecord>> recorded;
+    for (const CollectiveRecord& r : actors.collective_records()) recorded[{r.step, r.rank, r.axis}].push_back(r);
+    std::size_t total = 0;
+    for (const auto& [key, list] : recorded) total += list.size();
+    CHECK(total == 2 * static_cast<std::size_t>(plan.mesh.world_size()) * program.collectives.size());
+
+    for (std::int64_t step : {1, 2}) {
+      for (int rank = 0; rank < plan.mesh.world_size(); ++rank) {
+        std::map<std::string, std::size_t> next;  // per axis: records matched so far
+        double last_posted = -1;
+        for (const CollectiveNode& node : program.collectives) {
+          INFO("step " << step << " rank " << rank << " collective #" << node.seq << " "
+                       << collective_op_name(node.op) << " of " << plan.units[node.unit].name);
+          const auto& list = recorded[{step, rank, node.axis}];
+          const std::size_t at = next[node.axis]++;
+          REQUIRE(at < list.size());
+          const CollectiveRecord& r = list[at];
+          CHECK(r.kind == kind_of(node.op));
+          CHECK(r.tag == plan.units[node.unit].name);
+          const Group group = node.axis == "dp_shard" ? plan.mesh.shard_group(rank) : plan.mesh.replicate_group(rank);
+          CHECK(r.group == group.describe());
+          // Across groups too, the rank posts in the program's order (one stream per rank).
+          CHECK(r.start_us >= last_posted);
+          last_posted = r.start_us;
+        }
+        for (const auto& [axis, matched] : next) CHECK(recorded[{step, rank, axis}].size() == matched);
+      }
+    }
+  }
+}
+
+TEST_CASE("Step program: FSDP2's schedule for n micro-batches, sequence numbers dense and in instruction order",
+          "[plan][program]") {
+  const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::bf16, {2, 2}, 8, 1);
+  const auto model = make_model(config.model, config.source_file);
+  const Plan plan = make_plan(model->specs(), model->sharding_rules(), Mesh(config.topology.mesh), Precision::bf16);
+  const auto op_units = units_per_op(plan, *model, model->family());
+  for (int n : {1, 2, 3}) {
+    INFO(n << " micro-batches");
+    const StepProgram p = compile_step_program(plan, op_units, n);
+    std::map<std::string, int> gathers, reduce_scatters, all_reduces;
+    for (std::size_t i = 0; i < p.collectives.size(); ++i) {
+      const CollectiveNode& node = p.collectives[i];
+      CHECK(node.seq == i);
+      const std::string& unit = plan.units[node.unit].name;
+      if (node.op == CollectiveOp::all_gather) ++gathers[unit];
+      if (node.op == CollectiveOp::reduce_scatter) ++reduce_scatters[unit];
+      if (node.op == CollectiveOp::all_reduce) ++all_reduces[unit];
+    }
+    // Instructions name collectives in increasing order; forward/backward alternate per micro-batch.
+    std::uint64_t previous = 0;
+    bool first = true;
+    int forwards = 0, backwards = 0;
+    for (const StepInstruction& i : p.instructions) {
+      if (i.kind == StepInstructionKind::forward) ++forwards;
+      if (i.kind == StepInstructionKind::backward) ++backwards;
+      if (i.kind == StepInstructionKind::gather || (i.kind == StepInstructionKind::grads && i.last)) {
+        CHECK((first || i.collective > previous));
+        previous = i.collective;
+        first = false;
+      }
+    }
+    CHECK(forwards == n * static_cast<int>(op_units.size()));
+    CHECK(backwards == forwards);
+    for (const UnitPlan& u : plan.units) {
+      INFO(u.name);
+      // A resharding unit gathers for the first forward and for every backward (it stays gathered
+      // between micro-batches); islands and kept units once per step.
+      CHECK(gathers[u.name] == (u.schedule.reshard_after_forward ? 1 + n : 1));
+      CHECK(reduce_scatters[u.name] == 1);
+      CHECK(all_reduces[u.name] == 1);  // HSDP
+    }
+  }
+  CHECK_THROWS_AS(compile_step_program(plan, op_units, 0), std::invalid_argument);
+  const std::string text = format_step_program(plan, compile_step_program(plan, op_units, 1));
+  CHECK(text.find("gather    model.layers.0.mlp.gate") != std::string::npos);
+  CHECK(text.find("all_reduce over dp_replicate") != std::string::npos);
+}
