@@ -1,6 +1,7 @@
-// atoll-plan CONFIG.yaml [--set key.path=value ...] [--world-size N]: print the FSDP plan the
-// runtime would execute for this config: units, policies, schedules, the mesh and its groups,
-// and a per-rank memory estimate. Nothing is written.
+// atoll-plan CONFIG.yaml [--set key.path=value ...] [--world-size N] [--graph [--graph-format
+// text|json|dot]]: print the FSDP plan the runtime would execute for this config: units,
+// policies, schedules, the mesh and its groups, and a per-rank memory estimate; with --graph,
+// only the step program every rank runs (instructions and collective nodes). Nothing is written.
 // Exit codes: 0 printed, 2 bad config or command line, 1 any other failure.
 #include <iostream>
 #include <optional>
@@ -13,6 +14,8 @@
 #include "graph/plan/format.hpp"
 #include "graph/plan/mesh.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
+#include "graph/training/staged_model.hpp"
 #include "graph/training/preflight.hpp"
 
 int main(int argc, char** argv) {
@@ -23,6 +26,11 @@ int main(int argc, char** argv) {
   app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required();
   app.add_option("--set", sets, "override a config key: --set topology.mesh.dp_shard=4 (repeatable)");
   app.add_option("--world-size", world_size, "check the mesh against the ranks a launcher will start");
+  bool graph = false;
+  std::string graph_format = "text";
+  app.add_flag("--graph", graph, "print the step program each rank runs (ops, gathers, collectives with sequence numbers)");
+  app.add_option("--graph-format", graph_format, "text (default), json or dot (graphviz)")
+      ->check(CLI::IsMember({"text", "json", "dot"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -35,6 +43,25 @@ int main(int argc, char** argv) {
     const atl::Mesh mesh(config.topology.mesh, config.source_file);
     if (world_size) mesh.check_world_size(*world_size);
     const atl::Plan plan = atl::make_plan(model->specs(), model->sharding_rules(), mesh, config.precision);
+    if (graph) {
+      if (mesh.pp() > 1) {
+        throw atl::ConfigError(config.source_file, "topology.mesh.pp",
+                               "--graph prints the step program of one stage per rank; pipeline schedules are not "
+                               "compiled yet (expected 1, got " + std::to_string(mesh.pp()) + ")");
+      }
+      const std::int64_t micro_batches = config.train.global_batch / config.train.micro_batch / mesh.dp_size();
+      if (micro_batches < 1) {
+        throw atl::ConfigError(config.source_file, "train.global_batch",
+                               "expected at least train.micro_batch x dp ranks rows, got " +
+                                   std::to_string(config.train.global_batch));
+      }
+      const atl::StepProgram program = atl::compile_step_program(
+          plan, atl::units_per_op(plan, *model, model->family()), static_cast<int>(micro_batches));
+      std::cout << (graph_format == "json"  ? atl::step_program_json(plan, program)
+                    : graph_format == "dot" ? atl::step_program_dot(plan, program)
+                                            : atl::format_step_program(plan, program));
+      return 0;
+    }
     std::cout << fmt::format("atoll-plan: {}: {} {} ({} parameters)\n", config.source_file, model->family(),
                              model->preset(), model->parameter_count())
               << atl::format_plan(plan);

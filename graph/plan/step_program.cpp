@@ -118,36 +118,4 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector
   return b.finish(micro_batches);
 }
 
-std::string format_step_program(const Plan& plan, const StepProgram& program) {
-  std::string out = fmt::format("step program: {} micro-batch(es), {} instructions, {} collectives per rank\n",
-                                program.micro_batches, program.instructions.size(), program.collectives.size());
-  auto describe = [&](std::uint64_t c) {
-    const CollectiveNode& n = program.collectives[c];
-    return fmt::format("#{} {} over {}", n.seq, collective_op_name(n.op), n.axis);
-  };
-  for (const StepInstruction& i : program.instructions) {
-    const std::string& unit = plan.units[i.unit].name;
-    switch (i.kind) {
-      case StepInstructionKind::gather:
-        out += fmt::format("  gather    {:<28} {}\n", unit, describe(i.collective));
-        break;
-      case StepInstructionKind::release:
-        out += fmt::format("  release   {}\n", unit);
-        break;
-      case StepInstructionKind::forward:
-      case StepInstructionKind::backward:
-        out += fmt::format("  {:<9} op {} micro-batch {}\n", step_instruction_name(i.kind), i.op, i.micro_batch);
-        break;
-      case StepInstructionKind::grads:
-        out += fmt::format("  grads     {:<28}", unit);
-        // fmt, not operator+: GCC 12 -O3 flags "literal" + string with a false -Wrestrict.
-        if (i.last) out += fmt::format(" {}", describe(i.collective));
-        if (i.last && plan.mesh.dp_replicate() > 1) out += fmt::format(", {}", describe(i.collective + 1));
-        out += "\n";
-        break;
-    }
-  }
-  return out;
-}
-
 }  // namespace atl

@@ -70,7 +70,11 @@ struct StepProgram {
 StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector<std::size_t>>& op_units,
                                  int micro_batches);
 
-// One line per instruction, collectives with their sequence number and group; for atoll-plan.
+// For atoll-plan --graph. Text: one line per instruction, collectives with their sequence number
+// and group. JSON: {micro_batches, instructions: [...], collectives: [...]} with unit names.
+// DOT: the instructions as a chain, each collective a box hanging off the instruction that posts it.
 std::string format_step_program(const Plan& plan, const StepProgram& program);
+std::string step_program_json(const Plan& plan, const StepProgram& program);
+std::string step_program_dot(const Plan& plan, const StepProgram& program);
 
 }  // namespace atl

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 
@@ -73,6 +74,51 @@ TEST_CASE("atoll-plan: prints 11 units with the four router islands as fp32 rows
   }
   CHECK(r.out.find("dp_shard[0,1,2,3]") != std::string::npos);
   CHECK(r.out.find("per-rank memory estimate") != std::string::npos);
+}
+
+TEST_CASE("atoll-plan --graph: the step program of each tiny family as text, JSON and DOT", "[apps][plan]") {
+  const fs::path configs = fs::path(env_or_fail("ATOLL_SOURCE_DIR")) / "configs";
+  for (const char* name : {"beam-tiny.yaml", "flint-tiny.yaml", "inkling2-tiny.yaml"}) {
+    INFO(name);
+    const std::string config = (configs / name).string();
+    const std::vector<std::string> hsdp = {config, "--set", "topology.mesh.dp_replicate=2", "--graph"};
+    const PlanRun text = run_plan(hsdp);
+    INFO(text.out << text.err);
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.rfind("step program: ", 0) == 0);
+    CHECK(text.out.find("all_gather over dp_shard") != std::string::npos);
+    CHECK(text.out.find("all_reduce over dp_replicate") != std::string::npos);
+    CHECK(text.out.find("backward  op 0 micro-batch 0") != std::string::npos);
+
+    std::vector<std::string> as_json = hsdp;
+    as_json.insert(as_json.end(), {"--graph-format", "json"});
+    const PlanRun json = run_plan(as_json);
+    REQUIRE(json.exit_code == 0);
+    const auto j = nlohmann::json::parse(json.out);
+    // Every collective is posted by exactly one instruction, in sequence order.
+    std::vector<std::uint64_t> posted;
+    for (const auto& i : j.at("instructions")) {
+      if (i.contains("collectives")) {
+        for (const auto& c : i.at("collectives")) posted.push_back(c.get<std::uint64_t>());
+      }
+    }
+    REQUIRE(posted.size() == j.at("collectives").size());
+    for (std::size_t k = 0; k < posted.size(); ++k) {
+      CHECK(posted[k] == k);
+      CHECK(j.at("collectives")[k].at("seq").get<std::uint64_t>() == k);
+    }
+
+    std::vector<std::string> as_dot = hsdp;
+    as_dot.insert(as_dot.end(), {"--graph-format", "dot"});
+    const PlanRun dot = run_plan(as_dot);
+    REQUIRE(dot.exit_code == 0);
+    CHECK(dot.out.rfind("digraph step_program {", 0) == 0);
+    CHECK(dot.out.find("c0 [label=\"#0 all_gather over dp_shard\"") != std::string::npos);
+  }
+  const PlanRun pp = run_plan({tiny_config(), "--set", "topology.mesh.pp=2", "--graph"});
+  CHECK(pp.exit_code == 2);
+  CHECK(pp.err.find("topology.mesh.pp") != std::string::npos);
+  CHECK(run_plan({tiny_config(), "--graph", "--graph-format", "svg"}).exit_code == 2);
 }
 
 TEST_CASE("atoll-plan: prints layouts for pp, cp and ep > 1 that atoll-train does not run yet", "[apps][plan]") {

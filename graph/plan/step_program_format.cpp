@@ -1,0 +1,101 @@
+// Printing the step program for atoll-plan --graph: text, JSON and DOT.
+#include "graph/plan/step_program.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace atl {
+
+namespace {
+
+// The collectives an instruction posts: a gather one, a last grads one or two (HSDP).
+std::vector<std::uint64_t> posted_by(const Plan& plan, const StepInstruction& i) {
+  if (i.kind == StepInstructionKind::gather) return {i.collective};
+  if (i.kind != StepInstructionKind::grads || !i.last) return {};
+  if (plan.mesh.dp_replicate() > 1) return {i.collective, i.collective + 1};
+  return {i.collective};
+}
+
+bool names_unit(const StepInstruction& i) {
+  return i.kind == StepInstructionKind::gather || i.kind == StepInstructionKind::release ||
+         i.kind == StepInstructionKind::grads;
+}
+
+std::string describe(const StepProgram& program, std::uint64_t c) {
+  const CollectiveNode& n = program.collectives[c];
+  return fmt::format("#{} {} over {}", n.seq, collective_op_name(n.op), n.axis);
+}
+
+}  // namespace
+
+std::string format_step_program(const Plan& plan, const StepProgram& program) {
+  std::string out = fmt::format("step program: {} micro-batch(es), {} instructions, {} collectives per rank\n",
+                                program.micro_batches, program.instructions.size(), program.collectives.size());
+  for (const StepInstruction& i : program.instructions) {
+    const std::string& unit = plan.units[i.unit].name;
+    switch (i.kind) {
+      case StepInstructionKind::gather:
+        out += fmt::format("  gather    {:<28} {}\n", unit, describe(program, i.collective));
+        break;
+      case StepInstructionKind::release:
+        out += fmt::format("  release   {}\n", unit);
+        break;
+      case StepInstructionKind::forward:
+      case StepInstructionKind::backward:
+        out += fmt::format("  {:<9} op {} micro-batch {}\n", step_instruction_name(i.kind), i.op, i.micro_batch);
+        break;
+      case StepInstructionKind::grads:
+        out += fmt::format("  grads     {:<28}", unit);
+        // fmt, not operator+: GCC 12 -O3 flags "literal" + string with a false -Wrestrict.
+        if (i.last) out += fmt::format(" {}", describe(program, i.collective));
+        if (i.last && plan.mesh.dp_replicate() > 1) out += fmt::format(", {}", describe(program, i.collective + 1));
+        out += "\n";
+        break;
+    }
+  }
+  return out;
+}
+
+std::string step_program_json(const Plan& plan, const StepProgram& program) {
+  nlohmann::ordered_json out;
+  out["micro_batches"] = program.micro_batches;
+  auto& instructions = out["instructions"] = nlohmann::ordered_json::array();
+  for (const StepInstruction& i : program.instructions) {
+    nlohmann::ordered_json j{{"kind", step_instruction_name(i.kind)}};
+    if (i.op >= 0) j["op"] = i.op;
+    if (i.micro_batch >= 0) j["micro_batch"] = i.micro_batch;
+    if (names_unit(i)) j["unit"] = plan.units[i.unit].name;
+    if (i.kind == StepInstructionKind::grads) j["last"] = i.last;
+    const auto posted = posted_by(plan, i);
+    if (!posted.empty()) j["collectives"] = posted;
+    instructions.push_back(std::move(j));
+  }
+  auto& collectives = out["collectives"] = nlohmann::ordered_json::array();
+  for (const CollectiveNode& n : program.collectives) {
+    collectives.push_back({{"seq", n.seq}, {"op", collective_op_name(n.op)}, {"axis", n.axis},
+                           {"unit", plan.units[n.unit].name}});
+  }
+  return out.dump(1) + "\n";
+}
+
+std::string step_program_dot(const Plan& plan, const StepProgram& program) {
+  std::string out = "digraph step_program {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n";
+  for (std::size_t k = 0; k < program.instructions.size(); ++k) {
+    const StepInstruction& i = program.instructions[k];
+    std::string label = step_instruction_name(i.kind);
+    if (i.op >= 0) label += fmt::format(" op {} mb {}", i.op, i.micro_batch);
+    if (names_unit(i)) label += " " + plan.units[i.unit].name;
+    const char* shape = i.kind == StepInstructionKind::forward || i.kind == StepInstructionKind::backward ? "ellipse"
+                                                                                                         : "plaintext";
+    out += fmt::format("  i{} [label=\"{}\", shape={}];\n", k, label, shape);
+    if (k > 0) out += fmt::format("  i{} -> i{};\n", k - 1, k);
+    for (std::uint64_t c : posted_by(plan, i)) {
+      out += fmt::format("  c{} [label=\"{}\", shape=box, style=filled, fillcolor=lightblue];\n  i{} -> c{} "
+                         "[style=dashed];\n",
+                         c, describe(program, c), k, c);
+    }
+  }
+  return out + "}\n";
+}
+
+}  // namespace atl
