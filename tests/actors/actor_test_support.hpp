@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "graph/data/data_source.hpp"
 #include "graph/models/model.hpp"
 #include "graph/training/run.hpp"
@@ -93,6 +95,25 @@ inline bool bitwise_equal(const TensorMap& a, const TensorMap& b) {
     }
   }
   return true;
+}
+
+// Per step: loss and gradient norm within `tolerance` relative to the reference's; when `bitwise`
+// the loss is bitwise equal and the gradient norm within 1e-9: the gradients are the same bits,
+// but the norm is a double sum of squares that the runtime adds per unit shard and then over
+// ranks, the reference per tensor (the order differs, the float clip factor does not).
+inline void check_same_steps(const RunOutput& act, const RunOutput& ref, double tolerance, bool bitwise) {
+  REQUIRE(act.steps.size() == ref.steps.size());
+  for (std::size_t s = 0; s < ref.steps.size(); ++s) {
+    INFO("step " << s + 1 << ": loss " << act.steps[s].loss << " vs " << ref.steps[s].loss << ", grad norm "
+                 << act.steps[s].grad_norm << " vs " << ref.steps[s].grad_norm);
+    CHECK(std::abs(act.steps[s].loss - ref.steps[s].loss) <= tolerance * std::abs(ref.steps[s].loss));
+    CHECK(std::abs(act.steps[s].grad_norm - ref.steps[s].grad_norm) <= tolerance * std::abs(ref.steps[s].grad_norm));
+    CHECK(ref.steps[s].grad_norm > 0);
+    if (bitwise) {
+      CHECK(act.steps[s].loss == ref.steps[s].loss);
+      CHECK(std::abs(act.steps[s].grad_norm - ref.steps[s].grad_norm) <= 1e-9 * ref.steps[s].grad_norm);
+    }
+  }
 }
 
 inline bool same_routing(const std::vector<std::vector<RoutingRecord>>& a,
