@@ -6,6 +6,7 @@
 #include "graph/models/beam/model.hpp"
 #include "kernels/ops/optim.hpp"
 #include "kernels/rng.hpp"
+#include "tests/graph/gradient_check.hpp"
 #include "tests/graph/model_test_support.hpp"
 #include "tests/graph/beam_test_support.hpp"
 
@@ -13,17 +14,9 @@ using namespace atl;
 
 namespace {
 
-double mean_loss(const BeamModel& model, const TensorMap& w, const Batch& batch) {
-  LossSum l = model.forward(w, batch, Precision::fp32);
-  return l.loss_sum / static_cast<double>(l.targets);
-}
 
-// For every parameter tensor: the directional derivative along its own gradient direction by
-// central differences of the fp32 model, against the analytic |g|. Returns the worst relative
-// error. Central differences in fp32 have two error sources: curvature (large steps) and
-// rounding noise (small steps), and a router top-k flip makes the loss jump. So each tensor is
-// tried on a ladder of steps and the best agreement counts; a wrong gradient fails at every step.
-// Stated tolerance: 1e-2.
+// The whole-model gradient check (tests/graph/gradient_check.hpp) along g and 2 random mixes per
+// tensor. Stated tolerance: 1e-2.
 double worst_directional_error(const std::string& preset, std::string* worst_name) {
   BeamModel model(beam_preset(preset));
   TensorMap w = TensorMap::initialized(model.specs(), 11, 0.02f);
@@ -35,43 +28,11 @@ double worst_directional_error(const std::string& preset, std::string* worst_nam
       for (std::int64_t i = 0; i < s.numel(); ++i) p[i] += static_cast<float>(0.1 * rng.normal(i));
     }
   }
-  Batch batch = testing::synthetic_batch(2, 32, 3);
-  TensorMap grads = TensorMap::zeros_like(model.specs());
-  LossSum l = model.forward_backward(w, batch, Precision::fp32, 1.0f / static_cast<float>(batch.target_count()), grads);
-  REQUIRE(l.targets == batch.target_count());
-  double worst = 0;
-  for (const auto& s : model.specs()) {
-    const Tensor g = grads.at(s.name);
-    const double norm = std::sqrt(grad_sum_of_squares(g));
-    if (s.name.ends_with("e_score_correction_bias")) {
-      CHECK(norm == 0.0);  // selection only: no gradient (MODELS.md §10.1.7)
-      continue;
-    }
-    REQUIRE(norm > 0);
-    Tensor p = w.at(s.name);
-    Tensor saved = p.clone();
-    auto shifted_loss = [&](double eps) {
-      float* pp = p.data<float>();
-      const float* ps = saved.data<float>();
-      const float* pg = g.data<float>();
-      for (std::int64_t i = 0; i < p.numel(); ++i) pp[i] = ps[i] + static_cast<float>(eps * pg[i] / norm);
-      return mean_loss(model, w, batch);
-    };
-    double err = 1e30, numeric = 0;
-    for (double step : {1e-2, 3e-3, 1e-3, 3e-4}) {
-      const double n = (shifted_loss(step) - shifted_loss(-step)) / (2 * step);
-      if (std::abs(n - norm) / norm < err) {
-        err = std::abs(n - norm) / norm;
-        numeric = n;
-      }
-    }
-    p.copy_from(saved);
-    if (err > worst) {
-      worst = err;
-      if (worst_name) *worst_name = s.name + " (analytic " + std::to_string(norm) + ", numeric " + std::to_string(numeric) + ")";
-    }
-  }
-  return worst;
+  const testing::GradientCheck check = testing::check_whole_model_gradient(
+      model, w, testing::synthetic_batch(2, 32, 3), 2,
+      [](const std::string& name) { return name.ends_with("e_score_correction_bias"); });
+  if (worst_name) *worst_name = check.worst_name;
+  return check.worst;
 }
 
 }  // namespace

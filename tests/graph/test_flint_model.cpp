@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "tests/graph/gradient_check.hpp"
 #include "tests/graph/model_test_support.hpp"
 #include "graph/config.hpp"
 #include "graph/models/flint/model.hpp"
@@ -21,21 +22,9 @@ using namespace atl;
 
 namespace {
 
-// Mean loss and the router choices of every sparse layer (forward only).
-std::pair<double, std::vector<RoutingRecord>> loss_and_routing(const FlintModel& model, const TensorMap& w,
-                                                                const Batch& batch) {
-  std::vector<RoutingRecord> routing;
-  const double loss = testing::mean_loss_with_routing(model, w, batch, &routing);
-  return {loss, routing};
-}
-
-// Same approach as Beam's whole-model check: for every parameter tensor, the directional
-// derivative along its own gradient by central differences of the fp32 model, against the
-// analytic |g|, on a ladder of steps (large steps: curvature; small steps: fp32 rounding noise),
-// best agreement counts; a wrong gradient fails at every step. One addition: a step whose +/-
-// shift changes any router top-k choice is discarded, because the loss jumps there (the router
-// weights of Flint are small, ~1/E each, so its gradients are small and a flip dominates the
-// difference quotient). Stated tolerance: 1e-2.
+// The whole-model gradient check (tests/graph/gradient_check.hpp) along g and 2 random mixes per
+// tensor; shifts that flip a router choice are not used (Flint's router weights are small, ~1/E
+// each, so a flip dominates a difference quotient). Stated tolerance: 1e-2.
 double worst_directional_error(const FlintConfig& config, std::string* worst_name) {
   FlintModel model(config);
   TensorMap w = TensorMap::initialized(model.specs(), 11, 0.02f);
@@ -49,48 +38,10 @@ double worst_directional_error(const FlintConfig& config, std::string* worst_nam
       for (std::int64_t i = 0; i < s.numel(); ++i) p[i] += static_cast<float>(0.1 * rng.normal(i));
     }
   }
-  Batch batch = testing::synthetic_batch(2, 32, 3);
-  TensorMap grads = TensorMap::zeros_like(model.specs());
-  std::vector<RoutingRecord> base_routing;
-  LossSum l = model.forward_backward(w, batch, Precision::fp32, 1.0f / static_cast<float>(batch.target_count()), grads,
-                                     &base_routing);
-  REQUIRE(l.targets == batch.target_count());
-  double worst = 0;
-  for (const auto& s : model.specs()) {
-    const Tensor g = grads.at(s.name);
-    const double norm = std::sqrt(grad_sum_of_squares(g));
-    INFO(s.name);
-    REQUIRE(norm > 0);
-    Tensor p = w.at(s.name);
-    Tensor saved = p.clone();
-    auto shifted = [&](double eps) {
-      float* pp = p.data<float>();
-      const float* ps = saved.data<float>();
-      const float* pg = g.data<float>();
-      for (std::int64_t i = 0; i < p.numel(); ++i) pp[i] = ps[i] + static_cast<float>(eps * pg[i] / norm);
-      return loss_and_routing(model, w, batch);
-    };
-    double err = 1e30, numeric = 0;
-    int stable_steps = 0;
-    for (double step : {1e-2, 3e-3, 1e-3, 3e-4, 1e-4}) {
-      const auto [up, up_routing] = shifted(step);
-      const auto [down, down_routing] = shifted(-step);
-      if (!testing::same_layer_routing(up_routing, base_routing) || !testing::same_layer_routing(down_routing, base_routing)) continue;
-      ++stable_steps;
-      const double n = (up - down) / (2 * step);
-      if (std::abs(n - norm) / norm < err) {
-        err = std::abs(n - norm) / norm;
-        numeric = n;
-      }
-    }
-    p.copy_from(saved);
-    REQUIRE(stable_steps > 0);
-    if (err > worst) {
-      worst = err;
-      if (worst_name) *worst_name = s.name + " (analytic " + std::to_string(norm) + ", numeric " + std::to_string(numeric) + ")";
-    }
-  }
-  return worst;
+  const testing::GradientCheck check =
+      testing::check_whole_model_gradient(model, w, testing::synthetic_batch(2, 32, 3), 2);
+  if (worst_name) *worst_name = check.worst_name;
+  return check.worst;
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {

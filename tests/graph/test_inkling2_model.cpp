@@ -11,6 +11,7 @@
 #include <limits>
 #include <set>
 
+#include "tests/graph/gradient_check.hpp"
 #include "tests/graph/model_test_support.hpp"
 #include "graph/config.hpp"
 #include "graph/config_reader.hpp"
@@ -60,81 +61,16 @@ TensorMap generic_weights(const Inkling2Model& model, std::uint64_t seed) {
   return w;
 }
 
-// For every parameter tensor: the directional derivative along its own gradient by finite
-// differences of the fp32 model, against the analytic |g|, on a ladder of steps (curvature vs
-// rounding noise); the best agreement counts. A shift that changes any router choice is not used:
-// a top-k flip is a jump of the loss, not a gradient error (with 4-6 layers of 64 tokens some
-// near-tie flips at most steps on one side), so each step contributes the central difference when
-// neither side flips, else the one-sided difference of the side that does not. A wrong gradient
-// fails at every step. Returns the worst relative error. Stated tolerance: 1e-2 (as Beam's ladder).
+// The whole-model gradient check (tests/graph/gradient_check.hpp) along g and 2 random mixes per
+// tensor. Returns the worst relative error. Stated tolerance: 1e-2.
 double worst_directional_error(const Inkling2Config& config, std::string* worst_name) {
   Inkling2Model model(config);
   TensorMap w = generic_weights(model, 11);
-  Batch batch = testing::synthetic_batch(2, 32, 3);
-  TensorMap grads = TensorMap::zeros_like(model.specs());
-  LossSum l = model.forward_backward(w, batch, Precision::fp32, 1.0f / static_cast<float>(batch.target_count()), grads);
-  REQUIRE(l.targets == batch.target_count());
-  std::vector<RoutingRecord> base_routing;
-  const double base_loss = testing::mean_loss_with_routing(model, w, batch, &base_routing);
-  double worst = 0;
-  for (const auto& s : model.specs()) {
-    const Tensor g = grads.at(s.name);
-    const double norm = std::sqrt(grad_sum_of_squares(g));
-    if (s.name.ends_with("e_score_correction_bias")) {
-      CHECK(norm == 0.0);  // selection only: no gradient (MODELS.md §10.1.7)
-      continue;
-    }
-    INFO(s.name);
-    REQUIRE(norm > 0);
-    Tensor p = w.at(s.name);
-    Tensor saved = p.clone();
-    // Loss at saved + eps * g/|g|, and whether every router choice stayed as at eps = 0.
-    auto shifted_loss = [&](double eps, bool* same) {
-      float* pp = p.data<float>();
-      const float* ps = saved.data<float>();
-      const float* pg = g.data<float>();
-      for (std::int64_t i = 0; i < p.numel(); ++i) pp[i] = ps[i] + static_cast<float>(eps * pg[i] / norm);
-      std::vector<RoutingRecord> routing;
-      const double loss = testing::mean_loss_with_routing(model, w, batch, &routing);
-      *same = testing::same_layer_routing(routing, base_routing);
-      return loss;
-    };
-    // The step ladder: fp32 rounding noise (small steps) vs curvature (large ones).
-    constexpr double kSteps[] = {1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5};
-    // One ulp of the fp32 loss over the widest central difference: no estimate resolves a
-    // directional derivative more finely (2.4e-6 for a loss near 5.5). Several Inkling2 tensors
-    // (mlp_query, router gates) have gradients near 4e-4, where that alone is 0.6%; it is not
-    // counted as error.
-    const float loss32 = static_cast<float>(base_loss);
-    const double fd_resolution = (std::nextafter(loss32, INFINITY) - loss32) / (2 * kSteps[0]);
-    double err = 1e30, numeric = 0;
-    auto consider = [&](double estimate) {
-      const double e = std::max(0.0, std::abs(estimate - norm) - fd_resolution) / norm;
-      if (e < err) {
-        err = e;
-        numeric = estimate;
-      }
-    };
-    for (double step : kSteps) {
-      bool up_same = false, down_same = false;
-      const double up = shifted_loss(step, &up_same), down = shifted_loss(-step, &down_same);
-      if (up_same && down_same) consider((up - down) / (2 * step));
-      if (up_same) consider((up - base_loss) / step);
-      if (down_same) consider((base_loss - down) / step);
-    }
-    p.copy_from(saved);
-    CHECK(err < 1e29);  // at least one shift kept every router choice
-    // INK_VERBOSE=1 prints every tensor's agreement (a debugging aid; asserts nothing).
-    if (std::getenv("INK_VERBOSE"))
-      std::printf("%-50s %.3e analytic %.3e numeric %.3e\n", s.name.c_str(), err, norm, numeric);
-    if (err > worst) {
-      worst = err;
-      if (worst_name) {
-        *worst_name = s.name + " (analytic " + std::to_string(norm) + ", numeric " + std::to_string(numeric) + ")";
-      }
-    }
-  }
-  return worst;
+  const testing::GradientCheck check = testing::check_whole_model_gradient(
+      model, w, testing::synthetic_batch(2, 32, 3), 2,
+      [](const std::string& name) { return name.ends_with("e_score_correction_bias"); });
+  if (worst_name) *worst_name = check.worst_name;
+  return check.worst;
 }
 
 // The state after the embedding and layers [0, upto).
