@@ -2,7 +2,9 @@
 
 
 #include "actors/spawn.hpp"
-#include "comm/sim/sim_world.hpp"
+#include <algorithm>
+
+#include "comm/sim/sim_backend.hpp"
 #include "graph/plan/flat_shards.hpp"
 #include "graph/training/run.hpp"
 
@@ -21,6 +23,11 @@ SimOptions sim_options(const RunConfig& config) {
     options.delay[kinds.at(name)] = std::chrono::microseconds(static_cast<std::int64_t>(ms * 1000.0));
   }
   return options;
+}
+
+// The backend factory: the config's backend for the whole mesh (only sim is built).
+std::shared_ptr<CommBackend> make_comm_backend(const RunConfig& config, int world) {
+  return std::make_shared<SimBackend>(world, sim_options(config));
 }
 
 void check_runnable(const RunConfig& config, const Mesh& mesh) {
@@ -45,9 +52,10 @@ struct ActorEngine::Impl {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const Model> model;
   std::vector<std::vector<std::size_t>> op_units;  // units_per_op
+  std::vector<int> ranks;  // this process's ranks, increasing
   std::shared_ptr<CollectiveRecorder> recorder;
   std::shared_ptr<SpanTracer> tracer;
-  std::unique_ptr<SimWorld> world;  // outlives the actor system (declared first, destroyed last)
+  std::shared_ptr<CommBackend> backend;  // outlives the actor system (declared first, destroyed last)
   std::unique_ptr<caf::actor_system_config> system_config;
   std::unique_ptr<caf::actor_system> system;
   std::vector<std::vector<unit_actor>> units;  // [rank][unit]
@@ -66,11 +74,11 @@ struct ActorEngine::Impl {
   void abandon_after_failure() {
     if (!system) return;
     stop_handles();
-    // The system keeps using its config and the sim world (comm actors) until it is gone: leak
+    // The system keeps using its config and the backend (comm actors) until it is gone: leak
     // them with it.
     [[maybe_unused]] caf::actor_system* leaked = system.release();
     [[maybe_unused]] caf::actor_system_config* leaked_config = system_config.release();
-    [[maybe_unused]] SimWorld* leaked_world = world.release();
+    [[maybe_unused]] auto* leaked_backend = new std::shared_ptr<CommBackend>(std::move(backend));
   }
 
   void stop_all() {
@@ -97,7 +105,7 @@ struct ActorEngine::Impl {
   }
 };
 
-ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
+ActorEngine::ActorEngine(EngineInputs in, ProcessRanks process) : impl_(std::make_unique<Impl>()) {
   const RunConfig& config = in.config;
   Mesh mesh(config.topology.mesh, config.source_file);
   check_runnable(config, mesh);
@@ -109,9 +117,25 @@ ActorEngine::ActorEngine(EngineInputs in) : impl_(std::make_unique<Impl>()) {
   const int world = mesh.world_size();
   const int threads_per_rank = compute_threads(config);  // default: the ranks are the parallelism
 
-  im.recorder = std::make_shared<CollectiveRecorder>();
+  im.ranks = process.ranks;
+  if (im.ranks.empty()) {
+    for (int r = 0; r < world; ++r) im.ranks.push_back(r);
+  }
+  std::sort(im.ranks.begin(), im.ranks.end());
+  for (std::size_t i = 0; i < im.ranks.size(); ++i) {
+    if (im.ranks[i] < 0 || im.ranks[i] >= world || (i > 0 && im.ranks[i] == im.ranks[i - 1])) {
+      throw std::invalid_argument("actor runtime: this process's ranks must be distinct ranks of the " +
+                                  std::to_string(world) + "-rank mesh; got rank " + std::to_string(im.ranks[i]));
+    }
+  }
+  im.backend = process.backend ? process.backend : make_comm_backend(config, world);
+  if (im.backend->world_size() != world) {
+    throw std::invalid_argument("actor runtime: the " + im.backend->name() + " backend serves " +
+                                std::to_string(im.backend->world_size()) + " ranks, the mesh has " +
+                                std::to_string(world));
+  }
+  im.recorder = im.backend->recorder();
   im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch());
-  im.world = std::make_unique<SimWorld>(world, sim_options(config), im.recorder);
   im.system_config = std::make_unique<caf::actor_system_config>();
   im.system = std::make_unique<caf::actor_system>(*im.system_config);
   im.steps = in.start_step;
@@ -130,18 +154,19 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
   auto& im = *impl_;
   auto& sys = *im.system;
   const RunConfig& config = in.config;
-  const int world = mesh.world_size();
   const TensorMap exp_avg = initial_moments(in.initial_exp_avg, in.model->specs());
   const TensorMap exp_avg_sq = initial_moments(in.initial_exp_avg_sq, in.model->specs());
   std::map<std::string, bool> weight_decay;
   for (const auto& s : in.model->specs()) weight_decay[s.name] = s.weight_decay;
-  im.units.resize(static_cast<std::size_t>(world));
-  for (int rank = 0; rank < world; ++rank) {
+  im.units.resize(im.ranks.size());
+  for (std::size_t local = 0; local < im.ranks.size(); ++local) {
+    const int rank = im.ranks[local];
     const Group shard_group = mesh.shard_group(rank), replicate_group = mesh.replicate_group(rank);
     // Every handle is kept the moment it exists, so a failure later can stop it.
     std::vector<std::unique_ptr<Communicator>> communicators;
-    communicators.push_back(im.world->communicator(shard_group, rank));
-    communicators.push_back(im.world->communicator(replicate_group, rank));
+    communicators.push_back(im.backend->communicator(shard_group, rank));
+    communicators.push_back(im.backend->communicator(replicate_group, rank));
+    communicators.push_back(im.backend->communicator(mesh.world_group(), rank));
     comm_actor comm = spawn_comm_actor(sys, std::move(communicators));
     im.comms.push_back(comm);
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
@@ -158,16 +183,15 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
       setup.initial_exp_avg_sq = pack_shard(unit, exp_avg_sq, setup.shard_index, unit.shard_count);
       for (const auto& p : unit.params) setup.weight_decay.push_back(weight_decay.at(p.name));
       setup.tracer = im.tracer;
-      im.units[static_cast<std::size_t>(rank)].push_back(spawn_unit_actor(sys, std::move(setup)));
+      im.units[local].push_back(spawn_unit_actor(sys, std::move(setup)));
     }
     compute_actor compute = spawn_compute_actor(sys, rank, threads_per_rank, im.tracer);
     im.computes.push_back(compute);
     im.stages.push_back(spawn_stage_actor(
-        sys, StageActorSetup{im.plan, im.model, rank, im.op_units, im.units[static_cast<std::size_t>(rank)], compute,
-                             im.tracer}));
+        sys, StageActorSetup{im.plan, im.model, rank, im.op_units, im.units[local], compute, comm, im.tracer}));
   }
   im.trainer = spawn_trainer_actor(
-      sys, TrainerActorSetup{im.plan, im.stages, config.train.micro_batch, in.start_step, config.precision, in.optimizer,
+      sys, TrainerActorSetup{im.plan, im.ranks, im.stages, config.train.micro_batch, in.start_step, config.precision, in.optimizer,
                         im.tracer});
 }
 
@@ -186,6 +210,9 @@ StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
   const auto records = im.recorder->records();
   for (std::size_t i = records_before; i < records.size(); ++i) {
     const auto& rec = records[i];
+    // Parameter traffic of this process's ranks (the world report is bookkeeping; another
+    // engine on the same sim backend records its own ranks).
+    if (rec.axis == "world" || !std::binary_search(im.ranks.begin(), im.ranks.end(), rec.rank)) continue;
     if (rec.kind == CollectiveKind::all_gather) result.bytes_gathered += rec.bytes;
     if (rec.kind == CollectiveKind::reduce_scatter || rec.kind == CollectiveKind::all_reduce) {
       result.bytes_reduced += rec.bytes;
@@ -197,7 +224,21 @@ StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
 TrainingState ActorEngine::state() const {
   auto& im = *impl_;
   const Plan& plan = *im.plan;
-  const Group group = plan.mesh.shard_group(0);  // replicas hold identical shards
+  // Replicas hold identical shards: one shard group whose ranks all live here has the model.
+  std::optional<Group> local_group;
+  for (int rank : im.ranks) {
+    Group g = plan.mesh.shard_group(rank);
+    if (std::all_of(g.ranks.begin(), g.ranks.end(),
+                    [&](int r) { return std::binary_search(im.ranks.begin(), im.ranks.end(), r); })) {
+      local_group = std::move(g);
+      break;
+    }
+  }
+  if (!local_group) {
+    throw std::runtime_error("actor runtime: no shard group lives entirely in this process, so its state cannot be "
+                             "assembled here (gathering shards through collectives to one writer is not built yet)");
+  }
+  const Group& group = *local_group;
   caf::scoped_actor self{*im.system};
   TensorMap full[3];
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
@@ -206,7 +247,9 @@ TrainingState ActorEngine::state() const {
     for (auto& g : gathered) g = Tensor::empty({unit.shard_count * unit.shard_numel});
     for (int i = 0; i < group.size(); ++i) {
       const int rank = group.ranks[static_cast<std::size_t>(i)];
-      self->request(im.units[static_cast<std::size_t>(rank)][u], caf::infinite, master_atom::value)
+      const auto local = static_cast<std::size_t>(
+          std::lower_bound(im.ranks.begin(), im.ranks.end(), rank) - im.ranks.begin());
+      self->request(im.units[local][u], caf::infinite, master_atom::value)
           .receive(
               [&](const UnitShards& s) {
                 const Tensor parts[3] = {s.master, s.exp_avg, s.exp_avg_sq};

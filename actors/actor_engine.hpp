@@ -1,7 +1,7 @@
-// The actor runtime behind atoll-train: executes a Plan with CAF actors — per rank a stage,
-// a compute actor, one unit actor per FSDP unit and one comm actor per process group; per job a
-// trainer. In `sim` mode every rank lives in this process and collectives go through the
-// in-process SimWorld. This header keeps CAF out of its includers.
+// The actor runtime behind atoll-train: executes a Plan with CAF actors — per rank a stage, a
+// compute actor, one unit actor per FSDP unit and one comm actor; per process a trainer. An
+// engine spawns only the ranks of its process and reaches the others only through the comm
+// backend (in `sim`, one process runs every rank). This header keeps CAF out of its includers.
 #pragma once
 #include <memory>
 #include <string>
@@ -14,18 +14,28 @@
 namespace atl {
 
 struct Span;
+class CommBackend;
+
+// The ranks one process runs and the backend their collectives go through. Defaults: every rank
+// of the mesh, on a fresh backend of the config's kind. Two engines given the same sim backend
+// and complementary ranks behave as two processes of one job: they share nothing but the backend.
+struct ProcessRanks {
+  std::vector<int> ranks;
+  std::shared_ptr<CommBackend> backend;
+};
 
 class ActorEngine : public TrainingEngine {
  public:
   // Plans the model on the config's mesh (ConfigError when the mesh or batch cannot run) and
-  // spawns the actors.
-  explicit ActorEngine(EngineInputs inputs);
+  // spawns the actors of this process's ranks.
+  explicit ActorEngine(EngineInputs inputs, ProcessRanks process = {});
   ~ActorEngine() override;
   ActorEngine(const ActorEngine&) = delete;
   ActorEngine& operator=(const ActorEngine&) = delete;
 
   const char* name() const override { return "actors"; }
   StepResult step(const Batch& global_batch, bool record_routing = false) override;
+  // The whole model from a shard group that lives in this process (throws if none does).
   TrainingState state() const override;
   std::optional<std::string> chrome_trace() const override;
 

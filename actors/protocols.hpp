@@ -57,10 +57,12 @@ struct StageStep {
   bool record_routing = false;
 };
 
+// The end of a rank's step: what every rank reported, all-gathered over the world by the step
+// program's report collective (so every process holds the same numbers), and this rank's routing.
 struct StageReport {
-  std::vector<double> loss_sums;       // per micro-batch, in order
-  std::vector<double> unit_sum_squares;  // per unit (plan order): this rank's gradient shard
-  std::vector<std::vector<RoutingRecord>> routing;  // per micro-batch, when asked
+  std::vector<std::vector<double>> loss_sums;         // [rank][micro-batch], micro-batches in order
+  std::vector<std::vector<double>> unit_sum_squares;  // [rank][unit]: each rank's gradient shard
+  std::vector<std::vector<RoutingRecord>> routing;    // this rank's, per micro-batch, when asked
 };
 
 struct OptimizerStep {

@@ -38,13 +38,15 @@ struct StageActorSetup {
   std::vector<std::vector<std::size_t>> op_units;  // units_per_op of the plan and model
   std::vector<unit_actor> units;  // plan order
   compute_actor compute;
+  comm_actor comm;                // the rank's collective stream (the report)
   std::shared_ptr<SpanTracer> tracer;
 };
 stage_actor spawn_stage_actor(caf::actor_system& system, StageActorSetup setup);
 
 struct TrainerActorSetup {
   std::shared_ptr<const Plan> plan;
-  std::vector<stage_actor> stages;  // by rank
+  std::vector<int> ranks;           // the ranks of this process, increasing
+  std::vector<stage_actor> stages;  // their stages, in the same order
   std::int64_t micro_batch = 1;     // rows per micro-batch
   std::int64_t start_step = 0;      // steps already taken (resuming)
   Precision precision = Precision::bf16;

@@ -3,6 +3,7 @@
 // to the unit actors (with the collective sequence numbers the program fixed), forward and
 // backward wait for the op's units' params and run on the compute actor. It decides nothing
 // about what comes next; the program says it.
+#include <bit>
 #include <map>
 
 #include "actors/spawn.hpp"
@@ -118,23 +119,53 @@ void send_grads(stage_pointer self, const StepInstruction& ins) {
   self->send(st.setup.units[ins.unit], grads_atom::value, UnitGrads{mine, ins.last, st.seq_base + ins.collective});
 }
 
-void finish_step(stage_pointer self) {
+// Doubles travel bit for bit as i64 (a collective moves bytes; there is no f64 dtype).
+Tensor encode_report(const std::vector<double>& loss_sums, const std::vector<double>& sum_squares) {
+  Tensor t = Tensor::empty({static_cast<std::int64_t>(loss_sums.size() + sum_squares.size())}, DType::i64);
+  auto* out = t.data<std::int64_t>();
+  for (double v : loss_sums) *out++ = std::bit_cast<std::int64_t>(v);
+  for (double v : sum_squares) *out++ = std::bit_cast<std::int64_t>(v);
+  return t;
+}
+
+// The report instruction: once every unit has reduced, all-gather this rank's loss sums and
+// gradient sums of squares over the world, then answer the step with everyone's.
+void report(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const std::size_t n = st.setup.units.size();
-  auto report = std::make_shared<StageReport>();
-  report->loss_sums = st.loss_sums;
-  report->routing = st.routing;
-  report->unit_sum_squares.assign(n, 0.0);
+  auto sum_squares = std::make_shared<std::vector<double>>(n, 0.0);
   auto remaining = std::make_shared<std::size_t>(n);
+  const std::uint64_t seq = st.seq_base + ins.collective;
   for (std::size_t u = 0; u < n; ++u) {
     self->request(st.setup.units[u], caf::infinite, reduced_atom::value)
         .then(
-            [=](double sum_squares) {
-              report->unit_sum_squares[u] = sum_squares;
-              if (--*remaining == 0 && self->state.done.pending()) {
-                self->state.active = false;
-                self->state.done.deliver(std::move(*report));
-              }
+            [=](double value) {
+              (*sum_squares)[u] = value;
+              if (--*remaining != 0 || !self->state.active) return;
+              auto& s = self->state;
+              const Tensor send = encode_report(s.loss_sums, *sum_squares);
+              const int world = s.setup.plan->mesh.world_size();
+              const Tensor recv = Tensor::empty({world * send.numel()}, DType::i64);
+              self->request(s.setup.comm, caf::infinite, collect_atom::value,
+                            CollectiveRequest{seq, "world", CollectiveKind::all_gather, send, recv, "report"})
+                  .then(
+                      [=](done_atom) {
+                        auto& s2 = self->state;
+                        StageReport out;
+                        const std::size_t micro = s2.loss_sums.size(), per_rank = micro + n;
+                        const auto* all = recv.data<std::int64_t>();
+                        for (int r = 0; r < world; ++r) {
+                          const auto* mine = all + static_cast<std::size_t>(r) * per_rank;
+                          auto& losses = out.loss_sums.emplace_back(micro);
+                          for (std::size_t m = 0; m < micro; ++m) losses[m] = std::bit_cast<double>(mine[m]);
+                          auto& squares = out.unit_sum_squares.emplace_back(n);
+                          for (std::size_t k = 0; k < n; ++k) squares[k] = std::bit_cast<double>(mine[micro + k]);
+                        }
+                        out.routing = s2.routing;
+                        s2.active = false;
+                        if (s2.done.pending()) s2.done.deliver(std::move(out));
+                      },
+                      [=](caf::error& e) { fail(self, e); });
             },
             [=](caf::error& e) { fail(self, e); });
   }
@@ -160,10 +191,12 @@ void advance(stage_pointer self) {
         return run_forward(self, ins);
       case StepInstructionKind::backward:
         return run_backward(self, ins);
+      case StepInstructionKind::report:
+        ++st.pc;
+        return report(self, ins);  // the last instruction: it answers the step
     }
     ++st.pc;
   }
-  if (st.active) finish_step(self);
 }
 
 std::shared_ptr<const StepProgram> program_for(StageState& st, int micro_batches) {

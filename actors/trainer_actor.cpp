@@ -1,7 +1,10 @@
-// The trainer actor of a job: hands each rank its block of micro-batches, then combines what
-// the ranks report in one fixed order — loss sums over the pairwise tree of global micro-batch
-// indices (exactly the reference trainer's order), the gradient norm over (unit, shard) in plan
-// order — and triggers the optimizer step with the clip factor and learning rate.
+// The trainer actor of one process: hands each of its ranks its block of micro-batches, then
+// combines what every rank of the job reported (all-gathered over the world by the step
+// program, so each process combines the same numbers) in one fixed order — loss sums over the
+// pairwise tree of global micro-batch indices (exactly the reference trainer's order), the
+// gradient norm over (unit, shard) in plan order — and triggers its ranks' optimizer step with
+// the clip factor and learning rate. Every process computes the same result.
+#include <algorithm>
 #include <cmath>
 
 #include "actors/spawn.hpp"
@@ -21,16 +24,16 @@ using trainer_pointer = trainer_actor::stateful_pointer<TrainerState>;
 
 struct StepProgress {
   StepResult result;
-  std::vector<StageReport> reports;  // by rank
+  std::vector<StageReport> reports;  // by local stage (each holds every rank's numbers)
   std::size_t remaining = 0;
   caf::typed_response_promise<StepResult> promise;
 };
 
 // The first unit (plan order) whose gradient's sum of squares is not finite on some rank.
-std::string first_nonfinite_unit(const Plan& plan, const std::vector<StageReport>& reports) {
+std::string first_nonfinite_unit(const Plan& plan, const StageReport& report) {
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
-    for (const StageReport& report : reports) {
-      if (!std::isfinite(report.unit_sum_squares[u])) return plan.units[u].name;
+    for (const auto& rank_squares : report.unit_sum_squares) {
+      if (!std::isfinite(rank_squares[u])) return plan.units[u].name;
     }
   }
   return {};
@@ -45,11 +48,16 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   // Loss: micro-batches in global order are the dp indices' blocks in dp order.
   std::vector<int> rank_of_dp(static_cast<std::size_t>(mesh.dp_size()), -1);
   for (int rank = 0; rank < mesh.world_size(); ++rank) rank_of_dp[static_cast<std::size_t>(mesh.dp_index(rank))] = rank;
+  const StageReport& all = progress->reports.front();  // every rank's numbers, the same in each
   auto loss_tree = make_tree_sum<double>([](double& a, const double& b) { a += b; });
   for (int rank : rank_of_dp) {
-    const StageReport& report = progress->reports[static_cast<std::size_t>(rank)];
-    for (double l : report.loss_sums) loss_tree.push(l);
-    for (const auto& routing : report.routing) r.routing.push_back(routing);
+    for (double l : all.loss_sums[static_cast<std::size_t>(rank)]) loss_tree.push(l);
+    // Routing records stay on their rank: this process reports its own ranks' (all of them in sim).
+    const auto local = std::find(st.setup.ranks.begin(), st.setup.ranks.end(), rank);
+    if (local == st.setup.ranks.end()) continue;
+    for (const auto& routing : progress->reports[static_cast<std::size_t>(local - st.setup.ranks.begin())].routing) {
+      r.routing.push_back(routing);
+    }
   }
   const double loss_sum = loss_tree.finish();
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
@@ -59,7 +67,7 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     for (int rank = 0; rank < mesh.world_size(); ++rank) {
       if (mesh.coord(rank).dp_replicate != 0) continue;
-      total += progress->reports[static_cast<std::size_t>(rank)].unit_sum_squares[u];
+      total += all.unit_sum_squares[static_cast<std::size_t>(rank)][u];
     }
   }
   r.grad_norm = std::sqrt(total);
@@ -68,7 +76,7 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   OptimizerStep msg{r.step, static_cast<float>(r.lr), 1.0, o};
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     r.applied = msg.apply = false;  // every unit drops its gradient; nothing is updated
-    r.nonfinite = nonfinite_description(r.loss, r.grad_norm, first_nonfinite_unit(plan, progress->reports));
+    r.nonfinite = nonfinite_description(r.loss, r.grad_norm, first_nonfinite_unit(plan, all));
   } else {
     msg.clip_factor = clip_factor(r.grad_norm, o.grad_clip);  // the reference trainer's rule
   }
@@ -109,16 +117,16 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
         progress->reports.resize(st.setup.stages.size());
         progress->remaining = st.setup.stages.size();
         progress->promise = self->make_response_promise<StepResult>();
-        for (std::size_t rank = 0; rank < st.setup.stages.size(); ++rank) {
+        for (std::size_t local = 0; local < st.setup.stages.size(); ++local) {
           StageStep stage_step{r.step, {}, grad_scale, msg.record_routing};
-          const std::int64_t first = mesh.dp_index(static_cast<int>(rank)) * per_rank;
+          const std::int64_t first = mesh.dp_index(st.setup.ranks[local]) * per_rank;
           for (std::int64_t m = first; m < first + per_rank; ++m) {
             stage_step.micro_batches.push_back(batch.slice_rows(m * micro, (m + 1) * micro));
           }
-          self->request(st.setup.stages[rank], caf::infinite, step_atom::value, std::move(stage_step))
+          self->request(st.setup.stages[local], caf::infinite, step_atom::value, std::move(stage_step))
               .then(
                   [=](StageReport& report) {
-                    progress->reports[rank] = std::move(report);
+                    progress->reports[local] = std::move(report);
                     if (--progress->remaining == 0) combine_and_optimize(self, progress);
                   },
                   [=](caf::error& e) { progress->promise.deliver(std::move(e)); });

@@ -143,6 +143,12 @@ Group Mesh::ep_shard_group(int rank) const {
   return g;
 }
 
+Group Mesh::world_group() const {
+  Group g{"world", {}};
+  for (int r = 0; r < world_size(); ++r) g.ranks.push_back(r);
+  return g;
+}
+
 std::vector<Group> Mesh::all_groups() const {
   using GroupOf = Group (Mesh::*)(int) const;
   struct Axis {

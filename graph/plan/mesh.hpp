@@ -68,6 +68,8 @@ class Mesh {
   Group ep_group(int rank) const;
   // Axis "ep_shard": the ranks of this rank's stage with its ep index, ep_shard index increasing.
   Group ep_shard_group(int rank) const;
+  // Axis "world": every rank, in rank order (the step's report).
+  Group world_group() const;
   // Every distinct group of each axis, in order of their first rank: dp_shard and dp_replicate
   // always (size-1 groups included: a unit always names its groups), then cp, pp, ep and
   // ep_shard for the axes that are larger than 1.

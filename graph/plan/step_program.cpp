@@ -22,6 +22,7 @@ const char* step_instruction_name(StepInstructionKind kind) {
     case StepInstructionKind::forward: return "forward";
     case StepInstructionKind::backward: return "backward";
     case StepInstructionKind::grads: return "grads";
+    case StepInstructionKind::report: return "report";
   }
   return "?";
 }
@@ -55,6 +56,11 @@ class ProgramBuilder {
     }
     emit({StepInstructionKind::grads, -1, micro_batch, u, last, first});
   }
+  void report() {
+    const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
+    program_.collectives.push_back({seq, CollectiveOp::all_gather, "world", "report"});
+    emit({StepInstructionKind::report, -1, -1, 0, false, seq});
+  }
   StepProgram finish(int micro_batches) {
     program_.micro_batches = micro_batches;
     return std::move(program_);
@@ -63,7 +69,7 @@ class ProgramBuilder {
  private:
   std::uint64_t collective(CollectiveOp op, const char* axis, std::size_t u) {
     const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
-    program_.collectives.push_back({seq, op, axis, u});
+    program_.collectives.push_back({seq, op, axis, plan_.units[u].name});
     return seq;
   }
   void emit(StepInstruction i) { program_.instructions.push_back(i); }
@@ -115,6 +121,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector
       }
     }
   }
+  b.report();
   return b.finish(micro_batches);
 }
 

@@ -17,7 +17,10 @@
 //   backward of op o (reverse order): gather again what was resharded, then the backward
 //     prefetches; run; hand each unit its gradient. On the last micro-batch the unit reduces:
 //     reduce-scatter over its shard group, all-reduce over the replicate group (HSDP), then
-//     reshards. Before that units stay gathered between micro-batches.
+//     reshards. Before that units stay gathered between micro-batches;
+//   step end: the report. When every unit has reduced, each rank all-gathers over the world its
+//     loss sums (one per micro-batch) and its units' gradient sums of squares, so every process
+//     combines the same numbers in the same fixed order (no reply to a central trainer).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,8 +38,8 @@ const char* collective_op_name(CollectiveOp op);
 struct CollectiveNode {
   std::uint64_t seq = 0;  // position in the rank's stream (0-based within the step)
   CollectiveOp op = CollectiveOp::all_gather;
-  std::string axis;       // the group: "dp_shard" (the unit's shard group) or "dp_replicate"
-  std::size_t unit = 0;   // plan unit index; its name is the collective's tag
+  std::string axis;       // the group: "dp_shard" (a unit's shard group), "dp_replicate" or "world"
+  std::string tag;        // who posts it: the unit's name, or "report"
 };
 
 enum class StepInstructionKind {
@@ -46,6 +49,7 @@ enum class StepInstructionKind {
   backward,  // run op's backward for micro_batch
   grads,     // hand unit its gradient of the last backward; `last`: it reduces (collectives
              // `collective` and, with HSDP, `collective + 1`)
+  report,    // after every unit reduced: all-gather the rank's report over the world (`collective`)
 };
 const char* step_instruction_name(StepInstructionKind kind);
 
@@ -55,7 +59,7 @@ struct StepInstruction {
   int micro_batch = -1;         // forward, backward, grads
   std::size_t unit = 0;         // gather, release, grads
   bool last = false;            // grads: the step's last micro-batch
-  std::uint64_t collective = 0;  // gather, grads with last: index into StepProgram::collectives
+  std::uint64_t collective = 0;  // gather, grads with last, report: index into StepProgram::collectives
 };
 
 struct StepProgram {

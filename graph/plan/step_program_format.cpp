@@ -10,7 +10,7 @@ namespace {
 
 // The collectives an instruction posts: a gather one, a last grads one or two (HSDP).
 std::vector<std::uint64_t> posted_by(const Plan& plan, const StepInstruction& i) {
-  if (i.kind == StepInstructionKind::gather) return {i.collective};
+  if (i.kind == StepInstructionKind::gather || i.kind == StepInstructionKind::report) return {i.collective};
   if (i.kind != StepInstructionKind::grads || !i.last) return {};
   if (plan.mesh.dp_replicate() > 1) return {i.collective, i.collective + 1};
   return {i.collective};
@@ -39,6 +39,9 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
         break;
       case StepInstructionKind::release:
         out += fmt::format("  release   {}\n", unit);
+        break;
+      case StepInstructionKind::report:
+        out += fmt::format("  report    {:<28} {}\n", "(loss, gradient norm parts)", describe(program, i.collective));
         break;
       case StepInstructionKind::forward:
       case StepInstructionKind::backward:
@@ -72,8 +75,7 @@ std::string step_program_json(const Plan& plan, const StepProgram& program) {
   }
   auto& collectives = out["collectives"] = nlohmann::ordered_json::array();
   for (const CollectiveNode& n : program.collectives) {
-    collectives.push_back({{"seq", n.seq}, {"op", collective_op_name(n.op)}, {"axis", n.axis},
-                           {"unit", plan.units[n.unit].name}});
+    collectives.push_back({{"seq", n.seq}, {"op", collective_op_name(n.op)}, {"axis", n.axis}, {"tag", n.tag}});
   }
   return out.dump(1) + "\n";
 }

@@ -67,14 +67,16 @@ TEST_CASE("Every rank records exactly the step program's collectives in its orde
         double last_posted = -1;
         for (const CollectiveNode& node : program.collectives) {
           INFO("step " << step << " rank " << rank << " collective #" << node.seq << " "
-                       << collective_op_name(node.op) << " of " << plan.units[node.unit].name);
+                       << collective_op_name(node.op) << " of " << node.tag);
           const auto& list = recorded[{step, rank, node.axis}];
           const std::size_t at = next[node.axis]++;
           REQUIRE(at < list.size());
           const CollectiveRecord& r = list[at];
           CHECK(r.kind == kind_of(node.op));
-          CHECK(r.tag == plan.units[node.unit].name);
-          const Group group = node.axis == "dp_shard" ? plan.mesh.shard_group(rank) : plan.mesh.replicate_group(rank);
+          CHECK(r.tag == node.tag);
+          const Group group = node.axis == "dp_shard"       ? plan.mesh.shard_group(rank)
+                              : node.axis == "dp_replicate" ? plan.mesh.replicate_group(rank)
+                                                            : plan.mesh.world_group();
           CHECK(r.group == group.describe());
           // Across groups too, the rank posts in the program's order (one stream per rank).
           CHECK(r.start_us >= last_posted);
@@ -99,7 +101,7 @@ TEST_CASE("Step program: FSDP2's schedule for n micro-batches, sequence numbers 
     for (std::size_t i = 0; i < p.collectives.size(); ++i) {
       const CollectiveNode& node = p.collectives[i];
       CHECK(node.seq == i);
-      const std::string& unit = plan.units[node.unit].name;
+      const std::string& unit = node.tag;
       if (node.op == CollectiveOp::all_gather) ++gathers[unit];
       if (node.op == CollectiveOp::reduce_scatter) ++reduce_scatters[unit];
       if (node.op == CollectiveOp::all_reduce) ++all_reduces[unit];
@@ -127,6 +129,10 @@ TEST_CASE("Step program: FSDP2's schedule for n micro-batches, sequence numbers 
       CHECK(reduce_scatters[u.name] == 1);
       CHECK(all_reduces[u.name] == 1);  // HSDP
     }
+    // The last collective is the step's report over the world.
+    CHECK(p.collectives.back().axis == "world");
+    CHECK(p.collectives.back().tag == "report");
+    CHECK(p.instructions.back().kind == StepInstructionKind::report);
   }
   CHECK_THROWS_AS(compile_step_program(plan, op_units, 0), std::invalid_argument);
   const std::string text = format_step_program(plan, compile_step_program(plan, op_units, 1));

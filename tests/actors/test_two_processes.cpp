@@ -1,0 +1,85 @@
+// One sim job run as two "processes": two engines in this test binary, each owning half the
+// ranks, sharing nothing but the sim backend. They must produce the single-engine result bit for
+// bit: the proof that nothing crosses a process boundary except through a Communicator (loss and
+// gradient norm included: they travel in the step program's report collective).
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "actors/actor_engine.hpp"
+#include "comm/sim/sim_backend.hpp"
+#include "tests/actors/actor_test_support.hpp"
+
+using namespace atl;
+using namespace atl::testing;
+
+namespace {
+
+std::unique_ptr<ActorEngine> engine_for(const RunConfig& config, ProcessRanks process) {
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  return std::make_unique<ActorEngine>(
+      EngineInputs{.config = config,
+                   .model = model,
+                   .initial_master = TensorMap::initialized(model->specs(), config.train.seed, model->init_std()),
+                   .optimizer = optimizer_settings(config.train)},
+      std::move(process));
+}
+
+}  // namespace
+
+TEST_CASE("Two engines on one sim backend, each with half the ranks, match one engine bitwise", "[actors][process]") {
+  struct Case {
+    const char* family;
+    const char* preset;
+    Layout layout;
+    bool whole_model_per_process;  // HSDP split by replica: each process holds a full shard group
+  };
+  const Case cases[] = {{"beam", "beam-tiny-moe", {2, 2}, true},
+                        {"beam", "beam-tiny-moe", {4, 1}, false},
+                        {"inkling2", "inkling2-tiny", {2, 2}, true}};
+  constexpr int kSteps = 3;
+  for (const Case& c : cases) {
+    INFO(c.family << " dp_shard " << c.layout.dp_shard << " dp_replicate " << c.layout.dp_replicate);
+    const RunConfig config = parity_config(c.family, c.preset, Precision::bf16, c.layout, 8, 1);
+    std::unique_ptr<TrainingEngine> single_engine;
+    const RunOutput single = run_engine(config, make_actor_engine, kSteps, true, &single_engine);
+
+    auto backend = std::make_shared<SimBackend>(4);
+    auto first = engine_for(config, {{0, 1}, backend});
+    auto second = engine_for(config, {{2, 3}, backend});
+    DataConfig data;
+    data.synthetic_min_doc = 5;
+    data.synthetic_max_doc = 40;
+    const auto model = make_model(config.model, config.source_file);
+    auto source = make_data_source(data, model->unpadded_vocab_size(), 99);  // run_engine's batches
+    for (int s = 0; s < kSteps; ++s) {
+      INFO("step " << s + 1);
+      const Batch batch = source->next(config.train.global_batch, config.train.seq_len);
+      StepResult a, b;
+      std::thread other([&] { b = second->step(batch, s == 0); });
+      a = first->step(batch, s == 0);
+      other.join();
+      for (const StepResult* r : {&a, &b}) {
+        CHECK(r->loss == single.steps[static_cast<std::size_t>(s)].loss);
+        CHECK(r->grad_norm == single.steps[static_cast<std::size_t>(s)].grad_norm);
+      }
+      if (s == 0) {
+        // Routing stays with its ranks: together the two processes report the single engine's.
+        auto both = a.routing;
+        both.insert(both.end(), b.routing.begin(), b.routing.end());
+        CHECK(same_routing(both, single.steps[0].routing));
+      }
+    }
+    if (c.whole_model_per_process) {
+      CHECK(bitwise_equal(first->master_weights(), single.master));
+      CHECK(bitwise_equal(second->master_weights(), single.master));
+    } else {
+      CHECK_THROWS_WITH(first->master_weights(), Catch::Contains("no shard group lives entirely in this process"));
+    }
+    // Each engine counts only its own ranks' traffic: together, the single engine's.
+    const auto records = backend->recorder()->records();
+    std::size_t first_records = 0;
+    for (const CollectiveRecord& r : records) first_records += r.rank < 2;
+    CHECK(first_records * 2 == records.size());
+  }
+}
