@@ -5,7 +5,9 @@
 //   ascending expert id and rounded once. Tokens with token_mask false are routed but not dispatched:
 //   their output is exactly 0 and they produce no gradient.
 // Dispatch: the (token, slot) pairs are sorted by expert (stable, so by pair id inside an expert),
-// each expert's rows are gathered and multiplied with one gemm.
+// each expert's rows are gathered and multiplied with one gemm. The flow is three steps
+// (dispatch -> grouped experts -> combine, below) that expert parallelism can run on different
+// ranks; experts_forward / experts_backward compose them in one process.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -90,52 +92,74 @@ inline void slots_by_expert(const std::int32_t* idx_row, std::int64_t k, std::ve
 }
 
 // The down projection's input when the routing weight comes first: rows [r0, r0+n) of the
-// activation `a` (n x I) times their pair's weight, rounded at the emulation point, into `out`.
+// activation `a` (n x I) times their row's weight, rounded at the emulation point, into `out`.
 template <class T>
-const T* weighted_rows(const T* a, const T* weights, const DispatchView& plan, std::int64_t r0, std::int64_t n,
-                       std::int64_t I, Precision prec, std::vector<T>& out) {
+const T* weighted_rows(const T* a, const T* w_rows, std::int64_t r0, std::int64_t n, std::int64_t I, Precision prec,
+                       std::vector<T>& out) {
   out.resize(static_cast<std::size_t>(n * I));
   for (std::int64_t r = 0; r < n; ++r) {
-    const T w = weights[plan.row_pair[r0 + r]];
+    const T w = w_rows[r0 + r];
     for (std::int64_t i = 0; i < I; ++i) out[static_cast<std::size_t>(r * I + i)] = a[r * I + i] * w;
   }
   round_emulated_values(prec, out.data(), n * I);
   return out.data();
 }
 
-// Forward. Saves, per dispatched row: gate_up_out [P,2I] (the activation input), act_out [P,I] (the
-// unweighted activation) and down_out [P,H] (the down-projection output, before the weight when
-// weight_after_down). out [T,H] is overwritten. In precision bf16 the gate_up output, the
-// activation, the weighted activation (weight before down), the down-projection output, the
-// weighted down output w·y (weight after down) and the combined output are rounded; the sum over
-// the K slots is fp32 (MODELS.md §10.1.8, §10.1.12).
+// The MoE token flow in three steps, so that expert parallelism can put its all-to-alls between
+// them: dispatch (rows in expert-sorted order) -> grouped expert compute (on whichever rank owns
+// the experts, which it indexes by local id) -> combine (the weighted sum over K on the tokens'
+// rank). experts_forward / experts_backward below run the three in one process.
+
+// 1. Dispatch: row r of x_rows [P,H] is x[token of row r]; w_rows [P] its routing weight.
 template <class T>
-void experts_forward(const T* x, const T* gate_up, const T* down, const T* weights, const DispatchView& plan,
-                     const ExpertsDims& d, const ExpertsConfig& cfg, T* gate_up_out, T* act_out, T* down_out, T* out) {
-  const std::int64_t H = d.hidden, I = d.inter, K = d.top_k;
+void dispatch_rows(const T* x, const T* weights, const DispatchView& plan, std::int64_t rows, std::int64_t H,
+                   std::int64_t K, T* x_rows, T* w_rows) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t p = plan.row_pair[r];
+    const T* src = x + (p / K) * H;
+    std::copy(src, src + H, x_rows + r * H);
+    w_rows[r] = weights[p];
+  }
+}
+
+// 2. Grouped expert MLPs. Local expert e (of `experts`) owns rows [offsets[e], offsets[e+1]);
+// gate_up [experts,H,2I] and down [experts,I,H] hold those experts only. Writes, per row:
+// gate_up_out [P,2I] (the activation input), act_out [P,I] (the unweighted activation) and
+// down_out [P,H] (the down output; already weighted when the weight comes first). In precision
+// bf16 the gate_up output, the activation, the weighted activation and the down output are
+// rounded (MODELS.md §10.1.12).
+template <class T>
+void grouped_experts_forward(const T* x_rows, const T* w_rows, const std::int64_t* offsets, std::int64_t experts,
+                             std::int64_t H, std::int64_t I, const T* gate_up, const T* down, const ExpertsConfig& cfg,
+                             T* gate_up_out, T* act_out, T* down_out) {
   const Precision prec = cfg.precision;
   const GluConfig glu = cfg.glu();
   // Both forward products read bf16 values in precision bf16 (rounded inputs, bf16 weights).
   const GemmOperands operands = gemm_operands(prec);
-  std::vector<T> xs, a_in;
-  for (std::int64_t e = 0; e < d.experts; ++e) {
-    const std::int64_t r0 = plan.expert_offsets[e], n = plan.expert_offsets[e + 1] - r0;
+  std::vector<T> a_in;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t r0 = offsets[e] - offsets[0], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
-    xs.resize(static_cast<std::size_t>(n * H));
-    for (std::int64_t r = 0; r < n; ++r) {
-      const T* src = x + (plan.row_pair[r0 + r] / K) * H;
-      std::copy(src, src + H, xs.data() + r * H);
-    }
     T* h = gate_up_out + r0 * 2 * I;
-    gemm<T>(false, false, n, 2 * I, H, xs.data(), H, gate_up + e * H * 2 * I, 2 * I, false, h, 2 * I, operands);
+    gemm<T>(false, false, n, 2 * I, H, x_rows + r0 * H, H, gate_up + e * H * 2 * I, 2 * I, false, h, 2 * I, operands);
     round_emulated_values(prec, h, n * 2 * I);
     T* a = act_out + r0 * I;
     glu_forward(h, n, I, glu, prec, a);
-    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, weights, plan, r0, n, I, prec, a_in);
+    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, w_rows, r0, n, I, prec, a_in);
     T* y = down_out + r0 * H;
     gemm<T>(false, false, n, H, I, down_in, I, down + e * I * H, H, false, y, H, operands);
     round_emulated_values(prec, y, n * H);
   }
+}
+
+// 3. Combine: out [T,H] (overwritten) = for each token, the sum of its slots' rows in ascending
+// expert id, in fp32, rounded once; with the weight after down each row is first multiplied by
+// its weight and rounded. Masked tokens (no rows) get exactly 0.
+template <class T>
+void combine_rows(const T* down_out, const T* weights, const DispatchView& plan, const ExpertsDims& d,
+                  const ExpertsConfig& cfg, T* out) {
+  const std::int64_t H = d.hidden, K = d.top_k;
+  const Precision prec = cfg.precision;
   std::vector<std::int64_t> slots;
   std::vector<T> weighted(static_cast<std::size_t>(H));
   for (std::int64_t t = 0; t < d.tokens; ++t) {
@@ -158,74 +182,120 @@ void experts_forward(const T* x, const T* gate_up, const T* down, const T* weigh
   round_emulated_values(prec, out, d.tokens * H);
 }
 
-// Backward. dx [T,H] and d_weights [T,K] are overwritten (zero for masked tokens); d_gate_up
-// [E,H,2I] and d_down [E,I,H] are accumulated. Roundings are straight-through; gradients stay in T,
-// and in precision bf16 the products read them as bf16 (as the forward products read their inputs).
+// 3'. Combine backward: d_rows [P,H] is the gradient at each row's down output. With the weight
+// after down: d_weights[p] = g.y and d_rows = w g; otherwise d_rows = g. d_weights [T,K] is
+// overwritten where the weight comes after down (zero elsewhere).
 template <class T>
-void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* down, const T* weights,
-                      const DispatchView& plan, const ExpertsDims& d, const ExpertsConfig& cfg, const T* gate_up_out,
-                      const T* act_out, const T* down_out, T* dx, T* d_weights, T* d_gate_up, T* d_down) {
-  const std::int64_t H = d.hidden, I = d.inter, K = d.top_k;
+void combine_backward(const T* d_out, const T* weights, const T* down_out, const DispatchView& plan,
+                      const ExpertsDims& d, std::int64_t rows, const ExpertsConfig& cfg, T* d_rows, T* d_weights) {
+  const std::int64_t H = d.hidden, K = d.top_k;
+  std::fill(d_weights, d_weights + d.tokens * K, T(0));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t p = plan.row_pair[r];
+    const T* g = d_out + (p / K) * H;
+    T* dy = d_rows + r * H;
+    if (cfg.weight_after_down) {
+      const T* y = down_out + r * H;
+      T dot = 0;
+      for (std::int64_t c = 0; c < H; ++c) dot += g[c] * y[c];
+      d_weights[p] = dot;
+      const T w = weights[p];
+      for (std::int64_t c = 0; c < H; ++c) dy[c] = w * g[c];
+    } else {
+      std::copy(g, g + H, dy);
+    }
+  }
+}
+
+// 2'. Grouped expert backward over the rows of local experts (as in forward). d_x_rows [P,H] and
+// d_w_rows [P] (the weight's gradient when it comes first; 0 otherwise) are overwritten; d_gate_up
+// and d_down are accumulated. Roundings are straight-through; in precision bf16 the products read
+// the gradients as bf16 (as the forward products read their inputs).
+template <class T>
+void grouped_experts_backward(const T* d_rows, const T* x_rows, const T* w_rows, const std::int64_t* offsets,
+                              std::int64_t experts, std::int64_t H, std::int64_t I, const T* gate_up, const T* down,
+                              const ExpertsConfig& cfg, const T* gate_up_out, const T* act_out, T* d_x_rows,
+                              T* d_w_rows, T* d_gate_up, T* d_down) {
   const Precision prec = cfg.precision;
   const GluConfig glu = cfg.glu();
-  // The backward of bf16-operand products: the gradients entering them are read as bf16 too.
   const GemmOperands operands = gemm_operands(prec);
-  std::fill(dx, dx + d.tokens * H, T(0));
-  std::fill(d_weights, d_weights + d.tokens * K, T(0));
-  std::vector<T> dy, a_in, da, dh, xs, dxs;
-  for (std::int64_t e = 0; e < d.experts; ++e) {
-    const std::int64_t r0 = plan.expert_offsets[e], n = plan.expert_offsets[e + 1] - r0;
+  std::fill(d_w_rows, d_w_rows + (offsets[experts] - offsets[0]), T(0));
+  std::vector<T> a_in, da, dh;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t r0 = offsets[e] - offsets[0], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
     const T* a = act_out + r0 * I;
-    // Gradient at the down output, and d_weights when the weight comes after down.
-    dy.resize(static_cast<std::size_t>(n * H));
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t p = plan.row_pair[r0 + r];
-      const T* g = d_out + (p / K) * H;
-      if (cfg.weight_after_down) {
-        const T* y = down_out + (r0 + r) * H;
-        T dot = 0;
-        for (std::int64_t c = 0; c < H; ++c) dot += g[c] * y[c];
-        d_weights[p] = dot;
-        const T w = weights[p];
-        for (std::int64_t c = 0; c < H; ++c) dy[r * H + c] = w * g[c];
-      } else {
-        std::copy(g, g + H, dy.data() + r * H);
-      }
-    }
+    const T* dy = d_rows + r0 * H;
     // The down projection's input, as in forward.
-    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, weights, plan, r0, n, I, prec, a_in);
-    gemm<T>(true, false, I, H, n, down_in, I, dy.data(), H, true, d_down + e * I * H, H, operands);
+    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, w_rows, r0, n, I, prec, a_in);
+    gemm<T>(true, false, I, H, n, down_in, I, dy, H, true, d_down + e * I * H, H, operands);
     da.resize(static_cast<std::size_t>(n * I));
-    gemm<T>(false, true, n, I, H, dy.data(), H, down + e * I * H, H, false, da.data(), I, operands);
+    gemm<T>(false, true, n, I, H, dy, H, down + e * I * H, H, false, da.data(), I, operands);
     if (!cfg.weight_after_down) {
       for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t p = plan.row_pair[r0 + r];
-        const T w = weights[p];
+        const T w = w_rows[r0 + r];
         T dot = 0;
         for (std::int64_t i = 0; i < I; ++i) {
           dot += da[r * I + i] * a[r * I + i];
           da[r * I + i] *= w;
         }
-        d_weights[p] = dot;
+        d_w_rows[r0 + r] = dot;
       }
     }
     dh.resize(static_cast<std::size_t>(n * 2 * I));
     glu_backward(da.data(), gate_up_out + r0 * 2 * I, n, I, glu, dh.data());
-    xs.resize(static_cast<std::size_t>(n * H));
-    for (std::int64_t r = 0; r < n; ++r) {
-      const T* src = x + (plan.row_pair[r0 + r] / K) * H;
-      std::copy(src, src + H, xs.data() + r * H);
-    }
-    gemm<T>(true, false, H, 2 * I, n, xs.data(), H, dh.data(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I, operands);
-    dxs.resize(static_cast<std::size_t>(n * H));
-    gemm<T>(false, true, n, H, 2 * I, dh.data(), 2 * I, gate_up + e * H * 2 * I, 2 * I, false, dxs.data(), H, operands);
-    // Experts ascend, so each token's dx sums its slots in ascending expert id.
-    for (std::int64_t r = 0; r < n; ++r) {
-      T* dst = dx + (plan.row_pair[r0 + r] / K) * H;
-      for (std::int64_t c = 0; c < H; ++c) dst[c] += dxs[r * H + c];
-    }
+    gemm<T>(true, false, H, 2 * I, n, x_rows + r0 * H, H, dh.data(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I,
+            operands);
+    gemm<T>(false, true, n, H, 2 * I, dh.data(), 2 * I, gate_up + e * H * 2 * I, 2 * I, false, d_x_rows + r0 * H, H,
+            operands);
   }
+}
+
+// 1'. Dispatch backward: dx [T,H] (overwritten) sums each token's rows in row order, i.e. in
+// ascending expert id; d_weights[p] = d_w_rows[row of p] where the weight comes before down.
+template <class T>
+void dispatch_backward(const T* d_x_rows, const T* d_w_rows, const DispatchView& plan, const ExpertsDims& d,
+                       std::int64_t rows, const ExpertsConfig& cfg, T* dx, T* d_weights) {
+  const std::int64_t H = d.hidden;
+  std::fill(dx, dx + d.tokens * H, T(0));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t p = plan.row_pair[r];
+    T* dst = dx + (p / d.top_k) * H;
+    const T* src = d_x_rows + r * H;
+    for (std::int64_t c = 0; c < H; ++c) dst[c] += src[c];
+    if (!cfg.weight_after_down) d_weights[p] = d_w_rows[r];
+  }
+}
+
+// The three steps in one process, on raw pointers (the tests' double-precision reference).
+// Forward saves, per dispatched row: gate_up_out [P,2I], act_out [P,I] and down_out [P,H]; out
+// [T,H] is overwritten (MODELS.md §10.1.8, §10.1.12).
+template <class T>
+void experts_forward(const T* x, const T* gate_up, const T* down, const T* weights, const DispatchView& plan,
+                     const ExpertsDims& d, const ExpertsConfig& cfg, T* gate_up_out, T* act_out, T* down_out, T* out) {
+  const std::int64_t rows = plan.expert_offsets[d.experts];
+  std::vector<T> x_rows(static_cast<std::size_t>(rows * d.hidden)), w_rows(static_cast<std::size_t>(rows));
+  dispatch_rows(x, weights, plan, rows, d.hidden, d.top_k, x_rows.data(), w_rows.data());
+  grouped_experts_forward(x_rows.data(), w_rows.data(), plan.expert_offsets, d.experts, d.hidden, d.inter, gate_up,
+                          down, cfg, gate_up_out, act_out, down_out);
+  combine_rows(down_out, weights, plan, d, cfg, out);
+}
+
+// Backward in one process. dx [T,H] and d_weights [T,K] are overwritten (zero for masked tokens);
+// d_gate_up [E,H,2I] and d_down [E,I,H] are accumulated.
+template <class T>
+void experts_backward(const T* d_out, const T* x, const T* gate_up, const T* down, const T* weights,
+                      const DispatchView& plan, const ExpertsDims& d, const ExpertsConfig& cfg, const T* gate_up_out,
+                      const T* act_out, const T* down_out, T* dx, T* d_weights, T* d_gate_up, T* d_down) {
+  const std::int64_t rows = plan.expert_offsets[d.experts], H = d.hidden;
+  const auto n = static_cast<std::size_t>(rows);
+  std::vector<T> x_rows(n * H), w_rows(n), d_rows(n * H), d_x_rows(n * H), d_w_rows(n);
+  dispatch_rows(x, weights, plan, rows, H, d.top_k, x_rows.data(), w_rows.data());
+  combine_backward(d_out, weights, down_out, plan, d, rows, cfg, d_rows.data(), d_weights);
+  grouped_experts_backward(d_rows.data(), x_rows.data(), w_rows.data(), plan.expert_offsets, d.experts, H, d.inter,
+                           gate_up, down, cfg, gate_up_out, act_out, d_x_rows.data(), d_w_rows.data(), d_gate_up,
+                           d_down);
+  dispatch_backward(d_x_rows.data(), d_w_rows.data(), plan, d, rows, cfg, dx, d_weights);
 }
 
 }  // namespace cpu

@@ -1,9 +1,10 @@
 #include "kernels/ops/experts.hpp"
-#include "kernels/kernel_clock.hpp"
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/kernel_clock.hpp"
 
 namespace atl {
 
@@ -24,95 +25,172 @@ void check_rank(const char* op, const char* name, const Tensor& t, std::int64_t 
   }
 }
 
-// Dims from the parameters and the routing; checks every shape.
-cpu::ExpertsDims experts_dims(const char* op, const Tensor& x, const Tensor& gate_up, const Tensor& down,
-                              const Tensor& indices) {
-  check_rank(op, "x", x, 2, "f32 [T,H]");
-  check_rank(op, "gate_up", gate_up, 3, "f32 [E,H,2I]");
-  check_rank(op, "indices", indices, 2, "i32 [T,K]");
-  cpu::ExpertsDims d;
-  d.tokens = x.size(0);
-  d.hidden = x.size(1);
-  d.experts = gate_up.size(0);
-  d.top_k = indices.size(1);
-  if (gate_up.size(2) % 2 != 0) {
-    throw std::invalid_argument(std::string(op) + ": gate_up last dim must be even (2I), got " + gate_up.describe());
-  }
-  d.inter = gate_up.size(2) / 2;
-  check_tensor(op, "x", x, DType::f32, {d.tokens, d.hidden});
-  check_tensor(op, "gate_up", gate_up, DType::f32, {d.experts, d.hidden, 2 * d.inter});
-  check_tensor(op, "down", down, DType::f32, {d.experts, d.inter, d.hidden});
-  check_tensor(op, "indices", indices, DType::i32, {d.tokens, d.top_k});
-  return d;
-}
-
 Tensor i64_tensor(const std::vector<std::int64_t>& v) {
   Tensor t = Tensor::empty({static_cast<std::int64_t>(v.size())}, DType::i64);
   if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(std::int64_t));
   return t;
 }
 
-cpu::DispatchView saved_view(const ExpertsSaved& s) {
-  return {s.indices.data<std::int32_t>(), s.row_pair.data<std::int64_t>(), s.expert_offsets.data<std::int64_t>(),
-          s.pair_row.data<std::int64_t>()};
+cpu::DispatchView view(const ExpertDispatch& d) {
+  return {d.indices.data<std::int32_t>(), d.row_pair.data<std::int64_t>(), d.expert_offsets.data<std::int64_t>(),
+          d.pair_row.data<std::int64_t>()};
+}
+
+cpu::ExpertsDims dims(const ExpertDispatch& d, std::int64_t hidden, std::int64_t inter = 0) {
+  return {d.indices.size(0), d.indices.size(1), d.experts(), hidden, inter};
+}
+
+// The local experts' {H, I} from their parameters, checked against the rows they get.
+std::pair<std::int64_t, std::int64_t> expert_dims(const char* op, const Tensor& gate_up, const Tensor& down,
+                                                  const ExpertDispatch& dispatch, std::int64_t first) {
+  check_rank(op, "gate_up", gate_up, 3, "f32 [n,H,2I]");
+  const std::int64_t n = gate_up.size(0), H = gate_up.size(1);
+  if (gate_up.size(2) % 2 != 0) {
+    throw std::invalid_argument(std::string(op) + ": gate_up last dim must be even (2I), got " + gate_up.describe());
+  }
+  const std::int64_t I = gate_up.size(2) / 2;
+  check_tensor(op, "gate_up", gate_up, DType::f32, {n, H, 2 * I});
+  check_tensor(op, "down", down, DType::f32, {n, I, H});
+  if (first < 0 || first + n > dispatch.experts()) {
+    throw std::invalid_argument(std::string(op) + ": local experts [" + std::to_string(first) + ", " +
+                                std::to_string(first + n) + ") outside the routing's " +
+                                std::to_string(dispatch.experts()) + " experts");
+  }
+  return {H, I};
 }
 
 }  // namespace
 
+ExpertDispatch plan_expert_dispatch(const Tensor& indices, const Tensor& weights, const Tensor& token_mask,
+                                    std::int64_t experts) {
+  const char* op = "plan_expert_dispatch";
+  check_rank(op, "indices", indices, 2, "i32 [T,K]");
+  const std::int64_t T = indices.size(0), K = indices.size(1);
+  check_tensor(op, "indices", indices, DType::i32, {T, K});
+  check_tensor(op, "weights", weights, DType::f32, {T, K});
+  if (token_mask.defined()) check_tensor(op, "token_mask", token_mask, DType::boolean, {T});
+  const cpu::DispatchPlan plan = cpu::plan_dispatch(indices.data<std::int32_t>(),
+                                                    token_mask.defined() ? token_mask.data<bool>() : nullptr,
+                                                    cpu::ExpertsDims{T, K, experts, 0, 0});
+  return {indices, weights, i64_tensor(plan.row_pair), i64_tensor(plan.expert_offsets), i64_tensor(plan.pair_row)};
+}
+
+DispatchedRows dispatch_forward(const Tensor& x, const ExpertDispatch& dispatch) {
+  KernelScope scope(KernelKind::experts);
+  check_rank("dispatch_forward", "x", x, 2, "f32 [T,H]");
+  const std::int64_t H = x.size(1), P = dispatch.rows();
+  check_tensor("dispatch_forward", "x", x, DType::f32, {dispatch.indices.size(0), H});
+  DispatchedRows out{Tensor::empty({P, H}), Tensor::empty({P})};
+  cpu::dispatch_rows(x.data<float>(), dispatch.weights.data<float>(), view(dispatch), P, H, dispatch.indices.size(1),
+                     out.x_rows.data<float>(), out.w_rows.data<float>());
+  return out;
+}
+
+void dispatch_backward(const Tensor& d_x_rows, const Tensor& d_w_rows, const ExpertDispatch& dispatch,
+                       const ExpertsConfig& cfg, const Tensor& dx, const Tensor& d_weights) {
+  KernelScope scope(KernelKind::experts);
+  const char* op = "dispatch_backward";
+  check_rank(op, "dx", dx, 2, "f32 [T,H]");
+  const std::int64_t T = dispatch.indices.size(0), K = dispatch.indices.size(1), H = dx.size(1), P = dispatch.rows();
+  check_tensor(op, "dx", dx, DType::f32, {T, H});
+  check_tensor(op, "d_weights", d_weights, DType::f32, {T, K});
+  check_tensor(op, "d_x_rows", d_x_rows, DType::f32, {P, H});
+  check_tensor(op, "d_w_rows", d_w_rows, DType::f32, {P});
+  cpu::dispatch_backward(d_x_rows.data<float>(), d_w_rows.data<float>(), view(dispatch), dims(dispatch, H), P, cfg,
+                         dx.data<float>(), d_weights.data<float>());
+}
+
+GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& w_rows, const ExpertDispatch& dispatch,
+                                            std::int64_t first_expert, const Tensor& gate_up, const Tensor& down,
+                                            const ExpertsConfig& cfg) {
+  KernelScope scope(KernelKind::experts);
+  const char* op = "grouped_experts_forward";
+  const auto [H, I] = expert_dims(op, gate_up, down, dispatch, first_expert);
+  const std::int64_t n = gate_up.size(0);
+  const std::int64_t* all = dispatch.expert_offsets.data<std::int64_t>();
+  const std::vector<std::int64_t> local(all + first_expert, all + first_expert + n + 1);
+  const std::int64_t R = local.back() - local.front();
+  check_tensor(op, "x_rows", x_rows, DType::f32, {R, H});
+  check_tensor(op, "w_rows", w_rows, DType::f32, {R});
+  GroupedExpertsSaved s{x_rows,
+                        w_rows,
+                        i64_tensor(local),
+                        Tensor::empty({R, 2 * I}),
+                        Tensor::empty({R, I}),
+                        Tensor::empty({R, H})};
+  cpu::grouped_experts_forward(x_rows.data<float>(), w_rows.data<float>(), local.data(), n, H, I,
+                               gate_up.data<float>(), down.data<float>(), cfg, s.gate_up_out.data<float>(),
+                               s.act_out.data<float>(), s.down_out.data<float>());
+  return s;
+}
+
+GroupedExpertsGrads grouped_experts_backward(const Tensor& d_rows, const GroupedExpertsSaved& saved,
+                                             const Tensor& gate_up, const Tensor& down, const ExpertsConfig& cfg,
+                                             const Tensor& d_gate_up, const Tensor& d_down) {
+  KernelScope scope(KernelKind::experts);
+  const char* op = "grouped_experts_backward";
+  check_rank(op, "gate_up", gate_up, 3, "f32 [n,H,2I]");
+  const std::int64_t n = gate_up.size(0), H = gate_up.size(1), I = gate_up.size(2) / 2;
+  check_tensor(op, "down", down, DType::f32, {n, I, H});
+  check_tensor(op, "saved.offsets", saved.offsets, DType::i64, {n + 1});
+  const std::int64_t* offsets = saved.offsets.data<std::int64_t>();
+  const std::int64_t R = offsets[n] - offsets[0];
+  check_tensor(op, "d_rows", d_rows, DType::f32, {R, H});
+  check_tensor(op, "saved.x_rows", saved.x_rows, DType::f32, {R, H});
+  check_tensor(op, "saved.gate_up_out", saved.gate_up_out, DType::f32, {R, 2 * I});
+  check_tensor(op, "saved.act_out", saved.act_out, DType::f32, {R, I});
+  check_tensor(op, "d_gate_up", d_gate_up, DType::f32, gate_up.shape());
+  check_tensor(op, "d_down", d_down, DType::f32, down.shape());
+  GroupedExpertsGrads g{Tensor::empty({R, H}), Tensor::empty({R})};
+  cpu::grouped_experts_backward(d_rows.data<float>(), saved.x_rows.data<float>(), saved.w_rows.data<float>(), offsets,
+                                n, H, I, gate_up.data<float>(), down.data<float>(), cfg,
+                                saved.gate_up_out.data<float>(), saved.act_out.data<float>(), g.d_x_rows.data<float>(),
+                                g.d_w_rows.data<float>(), d_gate_up.data<float>(), d_down.data<float>());
+  return g;
+}
+
+Tensor combine_forward(const Tensor& down_out, const ExpertDispatch& dispatch, std::int64_t hidden,
+                       const ExpertsConfig& cfg) {
+  KernelScope scope(KernelKind::experts);
+  check_tensor("combine_forward", "down_out", down_out, DType::f32, {dispatch.rows(), hidden});
+  Tensor out = Tensor::empty({dispatch.indices.size(0), hidden});
+  cpu::combine_rows(down_out.data<float>(), dispatch.weights.data<float>(), view(dispatch), dims(dispatch, hidden), cfg,
+                    out.data<float>());
+  return out;
+}
+
+CombineGrads combine_backward(const Tensor& d_out, const Tensor& down_out, const ExpertDispatch& dispatch,
+                              const ExpertsConfig& cfg) {
+  KernelScope scope(KernelKind::experts);
+  check_rank("combine_backward", "d_out", d_out, 2, "f32 [T,H]");
+  const std::int64_t T = dispatch.indices.size(0), K = dispatch.indices.size(1), H = d_out.size(1), P = dispatch.rows();
+  check_tensor("combine_backward", "d_out", d_out, DType::f32, {T, H});
+  check_tensor("combine_backward", "down_out", down_out, DType::f32, {P, H});
+  CombineGrads g{Tensor::empty({P, H}), Tensor::empty({T, K})};
+  cpu::combine_backward(d_out.data<float>(), dispatch.weights.data<float>(), down_out.data<float>(), view(dispatch),
+                        dims(dispatch, H), P, cfg, g.d_rows.data<float>(), g.d_weights.data<float>());
+  return g;
+}
+
 ExpertsForward experts_forward(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& indices,
                                const Tensor& weights, const Tensor& token_mask, const ExpertsConfig& cfg) {
-  KernelScope scope(KernelKind::experts);
-  const char* op = "experts_forward";
-  const cpu::ExpertsDims d = experts_dims(op, x, gate_up, down, indices);
-  check_tensor(op, "weights", weights, DType::f32, {d.tokens, d.top_k});
-  if (token_mask.defined()) check_tensor(op, "token_mask", token_mask, DType::boolean, {d.tokens});
-
-  const cpu::DispatchPlan plan = cpu::plan_dispatch(indices.data<std::int32_t>(),
-                                                    token_mask.defined() ? token_mask.data<bool>() : nullptr, d);
-  const std::int64_t rows = static_cast<std::int64_t>(plan.row_pair.size());
+  check_rank("experts_forward", "gate_up", gate_up, 3, "f32 [E,H,2I]");
   ExpertsForward f;
-  f.out = Tensor::empty({d.tokens, d.hidden});
-  ExpertsSaved& s = f.saved;
-  s.x = x;
-  s.indices = indices;
-  s.weights = weights;
-  s.row_pair = i64_tensor(plan.row_pair);
-  s.expert_offsets = i64_tensor(plan.expert_offsets);
-  s.pair_row = i64_tensor(plan.pair_row);
-  s.gate_up_out = Tensor::empty({rows, 2 * d.inter});
-  s.act_out = Tensor::empty({rows, d.inter});
-  s.down_out = Tensor::empty({rows, d.hidden});
-  cpu::experts_forward(x.data<float>(), gate_up.data<float>(), down.data<float>(), weights.data<float>(),
-                       cpu::view_of(plan, indices.data<std::int32_t>()), d, cfg, s.gate_up_out.data<float>(),
-                       s.act_out.data<float>(), s.down_out.data<float>(), f.out.data<float>());
+  f.saved.dispatch = plan_expert_dispatch(indices, weights, token_mask, gate_up.size(0));
+  const DispatchedRows rows = dispatch_forward(x, f.saved.dispatch);
+  f.saved.experts = grouped_experts_forward(rows.x_rows, rows.w_rows, f.saved.dispatch, 0, gate_up, down, cfg);
+  f.out = combine_forward(f.saved.experts.down_out, f.saved.dispatch, x.size(1), cfg);
   return f;
 }
 
 ExpertsGrads experts_backward(const Tensor& d_out, const ExpertsSaved& saved, const Tensor& gate_up,
                               const Tensor& down, const ExpertsConfig& cfg, const Tensor& d_gate_up,
                               const Tensor& d_down) {
-  KernelScope scope(KernelKind::experts);
-  const char* op = "experts_backward";
-  const cpu::ExpertsDims d = experts_dims(op, saved.x, gate_up, down, saved.indices);
-  check_tensor(op, "d_out", d_out, DType::f32, {d.tokens, d.hidden});
-  check_tensor(op, "saved.weights", saved.weights, DType::f32, {d.tokens, d.top_k});
-  check_tensor(op, "d_gate_up", d_gate_up, DType::f32, gate_up.shape());
-  check_tensor(op, "d_down", d_down, DType::f32, down.shape());
-  check_tensor(op, "saved.expert_offsets", saved.expert_offsets, DType::i64, {d.experts + 1});
-  check_tensor(op, "saved.pair_row", saved.pair_row, DType::i64, {d.tokens * d.top_k});
-  check_rank(op, "saved.row_pair", saved.row_pair, 1, "i64 [P]");
-  const std::int64_t rows = saved.row_pair.size(0);
-  check_tensor(op, "saved.row_pair", saved.row_pair, DType::i64, {rows});
-  check_tensor(op, "saved.gate_up_out", saved.gate_up_out, DType::f32, {rows, 2 * d.inter});
-  check_tensor(op, "saved.act_out", saved.act_out, DType::f32, {rows, d.inter});
-  check_tensor(op, "saved.down_out", saved.down_out, DType::f32, {rows, d.hidden});
-
-  ExpertsGrads g{Tensor::empty({d.tokens, d.hidden}), Tensor::empty({d.tokens, d.top_k})};
-  cpu::experts_backward(d_out.data<float>(), saved.x.data<float>(), gate_up.data<float>(), down.data<float>(),
-                        saved.weights.data<float>(), saved_view(saved), d, cfg, saved.gate_up_out.data<float>(),
-                        saved.act_out.data<float>(), saved.down_out.data<float>(), g.dx.data<float>(),
-                        g.d_weights.data<float>(), d_gate_up.data<float>(), d_down.data<float>());
-  return g;
+  CombineGrads c = combine_backward(d_out, saved.experts.down_out, saved.dispatch, cfg);
+  const GroupedExpertsGrads g = grouped_experts_backward(c.d_rows, saved.experts, gate_up, down, cfg, d_gate_up, d_down);
+  ExpertsGrads out{Tensor::empty(d_out.shape()), c.d_weights};
+  dispatch_backward(g.d_x_rows, g.d_w_rows, saved.dispatch, cfg, out.dx, out.d_weights);
+  return out;
 }
 
 }  // namespace atl

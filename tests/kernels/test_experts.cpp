@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -170,7 +171,7 @@ TEST_CASE("masked tokens are routed but not dispatched: exactly zero output and 
   ExpertsConfig cfg;
   ExpertsForward f = experts_forward(tensor_of({5, 3}, p.x), tensor_of({4, 3, 4}, p.gate_up), tensor_of({4, 2, 3}, p.down),
                                      indices_tensor(p), tensor_of({5, 2}, p.weights), mask_tensor(p), cfg);
-  CHECK(f.saved.row_pair.numel() == 4 * 2);  // 4 valid tokens x K
+  CHECK(f.saved.dispatch.row_pair.numel() == 4 * 2);  // 4 valid tokens x K
   for (std::int64_t c = 0; c < 3; ++c) CHECK(f.out.data<float>()[2 * 3 + c] == 0.0f);
   Tensor d_gu = Tensor::zeros({4, 3, 4}), d_down = Tensor::zeros({4, 2, 3});
   ExpertsGrads g = experts_backward(Tensor::full({5, 3}, 1.0f), f.saved, tensor_of({4, 3, 4}, p.gate_up),
@@ -297,10 +298,73 @@ TEST_CASE("experts bf16 matches the bf16 reference and agrees with fp32", "[expe
       CHECK(std::abs(v - f_hi.out.data<float>()[i]) <= 2e-2 * scale);
     }
     // The saved activation input and activation are bf16 values too.
-    for (float v : f_lo.saved.gate_up_out.span<float>()) CHECK(v == round_to_bf16(v));
-    for (float v : f_lo.saved.act_out.span<float>()) CHECK(v == round_to_bf16(v));
+    for (float v : f_lo.saved.experts.gate_up_out.span<float>()) CHECK(v == round_to_bf16(v));
+    for (float v : f_lo.saved.experts.act_out.span<float>()) CHECK(v == round_to_bf16(v));
     // ... and so is the down projection's output, before the fp32 sum over the K slots.
-    for (float v : f_lo.saved.down_out.span<float>()) CHECK(v == round_to_bf16(v));
+    for (float v : f_lo.saved.experts.down_out.span<float>()) CHECK(v == round_to_bf16(v));
+  }
+}
+
+TEST_CASE("experts split by owner (two halves of local experts with offsets) equal the one-process experts bitwise",
+          "[experts][ep]") {
+  // What expert parallelism does: dispatch on the tokens' rank, each owner runs its local experts
+  // on its rows, combine on the tokens' rank. Nothing may change a bit.
+  const std::int64_t T = 24, K = 2, E = 4, H = 16, I = 8, half = E / 2;
+  const Problem p = make_problem(T, K, E, H, I, 321);
+  for (Precision prec : {Precision::fp32, Precision::bf16}) {
+    for (bool after : {false, true}) {
+      INFO(precision_name(prec) << (after ? " weight after down" : " weight before down"));
+      ExpertsConfig cfg;
+      cfg.precision = prec;
+      cfg.weight_after_down = after;
+      Tensor x = tensor_of({T, H}, p.x), w = tensor_of({T, K}, p.weights);
+      Tensor gu = tensor_of({E, H, 2 * I}, p.gate_up), dn = tensor_of({E, I, H}, p.down);
+      if (prec == Precision::bf16) {
+        for (Tensor* t : {&x, &gu, &dn}) round_to_bf16_inplace(*t);
+      }
+      const ExpertsForward whole = experts_forward(x, gu, dn, indices_tensor(p), w, mask_tensor(p), cfg);
+      Tensor d_out = tensor_of({T, H}, random_vector(T * H, 322, 1.0, "d_out"));
+      Tensor d_gu = Tensor::zeros({E, H, 2 * I}), d_dn = Tensor::zeros({E, I, H});
+      const ExpertsGrads whole_grads = experts_backward(d_out, whole.saved, gu, dn, cfg, d_gu, d_dn);
+
+      const ExpertDispatch dispatch = plan_expert_dispatch(indices_tensor(p), w, mask_tensor(p), E);
+      const DispatchedRows rows = dispatch_forward(x, dispatch);
+      const std::int64_t* off = dispatch.expert_offsets.data<std::int64_t>();
+      Tensor down_out = Tensor::empty({dispatch.rows(), H});
+      std::vector<GroupedExpertsSaved> owners;
+      for (std::int64_t first : {std::int64_t{0}, half}) {
+        const std::int64_t r0 = off[first], r1 = off[first + half];
+        owners.push_back(grouped_experts_forward(rows.x_rows.slice_rows(r0, r1), rows.w_rows.slice_rows(r0, r1),
+                                                 dispatch, first, gu.slice_rows(first, first + half),
+                                                 dn.slice_rows(first, first + half), cfg));
+        down_out.slice_rows(r0, r1).copy_from(owners.back().down_out);
+      }
+      const Tensor out = combine_forward(down_out, dispatch, H, cfg);
+      CHECK(std::equal(out.span<float>().begin(), out.span<float>().end(), whole.out.span<float>().begin()));
+
+      CombineGrads c = combine_backward(d_out, down_out, dispatch, cfg);
+      Tensor d_x_rows = Tensor::empty({dispatch.rows(), H}), d_w_rows = Tensor::empty({dispatch.rows()});
+      Tensor split_gu = Tensor::zeros({E, H, 2 * I}), split_dn = Tensor::zeros({E, I, H});
+      for (std::size_t o = 0; o < owners.size(); ++o) {
+        const std::int64_t first = static_cast<std::int64_t>(o) * half, r0 = off[first], r1 = off[first + half];
+        const GroupedExpertsGrads g = grouped_experts_backward(
+            c.d_rows.slice_rows(r0, r1), owners[o], gu.slice_rows(first, first + half),
+            dn.slice_rows(first, first + half), cfg, split_gu.slice_rows(first, first + half),
+            split_dn.slice_rows(first, first + half));
+        d_x_rows.slice_rows(r0, r1).copy_from(g.d_x_rows);
+        d_w_rows.slice_rows(r0, r1).copy_from(g.d_w_rows);
+      }
+      Tensor dx = Tensor::empty({T, H});
+      dispatch_backward(d_x_rows, d_w_rows, dispatch, cfg, dx, c.d_weights);
+      auto same = [](const Tensor& a, const Tensor& b) {
+        return std::equal(a.span<float>().begin(), a.span<float>().end(), b.span<float>().begin(),
+                          [](float u, float v) { return std::bit_cast<std::uint32_t>(u) == std::bit_cast<std::uint32_t>(v); });
+      };
+      CHECK(same(dx, whole_grads.dx));
+      CHECK(same(c.d_weights, whole_grads.d_weights));
+      CHECK(same(split_gu, d_gu));
+      CHECK(same(split_dn, d_dn));
+    }
   }
 }
 
