@@ -6,6 +6,7 @@
 #include "graph/models/hidden_state_run.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
+#include "graph/models/moe_mlp.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/elementwise.hpp"
@@ -28,13 +29,10 @@ struct BeamBlockCache {
   RmsNormForward ln_post_attn;
   Tensor h_mid;
   RmsNormForward ln_pre_ff;
-  // dense MLP (and shared experts)
+  // dense MLP
   Tensor g, u, act;
-  Tensor sg, su, sact;
-  // sparse MLP
-  Tensor router_logits;
-  RouterForward routing;
-  ExpertsForward experts;
+  // sparse MLP: router, routed experts, shared experts
+  MoeMlpCache moe;
   Tensor m_lin;
   RmsNormForward ln_post_ff;
 };
@@ -62,13 +60,15 @@ RouterConfig router_config(const BeamConfig& c) {
   return r;
 }
 
-ExpertsConfig experts_config(Precision p) {
-  ExpertsConfig e;
-  e.activation = GluActivation::swiglu;
-  e.layout = GluLayout::concatenated;
-  e.weight_after_down = false;
-  e.precision = p;
-  return e;
+MoeMlpSpec moe_spec(const BeamConfig& c) {
+  MoeMlpSpec m;
+  m.router = router_config(c);
+  m.experts.activation = GluActivation::swiglu;
+  m.experts.layout = GluLayout::concatenated;
+  m.experts.weight_after_down = false;
+  m.correction_bias = true;
+  m.shared_expert = c.n_shared_experts > 0;
+  return m;
 }
 
 Tensor add_into(Tensor acc, const Tensor& x) {
@@ -157,19 +157,7 @@ Tensor BeamModel::block_forward(std::int64_t layer, const TensorMap& w, const Te
   k.ln_pre_ff = rmsnorm_forward(k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"), eps, prec);
   const Tensor& x2 = k.ln_pre_ff.y;
   if (c.is_sparse(layer)) {
-    k.router_logits = linear_forward(x2, w.at(p + "mlp.gate.weight"));  // fp32 island: logits never rounded
-    k.routing = router_forward(k.router_logits, w.at(p + "mlp.gate.e_score_correction_bias"), router_config(c), prec);
-    k.experts = experts_forward(x2, w.at(p + "mlp.experts.gate_and_up_projs"), w.at(p + "mlp.experts.down_projs"),
-                                k.routing.indices, k.routing.weights, ctx.valid.reshape({T}), experts_config(prec));
-    k.m_lin = k.experts.out;
-    if (c.n_shared_experts > 0) {
-      k.sg = project(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), prec);
-      k.su = project(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), prec);
-      k.sact = swiglu_forward(k.sg, k.su, prec);
-      Tensor shared = linear_forward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"));
-      round_activation(prec, shared);
-      k.m_lin = scaled_add(k.experts.out, 1.0f, shared, 1.0f, prec);
-    }
+    k.m_lin = moe_mlp_forward(p, w, x2, ctx.valid.reshape({T}), moe_spec(c), prec, k.moe);
   } else {
     k.g = project(x2, w.at(p + "mlp.gate_proj.weight"), prec);
     k.u = project(x2, w.at(p + "mlp.up_proj.weight"), prec);
@@ -198,20 +186,7 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
   const Tensor& x2 = k.ln_pre_ff.y;
   Tensor d_x2;
   if (c.is_sparse(layer)) {
-    Tensor dgu = g("mlp.experts.gate_and_up_projs"), ddown = g("mlp.experts.down_projs");
-    ExpertsGrads eg = experts_backward(d_m, k.experts.saved, w.at(p + "mlp.experts.gate_and_up_projs"),
-                                       w.at(p + "mlp.experts.down_projs"), experts_config(ctx.precision), dgu, ddown);
-    Tensor d_logits = router_backward(eg.d_weights, k.routing, router_config(c));
-    Tensor dgate = g("mlp.gate.weight");
-    d_x2 = add_into(eg.dx, linear_backward(x2, w.at(p + "mlp.gate.weight"), d_logits, &dgate));
-    if (c.n_shared_experts > 0) {
-      Tensor dsd = g("mlp.shared_experts.down_proj.weight");
-      Tensor d_sact = linear_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_m, &dsd);
-      GluSplitGrads sg = swiglu_backward(d_sact, k.sg, k.su);
-      Tensor dsg = g("mlp.shared_experts.gate_proj.weight"), dsu = g("mlp.shared_experts.up_proj.weight");
-      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg, ctx.precision));
-      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu, ctx.precision));
-    }
+    d_x2 = moe_mlp_backward(p, w, x2, d_m, moe_spec(c), ctx.precision, k.moe, grads);
   } else {
     Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
     Tensor d_act = project_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_m, &dd, ctx.precision);
@@ -243,7 +218,7 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
   return d_h_in;
 }
 
-Tensor BeamModel::routing_indices(const BeamBlockCache& cache) { return cache.routing.indices; }
+Tensor BeamModel::routing_indices(const BeamBlockCache& cache) { return cache.moe.routing.indices; }
 
 GqaAttentionSpec BeamModel::attention_spec(std::int64_t layer) const {
   const auto& c = config_;

@@ -6,6 +6,7 @@
 #include "graph/models/hidden_state_run.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
+#include "graph/models/moe_mlp.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
 #include "kernels/ops/elementwise.hpp"
@@ -27,10 +28,7 @@ struct FlintBlockCache {
   // dense MLP
   Tensor g, u, act;
   // sparse MLP: router, routed experts, shared expert
-  Tensor router_logits;
-  RouterForward routing;
-  ExpertsForward experts;
-  Tensor sg, su, sact;
+  MoeMlpCache moe;
 };
 
 namespace {
@@ -47,13 +45,15 @@ RouterConfig router_config(const FlintConfig& c) {
   return r;
 }
 
-ExpertsConfig experts_config(Precision p) {
-  ExpertsConfig e;
-  e.activation = GluActivation::swiglu;
-  e.layout = GluLayout::concatenated;
-  e.weight_after_down = true;  // MODELS.md §2.2, §10.3.4
-  e.precision = p;
-  return e;
+MoeMlpSpec moe_spec(const FlintConfig& c) {
+  MoeMlpSpec m;
+  m.router = router_config(c);
+  m.experts.activation = GluActivation::swiglu;
+  m.experts.layout = GluLayout::concatenated;
+  m.experts.weight_after_down = true;  // MODELS.md §2.2, §10.3.4
+  m.correction_bias = false;
+  m.shared_expert = c.shared_expert_intermediate_size > 0;  // ungated, added with weight 1
+  return m;
 }
 
 }  // namespace
@@ -138,19 +138,7 @@ Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const T
   Tensor m;
   if (c.is_sparse(layer)) {
     // The router weight is bulk (bf16 in bf16 runs) but the logits are an fp32 matmul, never rounded.
-    k.router_logits = linear_forward(x2, w.at(p + "mlp.gate.weight"));
-    k.routing = router_forward(k.router_logits, Tensor(), router_config(c), prec);
-    k.experts = experts_forward(x2, w.at(p + "mlp.experts.gate_and_up_projs"), w.at(p + "mlp.experts.down_projs"),
-                                k.routing.indices, k.routing.weights, ctx.valid.reshape({T}), experts_config(prec));
-    m = k.experts.out;
-    if (c.shared_expert_intermediate_size > 0) {
-      // Ungated shared expert on every token, added with weight 1 in fp32 and rounded once.
-      k.sg = project(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), prec);
-      k.su = project(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), prec);
-      k.sact = swiglu_forward(k.sg, k.su, prec);
-      Tensor shared = project(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), prec);
-      m = scaled_add(k.experts.out, 1.0f, shared, 1.0f, prec);
-    }
+    m = moe_mlp_forward(p, w, x2, ctx.valid.reshape({T}), moe_spec(c), prec, k.moe);
   } else {
     k.g = project(x2, w.at(p + "mlp.gate_proj.weight"), prec);
     k.u = project(x2, w.at(p + "mlp.up_proj.weight"), prec);
@@ -172,21 +160,7 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
   const Tensor& x2 = k.ln_post.y;
   Tensor d_x2;
   if (c.is_sparse(layer)) {
-    Tensor dgu = g("mlp.experts.gate_and_up_projs"), ddown = g("mlp.experts.down_projs");
-    ExpertsGrads eg = experts_backward(d_out, k.experts.saved, w.at(p + "mlp.experts.gate_and_up_projs"),
-                                       w.at(p + "mlp.experts.down_projs"), experts_config(ctx.precision), dgu, ddown);
-    Tensor d_logits = router_backward(eg.d_weights, k.routing, router_config(c));
-    Tensor dgate = g("mlp.gate.weight");
-    d_x2 = eg.dx;
-    add_inplace(d_x2, linear_backward(x2, w.at(p + "mlp.gate.weight"), d_logits, &dgate));
-    if (c.shared_expert_intermediate_size > 0) {
-      Tensor dsd = g("mlp.shared_experts.down_proj.weight");
-      Tensor d_sact = project_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_out, &dsd, ctx.precision);
-      GluSplitGrads sg = swiglu_backward(d_sact, k.sg, k.su);
-      Tensor dsg = g("mlp.shared_experts.gate_proj.weight"), dsu = g("mlp.shared_experts.up_proj.weight");
-      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.gate_proj.weight"), sg.d_gate, &dsg, ctx.precision));
-      add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.shared_experts.up_proj.weight"), sg.d_up, &dsu, ctx.precision));
-    }
+    d_x2 = moe_mlp_backward(p, w, x2, d_out, moe_spec(c), ctx.precision, k.moe, grads);
   } else {
     Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
     Tensor d_act = project_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_out, &dd, ctx.precision);
@@ -208,7 +182,7 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
   return d_h_in;
 }
 
-Tensor FlintModel::routing_indices(const FlintBlockCache& cache) { return cache.routing.indices; }
+Tensor FlintModel::routing_indices(const FlintBlockCache& cache) { return cache.moe.routing.indices; }
 
 GqaAttentionSpec FlintModel::attention_spec(std::int64_t layer) const {
   const auto& c = config_;

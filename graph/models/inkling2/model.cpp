@@ -1,6 +1,7 @@
 #include "graph/models/inkling2/model.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
+#include "graph/models/moe_mlp.hpp"
 
 #include <cmath>
 #include <stdexcept>
@@ -52,9 +53,8 @@ struct Inkling2LayerCache {
   std::vector<Tensor> mlp_sources;
   ResidualMixForward mlp_mix;
   RmsNormForward mlp_norm;
-  Tensor router_logits;
-  RouterForward routing;
-  ExpertsForward experts;
+  MoeMlpCache moe;
+  Tensor experts_out;  // the MoE output, input of mlp_sconv
 };
 
 struct Inkling2HeadCache {
@@ -113,15 +113,17 @@ RouterConfig router_config(const Inkling2Config& c) {
   return r;
 }
 
-ExpertsConfig experts_config(const Inkling2Config& c, Precision p) {
-  ExpertsConfig e;
-  e.activation = GluActivation::situ;
-  e.layout = GluLayout::interleaved;
-  e.weight_after_down = false;  // routing weight before the down GEMM
-  e.beta_gate = c.expert_gate_cap;
-  e.beta_up = c.expert_up_cap;
-  e.precision = p;
-  return e;
+MoeMlpSpec moe_spec(const Inkling2Config& c) {
+  MoeMlpSpec m;
+  m.router = router_config(c);
+  m.experts.activation = GluActivation::situ;
+  m.experts.layout = GluLayout::interleaved;
+  m.experts.weight_after_down = false;  // routing weight before the down GEMM
+  m.experts.beta_gate = c.expert_gate_cap;
+  m.experts.beta_up = c.expert_up_cap;
+  m.correction_bias = true;
+  m.shared_expert = false;  // MODELS.md §10.2.7
+  return m;
 }
 
 // Row q of a [Q, H] depth-query tensor as a view.
@@ -376,11 +378,8 @@ Inkling2ResidualState Inkling2Model::layer_forward(std::int64_t layer, const Ten
   k.mlp_mix = residual_mix_forward(k.mlp_sources, query_row(w.at(p + "mlp_query.weight"), 0), eps, prec);
   k.mlp_norm = rmsnorm_forward(k.mlp_mix.out, w.at(p + "mlp_norm.weight"), eps, prec);
   const Tensor& x2 = k.mlp_norm.y;
-  k.router_logits = linear_forward(x2, w.at(p + "mlp.gate.weight"));  // fp32 island: logits never rounded
-  k.routing = router_forward(k.router_logits, w.at(p + "mlp.gate.e_score_correction_bias"), router_config(c), prec);
-  k.experts = experts_forward(x2, w.at(p + "mlp.experts.gate_and_up_projs"), w.at(p + "mlp.experts.down_projs"),
-                              k.routing.indices, k.routing.weights, ctx.valid.reshape({T}), experts_config(c, prec));
-  Tensor m = short_conv_forward(k.experts.out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, prec);
+  k.experts_out = moe_mlp_forward(p, w, x2, ctx.valid.reshape({T}), moe_spec(c), prec, k.moe);
+  Tensor m = short_conv_forward(k.experts_out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, prec);
   out.partial = scaled_add(partial, 1.0f, m, 1.0f, prec);
   if (cache_out) *cache_out = std::move(cache);
   return out;
@@ -412,14 +411,8 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   accumulate(d_p1, d_out.partial);
   Tensor gms = g("mlp_sconv.weight");
   Tensor d_ex =
-      short_conv_backward(d_out.partial, k.experts.out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, &gms);
-  Tensor dgu = g("mlp.experts.gate_and_up_projs"), ddown = g("mlp.experts.down_projs");
-  ExpertsGrads eg = experts_backward(d_ex, k.experts.saved, w.at(p + "mlp.experts.gate_and_up_projs"),
-                                     w.at(p + "mlp.experts.down_projs"), experts_config(c, prec), dgu, ddown);
-  Tensor d_logits = router_backward(eg.d_weights, k.routing, router_config(c));
-  Tensor dgate = g("mlp.gate.weight");
-  Tensor d_x2 = eg.dx;
-  add_inplace(d_x2, linear_backward(k.mlp_norm.y, w.at(p + "mlp.gate.weight"), d_logits, &dgate));
+      short_conv_backward(d_out.partial, k.experts_out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, &gms);
+  Tensor d_x2 = moe_mlp_backward(p, w, k.mlp_norm.y, d_ex, moe_spec(c), prec, k.moe, grads);
   Tensor gmn = g("mlp_norm.weight");
   Tensor d_mix = rmsnorm_backward(d_x2, k.mlp_mix.out, w.at(p + "mlp_norm.weight"), k.mlp_norm.rstd, &gmn);
   Tensor gmq = query_row(g("mlp_query.weight"), 0);
@@ -559,7 +552,7 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   return d_in;
 }
 
-Tensor Inkling2Model::routing_indices(const Inkling2LayerCache& cache) { return cache.routing.indices; }
+Tensor Inkling2Model::routing_indices(const Inkling2LayerCache& cache) { return cache.moe.routing.indices; }
 
 std::vector<Tensor> Inkling2Model::attn_mix_weights(const Inkling2LayerCache& cache) {
   std::vector<Tensor> out;

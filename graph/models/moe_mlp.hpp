@@ -1,0 +1,42 @@
+// The MoE MLP of all three families (MODELS.md §0.5): router -> dispatch -> experts -> combine,
+// plus an optional ungated-sum shared expert. Parameters under `<layer prefix>mlp.`: gate.weight
+// (the router, fp32 logits), gate.e_score_correction_bias (when the family has one),
+// experts.gate_and_up_projs [E,H,2I], experts.down_projs [E,I,H], and shared_experts.{gate,up,
+// down}_proj.weight when there is a shared expert. Dispatch and combine are separate steps here:
+// they are where expert parallelism puts its all-to-alls (the experts in between run on their
+// owner, indexed by local id with an offset).
+#pragma once
+#include <string>
+
+#include "graph/param.hpp"
+#include "kernels/ops/experts.hpp"
+#include "kernels/ops/router.hpp"
+#include "kernels/precision.hpp"
+
+namespace atl {
+
+struct MoeMlpSpec {
+  RouterConfig router;
+  ExpertsConfig experts;  // precision is set per call
+  bool correction_bias = false;  // the router adds mlp.gate.e_score_correction_bias for selection
+  bool shared_expert = false;    // mlp.shared_experts.*: SwiGLU on every token, added with weight 1
+};
+
+struct MoeMlpCache {
+  Tensor router_logits;  // f32 [T,E]
+  RouterForward routing;
+  ExpertDispatch dispatch;
+  GroupedExpertsSaved experts;
+  Tensor sg, su, sact;  // shared expert: gate, up, activation
+};
+
+// x f32 [T,H]; token_mask bool [T] (masked tokens are routed but not dispatched). Returns the
+// MLP output f32 [T,H] (rounded at the bf16 emulation points).
+Tensor moe_mlp_forward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
+                       const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
+
+// Returns d_x; accumulates the MLP's parameter gradients into `grads`.
+Tensor moe_mlp_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& d_out,
+                        const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, const TensorMap& grads);
+
+}  // namespace atl
