@@ -17,8 +17,8 @@ namespace {
 
 // The whole-model gradient check (tests/graph/gradient_check.hpp) along g and 2 random mixes per
 // tensor. Stated tolerance: 1e-2.
-double worst_directional_error(const std::string& preset, std::string* worst_name) {
-  BeamModel model(beam_preset(preset));
+double worst_directional_error(const BeamConfig& config, std::string* worst_name) {
+  BeamModel model(config);
   TensorMap w = TensorMap::initialized(model.specs(), 11, 0.02f);
   // Non-trivial norm gammas and gate biases so their gradients are generic.
   for (const auto& s : model.specs()) {
@@ -61,14 +61,23 @@ TEST_CASE("Beam presets declare the parameters MODELS.md lists", "[beam]") {
 
 TEST_CASE("Whole-model gradient check: beam-tiny-moe", "[beam][grad]") {
   std::string worst;
-  double err = worst_directional_error("beam-tiny-moe", &worst);
+  double err = worst_directional_error(beam_preset("beam-tiny-moe"), &worst);
+  INFO("worst tensor: " << worst);
+  CHECK(err < 1e-2);
+}
+
+TEST_CASE("Whole-model gradient check: beam-tiny-moe with a shared expert", "[beam][grad]") {
+  BeamConfig config = beam_preset("beam-tiny-moe");
+  config.n_shared_experts = 1;
+  std::string worst;
+  double err = worst_directional_error(config, &worst);
   INFO("worst tensor: " << worst);
   CHECK(err < 1e-2);
 }
 
 TEST_CASE("Whole-model gradient check: beam-tiny-dense", "[beam][grad]") {
   std::string worst;
-  double err = worst_directional_error("beam-tiny-dense", &worst);
+  double err = worst_directional_error(beam_preset("beam-tiny-dense"), &worst);
   INFO("worst tensor: " << worst);
   CHECK(err < 1e-2);
 }
