@@ -154,8 +154,6 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
   auto& im = *impl_;
   auto& sys = *im.system;
   const RunConfig& config = in.config;
-  const TensorMap exp_avg = initial_moments(in.initial_exp_avg, in.model->specs());
-  const TensorMap exp_avg_sq = initial_moments(in.initial_exp_avg_sq, in.model->specs());
   std::map<std::string, bool> weight_decay;
   for (const auto& s : in.model->specs()) weight_decay[s.name] = s.weight_decay;
   im.units.resize(im.ranks.size());
@@ -178,9 +176,18 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
       setup.shard_index = shard_group.index_of(rank);
       setup.comm = comm;
       setup.replicate_count = replicate_group.size();
-      setup.initial_shard = pack_shard(unit, in.initial_master, setup.shard_index, unit.shard_count);
-      setup.initial_exp_avg = pack_shard(unit, exp_avg, setup.shard_index, unit.shard_count);
-      setup.initial_exp_avg_sq = pack_shard(unit, exp_avg_sq, setup.shard_index, unit.shard_count);
+      // A fresh model is generated shard by shard (no process builds the whole model); given
+      // weights and moments (resume, warm start) are cut from the full tensors.
+      setup.initial_shard =
+          in.initial_master.names().empty()
+              ? init_shard(unit, in.model->specs(), config.train.seed, in.model->init_std(), setup.shard_index)
+              : pack_shard(unit, in.initial_master, setup.shard_index, unit.shard_count);
+      auto moment = [&](const TensorMap& given) {
+        return given.names().empty() ? Tensor::zeros({unit.shard_numel})
+                                     : pack_shard(unit, given, setup.shard_index, unit.shard_count);
+      };
+      setup.initial_exp_avg = moment(in.initial_exp_avg);
+      setup.initial_exp_avg_sq = moment(in.initial_exp_avg_sq);
       for (const auto& p : unit.params) setup.weight_decay.push_back(weight_decay.at(p.name));
       setup.tracer = im.tracer;
       im.units[local].push_back(spawn_unit_actor(sys, std::move(setup)));

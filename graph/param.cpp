@@ -1,5 +1,6 @@
 #include "graph/param.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "kernels/rng.hpp"
@@ -12,22 +13,26 @@ TensorMap TensorMap::zeros_like(const std::vector<ParamSpec>& specs) {
   return m;
 }
 
+void fill_initial(const ParamSpec& spec, std::uint64_t seed, float init_std, std::int64_t first, std::int64_t count,
+                  float* out) {
+  switch (spec.init) {
+    case Init::ones: std::fill(out, out + count, 1.0f); return;
+    case Init::zeros: std::fill(out, out + count, 0.0f); return;
+    case Init::normal: {
+      CounterRng rng(seed, spec.name);
+      for (std::int64_t i = 0; i < count; ++i) {
+        out[i] = static_cast<float>(init_std * rng.normal(static_cast<std::uint64_t>(first + i)));
+      }
+      return;
+    }
+  }
+}
+
 TensorMap TensorMap::initialized(const std::vector<ParamSpec>& specs, std::uint64_t seed, float init_std) {
   TensorMap m;
   for (const auto& s : specs) {
     Tensor t = Tensor::empty(s.shape);
-    switch (s.init) {
-      case Init::ones: t.fill(1.0f); break;
-      case Init::zeros: t.fill(0.0f); break;
-      case Init::normal: {
-        CounterRng rng(seed, s.name);
-        float* p = t.data<float>();
-        for (std::int64_t i = 0; i < t.numel(); ++i) {
-          p[i] = static_cast<float>(init_std * rng.normal(static_cast<std::uint64_t>(i)));
-        }
-        break;
-      }
-    }
+    fill_initial(s, seed, init_std, 0, t.numel(), t.data<float>());
     m.insert(s.name, t);
   }
   return m;

@@ -55,4 +55,10 @@ class TensorMap {
 // FSDP gather in param dtype would deliver them), islands and fp32 runs unchanged.
 TensorMap compute_weights(const std::vector<ParamSpec>& specs, const TensorMap& master, Precision precision);
 
+// Elements [first, first + count) (flat, row-major) of parameter `spec` as a fresh model has them:
+// ones, zeros, or init_std * normal from the counter RNG keyed by (seed, name) at the element's
+// index, so any slice (a rank's shard) is generated without the rest of the tensor.
+void fill_initial(const ParamSpec& spec, std::uint64_t seed, float init_std, std::int64_t first, std::int64_t count,
+                  float* out);
+
 }  // namespace atl

@@ -76,6 +76,21 @@ Tensor pack_shard(const UnitPlan& unit, const TensorMap& full_params, int shard_
   return shard;
 }
 
+Tensor init_shard(const UnitPlan& unit, const std::vector<ParamSpec>& specs, std::uint64_t seed, float init_std,
+                  int shard_index) {
+  check_index(unit, shard_index, unit.shard_count, "init_shard");
+  Tensor shard = Tensor::zeros({unit.shard_numel});
+  for (const UnitParam& p : unit.params) {
+    const auto spec = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == p.name; });
+    if (spec == specs.end()) {
+      throw std::invalid_argument(fmt::format("init_shard: unit '{}': no spec for parameter '{}'", unit.name, p.name));
+    }
+    fill_initial(*spec, seed, init_std, p.first_row(shard_index) * p.row_numel, p.rows_on(shard_index) * p.row_numel,
+                 shard.data<float>() + p.shard_offset);
+  }
+  return shard;
+}
+
 TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int count) {
   check_count(unit, count, "unpack_gathered");
   const std::int64_t expected = static_cast<std::int64_t>(count) * unit.shard_numel;

@@ -14,6 +14,10 @@ namespace atl {
 // The shard `shard_index` of `full_params` (every param of the unit, f32, full shape):
 // f32 [shard_numel], padding zero. `shard_count` must equal unit.shard_count.
 Tensor pack_shard(const UnitPlan& unit, const TensorMap& full_params, int shard_index, int shard_count);
+// The shard a fresh model gives rank `shard_index` (fill_initial on the rows it owns, padding 0):
+// equal to pack_shard of TensorMap::initialized, without building the full model.
+Tensor init_shard(const UnitPlan& unit, const std::vector<ParamSpec>& specs, std::uint64_t seed, float init_std,
+                  int shard_index);
 
 // Full f32 params from an all-gathered buffer (f32 or bf16 [count * shard_numel], member i's shard
 // at i * shard_numel); bf16 values are widened exactly; padding is dropped.

@@ -129,7 +129,10 @@ int ranks_in_process(const RunConfig& config) {
 std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
   check_reference_supports(in.config);
   const auto& specs = in.model->specs();
-  TrainingState start{in.start_step, std::move(in.initial_master), initial_moments(in.initial_exp_avg, specs),
+  TensorMap master = in.initial_master.names().empty()
+                         ? TensorMap::initialized(specs, in.config.train.seed, in.model->init_std())
+                         : std::move(in.initial_master);
+  TrainingState start{in.start_step, std::move(master), initial_moments(in.initial_exp_avg, specs),
                       initial_moments(in.initial_exp_avg_sq, specs)};
   return std::make_unique<ReferenceTrainer>(in.model, std::move(start), in.config.precision,
                                             in.config.train.micro_batch, in.optimizer,
@@ -231,8 +234,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
     start.description = "weights from " + config.checkpoint.load;
     return start;
   }
-  start.state.master = TensorMap::initialized(model.specs(), config.train.seed, model.init_std());
-  return start;
+  return start;  // a fresh model: the engine generates it (empty master)
 }
 
 nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, const TrainingEngine& engine,

@@ -45,7 +45,9 @@ struct RunOptions {
 struct EngineInputs {
   const RunConfig& config;
   std::shared_ptr<const Model> model;
-  TensorMap initial_master;  // fp32, full
+  // fp32, full; empty: a fresh model, which each engine generates itself from train.seed and the
+  // model's init_std (the actor runtime shard by shard: no process holds the whole model).
+  TensorMap initial_master;
   OptimizerSettings optimizer;
   // Resuming: AdamW moments (empty = zeros) and the steps already taken.
   TensorMap initial_exp_avg{}, initial_exp_avg_sq{};

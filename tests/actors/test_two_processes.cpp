@@ -17,11 +17,10 @@ namespace {
 
 std::unique_ptr<ActorEngine> engine_for(const RunConfig& config, ProcessRanks process) {
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  // No initial weights: each engine generates only its ranks' shards of the fresh model (the
+  // single engine below is given the full initialized model; the values must agree).
   return std::make_unique<ActorEngine>(
-      EngineInputs{.config = config,
-                   .model = model,
-                   .initial_master = TensorMap::initialized(model->specs(), config.train.seed, model->init_std()),
-                   .optimizer = optimizer_settings(config.train)},
+      EngineInputs{.config = config, .model = model, .initial_master = {}, .optimizer = optimizer_settings(config.train)},
       std::move(process));
 }
 
