@@ -231,43 +231,27 @@ StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
 TrainingState ActorEngine::state() const {
   auto& im = *impl_;
   const Plan& plan = *im.plan;
-  // Replicas hold identical shards: one shard group whose ranks all live here has the model.
-  std::optional<Group> local_group;
-  for (int rank : im.ranks) {
-    Group g = plan.mesh.shard_group(rank);
-    if (std::all_of(g.ranks.begin(), g.ranks.end(),
-                    [&](int r) { return std::binary_search(im.ranks.begin(), im.ranks.end(), r); })) {
-      local_group = std::move(g);
-      break;
-    }
-  }
-  if (!local_group) {
-    throw std::runtime_error("actor runtime: no shard group lives entirely in this process, so its state cannot be "
-                             "assembled here (gathering shards through collectives to one writer is not built yet)");
-  }
-  const Group& group = *local_group;
+  // Every rank all-gathers every unit's shards over its shard group (collectives: the ranks of
+  // other processes take part from there); this process keeps its first rank's copy.
   caf::scoped_actor self{*im.system};
+  im.recorder->set_step(-1);  // between steps: the record tags these collectives with step -1
+  for (const auto& stage : im.stages) self->send(stage, export_atom::value);
+  std::optional<GatheredState> kept;
+  std::string error;
+  for (std::size_t i = 0; i < im.stages.size(); ++i) {
+    self->receive(
+        [&](GatheredState& g) {
+          if (!kept) kept = std::move(g);
+        },
+        [&](caf::error& e) { error = im.system->render(e); });
+  }
+  if (!error.empty()) throw std::runtime_error("actor runtime: gathering the state failed: " + error);
   TensorMap full[3];
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     const UnitPlan& unit = plan.units[u];
-    Tensor gathered[3];
-    for (auto& g : gathered) g = Tensor::empty({unit.shard_count * unit.shard_numel});
-    for (int i = 0; i < group.size(); ++i) {
-      const int rank = group.ranks[static_cast<std::size_t>(i)];
-      const auto local = static_cast<std::size_t>(
-          std::lower_bound(im.ranks.begin(), im.ranks.end(), rank) - im.ranks.begin());
-      self->request(im.units[local][u], caf::infinite, master_atom::value)
-          .receive(
-              [&](const UnitShards& s) {
-                const Tensor parts[3] = {s.master, s.exp_avg, s.exp_avg_sq};
-                for (int k = 0; k < 3; ++k) {
-                  gathered[k].slice_rows(i * unit.shard_numel, (i + 1) * unit.shard_numel).copy_from(parts[k]);
-                }
-              },
-              [&](caf::error& e) { throw std::runtime_error("actor runtime: " + im.system->render(e)); });
-    }
+    const Tensor parts[3] = {kept->units[u].master, kept->units[u].exp_avg, kept->units[u].exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
-      TensorMap params = unpack_gathered(unit, gathered[k], unit.shard_count);
+      TensorMap params = unpack_gathered(unit, parts[k], unit.shard_count);
       for (const auto& name : params.names()) full[k].insert(name, params.at(name));
     }
   }

@@ -35,7 +35,8 @@ class ActorEngine : public TrainingEngine {
 
   const char* name() const override { return "actors"; }
   StepResult step(const Batch& global_batch, bool record_routing = false) override;
-  // The whole model from a shard group that lives in this process (throws if none does).
+  // The whole model and optimizer state, all-gathered through collectives over every shard group
+  // (so every process of a job must call it, as with step()).
   TrainingState state() const override;
   std::optional<std::string> chrome_trace() const override;
 

@@ -77,6 +77,12 @@ struct UnitShards {
   Tensor master, exp_avg, exp_avg_sq;  // f32 [shard_numel] each
 };
 
+// Every unit's fp32 master, exp_avg and exp_avg_sq, all-gathered over the shard group (plan
+// order; each f32 [shard_count * shard_numel]): what a checkpoint needs, through collectives.
+struct GatheredState {
+  std::vector<UnitShards> units;
+};
+
 struct GlobalStep {
   Batch batch;
   bool record_routing = false;
@@ -93,6 +99,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StageReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::OptimizerStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::UnitShards)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GlobalStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GatheredState)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StepResult)
 
 namespace atl {
@@ -111,6 +118,7 @@ using run_atom = caf::atom_constant<caf::atom("run")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using probe_atom = caf::atom_constant<caf::atom("probe")>;
+using export_atom = caf::atom_constant<caf::atom("export")>;
 
 // --- interfaces ---
 
@@ -132,9 +140,12 @@ using unit_actor = caf::typed_actor<caf::reacts_to<gather_atom, std::uint64_t>, 
 
 // One pipeline stage on one rank (the whole model while pp = 1): runs the schedule.
 // probe: gather one unit, take its params, reshard it (between steps): a gather round trip.
+// export: all-gather every unit's master and moments over the shard group (between steps; every
+// rank of the job takes part, in whichever process it lives).
 using stage_actor = caf::typed_actor<caf::replies_to<step_atom, StageStep>::with<StageReport>,
                                      caf::replies_to<optimize_atom, OptimizerStep>::with<done_atom>,
-                                     caf::replies_to<probe_atom, std::uint64_t>::with<done_atom>>;
+                                     caf::replies_to<probe_atom, std::uint64_t>::with<done_atom>,
+                                     caf::replies_to<export_atom>::with<GatheredState>>;
 
 // The job's trainer: splits the global batch, normalises the loss, computes the global gradient
 // norm in one fixed order and triggers the optimizer step.
