@@ -26,6 +26,10 @@ struct UnitState {
   const UnitPlan* unit = nullptr;
   std::string actor_name;
   Tensor master, exp_avg, exp_avg_sq, grad_shard;
+  // Buffers kept from step to step (no allocation per gather or reduction): the shard in the
+  // param dtype, the gathered buffer, the reduced gradient shard.
+  Tensor gather_send, gather_recv, reduce_recv;
+  bool gather_in_flight = false;  // a release during a gather leaves the buffers to that gather
   GatherState gather = GatherState::sharded;
   std::shared_ptr<const TensorMap> full;
   std::vector<caf::typed_response_promise<GatheredParams>> waiting_params;
@@ -52,15 +56,25 @@ void start_gather(unit_pointer self, std::uint64_t seq) {
   auto& st = self->state;
   const UnitPlan& u = *st.unit;
   st.gather = GatherState::gathering;
+  if (st.gather_in_flight || !st.gather_recv.defined()) {
+    st.gather_recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
+    st.gather_send = u.policy.param_dtype == DType::f32 ? Tensor() : Tensor::empty({u.shard_numel}, u.policy.param_dtype);
+  }
+  st.gather_in_flight = true;
   // The shard travels in the param dtype: bf16 for bulk units in bf16 runs, fp32 for islands.
-  Tensor send = u.policy.param_dtype == DType::f32 ? st.master : st.master.to(u.policy.param_dtype);
-  Tensor recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
+  Tensor send = st.master;
+  if (u.policy.param_dtype != DType::f32) {
+    st.master.convert_into(st.gather_send);
+    send = st.gather_send;
+  }
+  const Tensor recv = st.gather_recv;
   const double start = st.setup.tracer->now_us();
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{seq, "dp_shard", CollectiveKind::all_gather, send, recv, u.name})
       .then(
           [=](done_atom) {
             auto& s = self->state;
+            if (recv.storage() == s.gather_recv.storage()) s.gather_in_flight = false;
             s.full = std::make_shared<const TensorMap>(unpack_gathered(*s.unit, recv, s.unit->shard_count));
             s.gather = GatherState::gathered;
             s.setup.tracer->add({s.setup.rank, s.actor_name, "gather", "gather", start, s.setup.tracer->now_us()});
@@ -90,7 +104,8 @@ void start_reduce(unit_pointer self, const UnitGrads& msg) {
   if (u.policy.reduce_dtype != DType::f32) {
     return fail(self, caf::make_error(caf::sec::runtime_error, u.name + ": only fp32 gradient reduction is built"));
   }
-  Tensor recv = Tensor::empty({u.shard_numel}, u.policy.reduce_dtype);
+  if (!st.reduce_recv.defined()) st.reduce_recv = Tensor::empty({u.shard_numel}, u.policy.reduce_dtype);
+  const Tensor recv = st.reduce_recv;
   const double start = st.setup.tracer->now_us();
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{msg.seq, "dp_shard", CollectiveKind::reduce_scatter, send, recv, u.name})

@@ -17,6 +17,7 @@
 #include "graph/reference/trainer.hpp"
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
+#include "kernels/host_allocator.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/kernel_clock.hpp"
 #include "kernels/rng.hpp"
@@ -84,15 +85,19 @@ RunConfig bench_config(int dp_shard, const char* preset, std::int64_t rows, std:
 
 // Mean seconds per step of `steps` steps (after one warm-up step) on the engine the factory builds.
 double seconds_per_step(const RunConfig& config, const EngineFactory& factory, int steps,
-                        std::unique_ptr<TrainingEngine>* keep = nullptr) {
+                        std::unique_ptr<TrainingEngine>* keep = nullptr, double* allocations_per_step = nullptr) {
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   auto engine = factory(EngineInputs{config, model, TensorMap::initialized(model->specs(), 7, model->init_std()),
                                      optimizer_settings(config.train)});
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), 7);
   engine->step(data->next(config.train.global_batch, config.train.seq_len));
+  const std::uint64_t allocations_before = host_allocation_count();
   auto t0 = clock_type::now();
   for (int s = 0; s < steps; ++s) engine->step(data->next(config.train.global_batch, config.train.seq_len));
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count() / steps;
+  if (allocations_per_step) {
+    *allocations_per_step = static_cast<double>(host_allocation_count() - allocations_before) / steps;
+  }
   if (keep) *keep = std::move(engine);
   return seconds;
 }
@@ -169,12 +174,17 @@ int main() {
 
   // The actor runtime's overhead: beam-small, the same global batch (8 x 256 tokens, micro-batches
   // of 2 rows), reference trainer vs the actors simulating dp_shard = 4 in this process.
-  const double reference_s = seconds_per_step(bench_config(1, "beam-small", 8, 2, 256), make_reference_engine, 3);
+  double reference_allocations = 0, actors_allocations = 0;
+  const double reference_s = seconds_per_step(bench_config(1, "beam-small", 8, 2, 256), make_reference_engine, 3,
+                                              nullptr, &reference_allocations);
   std::unique_ptr<TrainingEngine> sharded;
-  const double actors_s = seconds_per_step(bench_config(4, "beam-small", 8, 2, 256), make_actor_engine, 3, &sharded);
+  const double actors_s = seconds_per_step(bench_config(4, "beam-small", 8, 2, 256), make_actor_engine, 3, &sharded,
+                                           &actors_allocations);
   std::printf("actor runtime beam-small step: reference %.3f s, actors dp_shard=4 (sim, 4 ranks on this machine) "
               "%.3f s, overhead ratio %.3f\n",
               reference_s, actors_s, actors_s / reference_s);
+  std::printf("tensor allocations per step: reference %.0f, actors dp_shard=4 %.0f (all 4 ranks)\n",
+              reference_allocations, actors_allocations);
   auto& actors = dynamic_cast<ActorEngine&>(*sharded);
   const std::size_t block = actors.plan().unit_index("model.layers.1");
   std::printf("unit gather round trip (model.layers.1 of beam-small, 4 ranks, sim): %.1f us\n",

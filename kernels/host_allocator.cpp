@@ -44,8 +44,10 @@ struct HostCache {
 };
 
 std::atomic<std::size_t> g_live{0}, g_peak{0};
+std::atomic<std::uint64_t> g_allocations{0};
 
 void count_allocation(std::size_t bytes) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   const std::size_t live = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   std::size_t peak = g_peak.load(std::memory_order_relaxed);
   while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
@@ -136,6 +138,7 @@ void host_set_cache_limit(std::size_t bytes) {
 }
 
 std::size_t host_live_bytes() { return g_live.load(std::memory_order_relaxed); }
+std::uint64_t host_allocation_count() { return g_allocations.load(std::memory_order_relaxed); }
 std::size_t host_peak_live_bytes() { return g_peak.load(std::memory_order_relaxed); }
 void host_reset_peak_live_bytes() { g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 

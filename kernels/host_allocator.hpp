@@ -31,6 +31,8 @@ HostCacheStats host_cache_stats();
 // Bytes of tensor storage allocated and not yet freed (as requested, before size classes), and
 // the most there was since the last reset: what a run's tensors need at their peak.
 std::size_t host_live_bytes();
+// Tensor storage allocations so far (every host_allocate, cached or not): allocations per step.
+std::uint64_t host_allocation_count();
 std::size_t host_peak_live_bytes();
 void host_reset_peak_live_bytes();
 

@@ -136,18 +136,26 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dtype) const {
-  KernelScope scope(KernelKind::conversion);
   if (dtype == dtype_) return clone();
   Tensor t = empty(shape_, dtype);
+  convert_into(t);
+  return t;
+}
+
+void Tensor::convert_into(const Tensor& t) const {
+  KernelScope scope(KernelKind::conversion);
+  if (t.shape_ != shape_) throw std::invalid_argument("Tensor::convert_into: " + describe() + " into " + t.describe());
+  const DType dtype = t.dtype_;
+  if (dtype == dtype_) return t.copy_from(*this);
   const std::int64_t n = numel();
   // The two conversions on hot paths (gathers in bf16, upcasts for compute) get plain loops.
   if (dtype_ == DType::f32 && dtype == DType::bf16) {
     cpu::run_for_isa<ToBf16Loop>(data<float>(), t.data<bf16>(), n);
-    return t;
+    return;
   }
   if (dtype_ == DType::bf16 && dtype == DType::f32) {
     cpu::run_for_isa<ToFloatLoop>(data<bf16>(), t.data<float>(), n);
-    return t;
+    return;
   }
   auto read = [&](std::int64_t i) -> double {
     switch (dtype_) {
@@ -169,7 +177,6 @@ Tensor Tensor::to(DType dtype) const {
       case DType::boolean: t.data<bool>()[i] = v != 0.0; break;
     }
   }
-  return t;
 }
 
 void Tensor::fill(float value) const {

@@ -69,6 +69,8 @@ class Tensor {
   Tensor clone() const;
   // Element-type conversion (f32 <-> bf16 rounds to nearest even; integer types copy values).
   Tensor to(DType dtype) const;
+  // The same conversion into an existing tensor of the same shape (reused buffers).
+  void convert_into(const Tensor& destination) const;
   void fill(float value) const;
   void copy_from(const Tensor& other) const;
 
