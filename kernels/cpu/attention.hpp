@@ -1,7 +1,10 @@
 // GQA attention over packed rows (raw pointers, T = float or double; MODELS.md §0.3, §1.4.7, §10.1).
-// Layouts: q [B,S,Hq,D], k/v [B,S,Hkv,D], out like q, lse [B,Hq,S], positions [B,S], valid [B,S].
-// Query (b,t) sees key j iff valid[j] && lo(t) <= j <= t with lo(t) = max(0, t-pos[t], t-window+1)
-// (the window term only when window > 0). Query head h reads KV head h / (Hq/Hkv).
+// Layouts: q [B,Sq,Hq,D], k/v [B,Sk,Hkv,D], out like q, lse [B,Hq,Sq], positions [B,Sq] (of the
+// queries), valid [B,Sk] (of the keys). Query t sits at key index g(t) (shape.query_index; by
+// default g(t) = t and Sk = Sq): under context parallelism a rank's queries are a chunk of the
+// row and the keys are the whole row in global order. Query (b,t) sees key j iff valid[j] &&
+// lo(t) <= j <= g(t) with lo(t) = max(0, g(t)-pos[t], g(t)-window+1) (the window term only when
+// window > 0). Query head h reads KV head h / (Hq/Hkv).
 // Scores s_j = scale*<q,k_j> + bias(t,j); p_j = exp(s_j) / (exp(sink) + sum_j' exp(s_j')); the sink
 // has zero value. lse = log(exp(sink) + sum exp(s_j)) is saved for the backward. A query with no
 // visible key outputs 0 (lse = sink, or -inf without one) and gets zero gradients.
@@ -20,6 +23,11 @@ namespace atl::cpu {
 
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t kv_seq = 0;                     // keys per row; 0: as many as queries (seq)
+  const std::int64_t* query_index = nullptr;  // [B, seq]: key index of each query; null: query t is key t
+
+  std::int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
+  std::int64_t key_of(std::int64_t b, std::int64_t t) const { return query_index ? query_index[b * seq + t] : t; }
 };
 
 // Sink logit of query (b,h,t) = values[b*batch_stride + h*head_stride + t*query_stride].
@@ -45,10 +53,10 @@ struct NoScoreBias {
   void add_grad(std::int64_t /*b*/, std::int64_t /*h*/, std::int64_t /*t*/, std::int64_t /*j*/, T /*g*/) const {}
 };
 
-// First key query t may see (the last one is t itself).
-inline std::int64_t attention_first_key(std::int64_t t, std::int64_t position, std::int64_t window) {
-  std::int64_t lo = std::max<std::int64_t>(0, t - position);
-  if (window > 0) lo = std::max(lo, t - window + 1);
+// First key a query at key index g may see (the last one is g itself).
+inline std::int64_t attention_first_key(std::int64_t g, std::int64_t position, std::int64_t window) {
+  std::int64_t lo = std::max<std::int64_t>(0, g - position);
+  if (window > 0) lo = std::max(lo, g - window + 1);
   return lo;
 }
 
@@ -65,37 +73,42 @@ inline constexpr std::int64_t kAttentionQueryTile = 64;
 
 namespace attention_detail {
 
-// One tile of queries [t0, t1) of batch row b and the key range [j0, t1) they can see.
+// One tile of queries [t0, t1) of batch row b and the key range [j0, j1) they can see.
 struct QueryTile {
-  std::int64_t b, t0, t1, j0;
+  std::int64_t b, t0, t1, j0, j1;
   std::int64_t queries() const { return t1 - t0; }
-  std::int64_t keys() const { return t1 - j0; }
+  std::int64_t keys() const { return j1 - j0; }
 };
 
-inline QueryTile query_tile(std::int64_t b, std::int64_t t0, std::int64_t seq, const std::int64_t* pos,
+inline QueryTile query_tile(std::int64_t b, std::int64_t t0, const AttentionShape& shape, const std::int64_t* pos,
                             std::int64_t window) {
-  const std::int64_t t1 = std::min(seq, t0 + kAttentionQueryTile);
-  std::int64_t j0 = t0;
-  for (std::int64_t t = t0; t < t1; ++t) j0 = std::min(j0, attention_first_key(t, pos[t], window));
-  return {b, t0, t1, j0};
+  const std::int64_t t1 = std::min(shape.seq, t0 + kAttentionQueryTile);
+  std::int64_t j0 = shape.key_of(b, t0), j1 = j0 + 1;
+  for (std::int64_t t = t0; t < t1; ++t) {
+    const std::int64_t g = shape.key_of(b, t);
+    j0 = std::min(j0, attention_first_key(g, pos[t], window));
+    j1 = std::max(j1, g + 1);
+  }
+  return {b, t0, t1, j0, j1};
 }
 
 // scores[i][j - j0] = scale * <q_t, k_j> + bias(t, j) for the tile's queries t = t0 + i, visible
 // keys j; every other entry of the row is set to `fill`. Returns per query whether any key is visible.
 template <class T, class Bias>
-void tile_scores(const QueryTile& tile, std::int64_t h, const T* q_head, std::int64_t q_row, const T* k_head,
-                 std::int64_t kv_row, std::int64_t head_dim, const std::int64_t* pos, const bool* ok,
+void tile_scores(const QueryTile& tile, const AttentionShape& shape, std::int64_t h, const T* q_head,
+                 std::int64_t q_row, const T* k_head, std::int64_t kv_row, const std::int64_t* pos, const bool* ok,
                  std::int64_t window, T scale, const Bias& bias, T fill, T* scores, bool* any_visible) {
   const std::int64_t nk = tile.keys();
-  gemm<T>(false, true, tile.queries(), nk, head_dim, q_head + tile.t0 * q_row, q_row, k_head + tile.j0 * kv_row,
-          kv_row, false, scores, nk);
+  gemm<T>(false, true, tile.queries(), nk, shape.head_dim, q_head + tile.t0 * q_row, q_row,
+          k_head + tile.j0 * kv_row, kv_row, false, scores, nk);
   for (std::int64_t t = tile.t0; t < tile.t1; ++t) {
     T* row = scores + (t - tile.t0) * nk;
-    const std::int64_t lo = attention_first_key(t, pos[t], window);
+    const std::int64_t g = shape.key_of(tile.b, t);
+    const std::int64_t lo = attention_first_key(g, pos[t], window);
     bool any = false;
-    for (std::int64_t j = tile.j0; j < tile.t1; ++j) {
+    for (std::int64_t j = tile.j0; j < tile.j1; ++j) {
       T& s = row[j - tile.j0];
-      if (j < lo || j > t || !ok[j]) {
+      if (j < lo || j > g || !ok[j]) {
         s = fill;
         continue;
       }
@@ -116,9 +129,9 @@ struct KeySpan {
   }
 };
 
-inline KeySpan key_span(const QueryTile& tile, std::int64_t t, std::int64_t position, std::int64_t window) {
-  const std::int64_t lo = attention_first_key(t, position, window);
-  return {lo - tile.j0, t - lo + 1};
+inline KeySpan key_span(const QueryTile& tile, std::int64_t g, std::int64_t position, std::int64_t window) {
+  const std::int64_t lo = attention_first_key(g, position, window);
+  return {lo - tile.j0, g - lo + 1};
 }
 
 // A sum over a query's keys in lane_sum's order, counted from the query's first key: the same
@@ -135,25 +148,25 @@ void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* p
                        const SinkLogits<T>& sinks, T* out, T* lse, const AttentionShape& shape, std::int64_t window,
                        T scale, const Bias& bias = Bias{}) {
   using namespace attention_detail;
-  const std::int64_t S = shape.seq, Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim;
+  const std::int64_t S = shape.seq, Sk = shape.keys(), Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim;
   const std::int64_t group = Hq / Hkv;
   const std::int64_t q_row = Hq * D, kv_row = Hkv * D;  // token strides
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  std::vector<T> probs(static_cast<std::size_t>(kAttentionQueryTile * S));
+  std::vector<T> probs(static_cast<std::size_t>(kAttentionQueryTile * Sk));
   bool any_visible[kAttentionQueryTile];
   for (std::int64_t b = 0; b < shape.batch; ++b) {
     const std::int64_t* pos = positions + b * S;
-    const bool* ok = valid + b * S;
+    const bool* ok = valid + b * Sk;
     for (std::int64_t h = 0; h < Hq; ++h) {
       const T* q_head = q + b * S * q_row + h * D;
-      const T* k_head = k + b * S * kv_row + (h / group) * D;
-      const T* v_head = v + b * S * kv_row + (h / group) * D;
+      const T* k_head = k + b * Sk * kv_row + (h / group) * D;
+      const T* v_head = v + b * Sk * kv_row + (h / group) * D;
       T* out_head = out + b * S * q_row + h * D;
       for (std::int64_t t0 = 0; t0 < S; t0 += kAttentionQueryTile) {
-        const QueryTile tile = query_tile(b, t0, S, pos, window);
+        const QueryTile tile = query_tile(b, t0, shape, pos, window);
         const std::int64_t nk = tile.keys();
-        tile_scores(tile, h, q_head, q_row, k_head, kv_row, D, pos, ok, window, scale, bias, neg_inf, probs.data(),
-                    any_visible);
+        tile_scores(tile, shape, h, q_head, q_row, k_head, kv_row, pos, ok, window, scale, bias, neg_inf,
+                    probs.data(), any_visible);
         for (std::int64_t t = tile.t0; t < tile.t1; ++t) {
           T* row = probs.data() + (t - tile.t0) * nk;
           const T sink = sinks.enabled() ? sinks.values[sinks.index(b, h, t)] : neg_inf;
@@ -163,7 +176,7 @@ void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* p
             *lse_t = sink;
             continue;
           }
-          const KeySpan keys = key_span(tile, t, pos[t], window);
+          const KeySpan keys = key_span(tile, shape.key_of(b, t), pos[t], window);
           T* p = row + keys.begin;
           T m = sink;
           for (std::int64_t j = 0; j < keys.count; ++j) m = std::max(m, p[j]);
@@ -193,25 +206,25 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
                         T* dv, const AttentionShape& shape, std::int64_t window, T scale,
                         const Bias& bias = Bias{}) {
   using namespace attention_detail;
-  const std::int64_t S = shape.seq, Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim;
+  const std::int64_t S = shape.seq, Sk = shape.keys(), Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim;
   const std::int64_t group = Hq / Hkv;
   const std::int64_t q_row = Hq * D, kv_row = Hkv * D;
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  std::fill(dk, dk + shape.batch * S * kv_row, T(0));
-  std::fill(dv, dv + shape.batch * S * kv_row, T(0));
-  const std::size_t tile_size = static_cast<std::size_t>(kAttentionQueryTile * S);
+  std::fill(dk, dk + shape.batch * Sk * kv_row, T(0));
+  std::fill(dv, dv + shape.batch * Sk * kv_row, T(0));
+  const std::size_t tile_size = static_cast<std::size_t>(kAttentionQueryTile * Sk);
   std::vector<T> probs(tile_size), dprobs(tile_size);
   bool any_visible[kAttentionQueryTile];
   for (std::int64_t b = 0; b < shape.batch; ++b) {
     const std::int64_t* pos = positions + b * S;
-    const bool* ok = valid + b * S;
+    const bool* ok = valid + b * Sk;
     for (std::int64_t h = 0; h < Hq; ++h) {
-      const std::int64_t q_offset = b * S * q_row + h * D, kv_offset = b * S * kv_row + (h / group) * D;
+      const std::int64_t q_offset = b * S * q_row + h * D, kv_offset = b * Sk * kv_row + (h / group) * D;
       for (std::int64_t t0 = 0; t0 < S; t0 += kAttentionQueryTile) {
-        const QueryTile tile = query_tile(b, t0, S, pos, window);
+        const QueryTile tile = query_tile(b, t0, shape, pos, window);
         const std::int64_t nq = tile.queries(), nk = tile.keys();
         const std::int64_t q_tile = q_offset + tile.t0 * q_row, kv_tile = kv_offset + tile.j0 * kv_row;
-        tile_scores(tile, h, q + q_offset, q_row, k + kv_offset, kv_row, D, pos, ok, window, scale, bias, neg_inf,
+        tile_scores(tile, shape, h, q + q_offset, q_row, k + kv_offset, kv_row, pos, ok, window, scale, bias, neg_inf,
                     probs.data(), any_visible);
         // dp = dout · v^T over the tile's keys
         gemm<T>(false, true, nq, nk, D, dout + q_tile, q_row, v + kv_tile, kv_row, false, dprobs.data(), nk);
@@ -224,7 +237,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
             std::fill(ds, ds + nk, T(0));
             continue;
           }
-          const KeySpan keys = key_span(tile, t, pos[t], window);
+          const KeySpan keys = key_span(tile, shape.key_of(b, t), pos[t], window);
           T* pk = p + keys.begin;
           T* dsk = ds + keys.begin;
           for (std::int64_t j = 0; j < keys.count; ++j) pk[j] -= lse_t;

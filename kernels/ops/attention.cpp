@@ -34,14 +34,27 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
   s.head_dim = q.size(3);
   s.kv_heads = k.defined() && k.rank() == 4 ? k.size(2) : 0;
   if (s.kv_heads <= 0 || s.q_heads % s.kv_heads != 0) {
-    throw std::invalid_argument(std::string(op) + ": k must be [B, S, Hkv, D] with Hq (" +
+    throw std::invalid_argument(std::string(op) + ": k must be [B, Sk, Hkv, D] with Hq (" +
                                 std::to_string(s.q_heads) + ") a multiple of Hkv, got " + describe_or_undefined(k));
   }
-  const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  // Without query_index the queries are the keys (Sk = Sq); with it, query t sits at key
+  // query_index[b, t] of a longer (or reordered) key row: context parallelism.
+  s.kv_seq = options.query_index.defined() ? k.size(1) : s.seq;
+  const Shape kv_shape{s.batch, s.kv_seq, s.kv_heads, s.head_dim};
   check_tensor(op, "k", k, DType::f32, kv_shape);
   check_tensor(op, "v", v, DType::f32, kv_shape);
   check_tensor(op, "positions", positions, DType::i64, {s.batch, s.seq});
-  check_tensor(op, "valid", valid, DType::boolean, {s.batch, s.seq});
+  check_tensor(op, "valid", valid, DType::boolean, {s.batch, s.kv_seq});
+  if (options.query_index.defined()) {
+    check_tensor(op, "query_index", options.query_index, DType::i64, {s.batch, s.seq});
+    s.query_index = options.query_index.data<std::int64_t>();
+    for (std::int64_t i = 0; i < options.query_index.numel(); ++i) {
+      if (s.query_index[i] < 0 || s.query_index[i] >= s.kv_seq) {
+        throw std::invalid_argument(std::string(op) + ": query_index " + std::to_string(s.query_index[i]) +
+                                    " outside the " + std::to_string(s.kv_seq) + " keys of its row");
+      }
+    }
+  }
   if (sinks.defined()) check_tensor(op, "sinks", sinks, DType::f32, {s.q_heads});
   if (options.window < 0) {
     throw std::invalid_argument(std::string(op) + ": window must be >= 0, got " + std::to_string(options.window));

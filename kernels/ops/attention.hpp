@@ -11,6 +11,10 @@ namespace atl {
 struct AttentionOptions {
   std::int64_t window = 0;  // 0 = unlimited; else key j is visible only when t - j < window
   float scale = 1.0f;       // score scale; the models pass D^-0.5
+  // i64 [B, Sq]: the key index (global token index in the row) of each query, for queries that are
+  // a part of the key row (context parallelism: local queries, all-gathered keys in global order).
+  // Undefined: Sq = Sk and query t is key t.
+  Tensor query_index;
 };
 
 struct AttentionForward {
@@ -26,8 +30,9 @@ struct AttentionGrads {
 // pos[t] == pos[t-1] + 1 or pos[t] == 0. positions: i64 [B, S] (or [S], one row).
 void validate_positions(const Tensor& positions);
 
-// q [B,S,Hq,D], k and v [B,S,Hkv,D] (Hq a multiple of Hkv), positions i64 [B,S] (negative throws),
-// valid bool [B,S], sinks f32 [Hq] or undefined for no sink.
+// q [B,Sq,Hq,D], k and v [B,Sk,Hkv,D] (Hq a multiple of Hkv; Sk = Sq unless options.query_index),
+// positions i64 [B,Sq] of the queries (global positions; negative throws), valid bool [B,Sk] of
+// the keys, sinks f32 [Hq] or undefined for no sink.
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                                    const Tensor& valid, const Tensor& sinks, const AttentionOptions& options);
 

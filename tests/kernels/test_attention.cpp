@@ -640,3 +640,91 @@ TEST_CASE("attention: a document spanning query tiles gives the same bits wherev
     CHECK(max_abs(to_doubles(ga.dk)) > 1e-3);  // not vacuous
   }
 }
+
+TEST_CASE("attention: queries given as a part of the key row (context parallelism) get the full row's bits",
+          "[attention][cp]") {
+  // A rank under context parallelism holds some queries of a row and all-gathers the keys: with
+  // query_index naming each query's place among the keys, its outputs, lse and dq equal those rows
+  // of the whole-row attention bit for bit; the dk/dv partials of complementary query sets add up
+  // to the whole row's.
+  constexpr std::int64_t kS = 160;
+  for (const std::int64_t window : {0, 5}) {
+    INFO("window " << window);
+    AttnCase c = make_case(window, true, 93);
+    c.B = 1;
+    c.S = kS;
+    c.pos.assign(kS, 0);
+    c.valid.assign(kS, 1);
+    for (std::int64_t t = 1; t < kS; ++t) {
+      c.pos[static_cast<std::size_t>(t)] = t % 23 == 0 ? 0 : c.pos[static_cast<std::size_t>(t - 1)] + 1;
+      c.valid[static_cast<std::size_t>(t)] = t % 17 != 9;
+    }
+    c.q = random_vector(c.q_size(), 93, 1.0, "q");
+    c.k = random_vector(c.kv_size(), 93, 1.0, "k");
+    c.v = random_vector(c.kv_size(), 93, 1.0, "v");
+    const std::vector<double> dout = random_vector(c.q_size(), 94, 1.0, "dout");
+    const TensorCase whole = tensors(c);
+    const AttentionForward f = attention_forward(whole.q, whole.k, whole.v, whole.positions, whole.valid, whole.sinks,
+                                                 whole.options);
+    const Tensor dout_whole = f32_tensor({1, kS, c.Hq, c.D}, dout);
+    const AttentionGrads g = attention_backward(dout_whole, whole.q, whole.k, whole.v, f, whole.positions, whole.valid,
+                                                whole.sinks, nullptr, whole.options);
+    const std::int64_t q_row = c.Hq * c.D;
+
+    // A contiguous chunk, and a head-tail pair of chunks (the load-balanced CP split) with its
+    // complement: the queries the other rank holds.
+    std::vector<std::int64_t> chunk, head_tail, rest;
+    for (std::int64_t t = 40; t < 110; ++t) chunk.push_back(t);
+    for (std::int64_t t = 0; t < kS; ++t) (t < 40 || t >= 120 ? head_tail : rest).push_back(t);
+    auto run_part = [&](const std::vector<std::int64_t>& rows) {
+      const auto n = static_cast<std::int64_t>(rows.size());
+      TensorCase part = whole;
+      part.q = Tensor::empty({1, n, c.Hq, c.D});
+      Tensor dout_part = Tensor::empty({1, n, c.Hq, c.D});
+      part.positions = Tensor::empty({1, n}, DType::i64);
+      part.options.query_index = Tensor::empty({1, n}, DType::i64);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t t = rows[static_cast<std::size_t>(i)];
+        std::copy_n(whole.q.data<float>() + t * q_row, q_row, part.q.data<float>() + i * q_row);
+        std::copy_n(dout_whole.data<float>() + t * q_row, q_row, dout_part.data<float>() + i * q_row);
+        part.positions.data<std::int64_t>()[i] = c.pos[static_cast<std::size_t>(t)];
+        part.options.query_index.data<std::int64_t>()[i] = t;
+      }
+      const AttentionForward pf = attention_forward(part.q, part.k, part.v, part.positions, part.valid, part.sinks,
+                                                    part.options);
+      const AttentionGrads pg = attention_backward(dout_part, part.q, part.k, part.v, pf, part.positions, part.valid,
+                                                   part.sinks, nullptr, part.options);
+      std::int64_t mismatches = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t t = rows[static_cast<std::size_t>(i)];
+        for (std::int64_t e = 0; e < q_row; ++e) {
+          mismatches += pf.out.data<float>()[i * q_row + e] != f.out.data<float>()[t * q_row + e];
+          mismatches += pg.dq.data<float>()[i * q_row + e] != g.dq.data<float>()[t * q_row + e];
+        }
+        for (std::int64_t h = 0; h < c.Hq; ++h) {
+          mismatches += pf.lse.data<float>()[h * n + i] != f.lse.data<float>()[h * kS + t];
+        }
+      }
+      CHECK(mismatches == 0);
+      return pg;
+    };
+    run_part(chunk);
+    const AttentionGrads a = run_part(head_tail), b = run_part(rest);
+    std::vector<double> dk_sum = to_doubles(a.dk), dv_sum = to_doubles(a.dv);
+    const std::vector<double> dk_b = to_doubles(b.dk), dv_b = to_doubles(b.dv);
+    for (std::size_t i = 0; i < dk_sum.size(); ++i) {
+      dk_sum[i] += dk_b[i];
+      dv_sum[i] += dv_b[i];
+    }
+    CHECK(max_abs_diff(dk_sum, to_doubles(g.dk)) < 1e-5 * std::max(1.0, max_abs(to_doubles(g.dk))));
+    CHECK(max_abs_diff(dv_sum, to_doubles(g.dv)) < 1e-5 * std::max(1.0, max_abs(to_doubles(g.dv))));
+    CHECK(max_abs(to_doubles(g.dk)) > 1e-3);  // not vacuous
+  }
+  // A query index outside the keys is refused.
+  AttnCase c = make_case(0, false, 95);
+  TensorCase t = tensors(c);
+  t.options.query_index = Tensor::zeros({c.B, c.S}, DType::i64);
+  t.options.query_index.data<std::int64_t>()[3] = c.S;
+  CHECK_THROWS_WITH(attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options),
+                    Catch::Contains("query_index"));
+}
