@@ -65,6 +65,24 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("atoll-plan: {}: {} {} ({} parameters)\n", config.source_file, model->family(),
                              model->preset(), model->parameter_count())
               << atl::format_plan(plan);
+    if (mesh.pp() > 1) {
+      // What each cut sends per micro-batch (MODELS.md §5.6), from the family's parallelize rules.
+      const std::int64_t rows = config.train.micro_batch, seq = config.train.seq_len / mesh.cp();
+      std::cout << fmt::format("\npipeline boundaries (per micro-batch: {} rows x {} tokens per rank):\n", rows, seq);
+      for (int stage = 1; stage < mesh.pp(); ++stage) {
+        std::int64_t cut = -1;
+        for (const auto& u : plan.units) {
+          if (u.stage == stage && u.layer >= 0 && (cut < 0 || u.layer < cut)) cut = u.layer;
+        }
+        for (const atl::TensorMeta& t : model->pipeline_boundary(cut, rows, seq, config.precision)) {
+          std::int64_t elements = 1;
+          for (std::int64_t d : t.shape) elements *= d;
+          std::cout << fmt::format("  stage {} -> {} (before layer {}): {}  ({})\n", stage - 1, stage, cut,
+                                   t.describe(), atl::format_bytes(elements * static_cast<std::int64_t>(
+                                                                              atl::element_size(t.dtype))));
+        }
+      }
+    }
     // What atoll-train's preflight checks: this process's whole estimate, activations included.
     const atl::RunMemoryEstimate run = atl::estimate_run_memory(config, *model);
     std::cout << "\nthis process (atoll-train's preflight estimate, activations included):\n";

@@ -16,6 +16,8 @@ inline Precision parse_precision(const std::string& s) {
   throw std::invalid_argument("precision: expected fp32 or bf16, got '" + s + "'");
 }
 inline const char* precision_name(Precision p) { return p == Precision::fp32 ? "fp32" : "bf16"; }
+// The dtype bulk values and activations have in a run of this precision.
+inline DType compute_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f32; }
 
 // The emulation point: round to bf16 in precision bf16, leave as is in fp32.
 inline void round_activation(Precision p, const Tensor& t) {

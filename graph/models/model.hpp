@@ -10,6 +10,7 @@
 #include "graph/config.hpp"
 #include "graph/param.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/tensor_meta.hpp"
 #include "graph/training/staged_model.hpp"
 
 namespace atl {
@@ -32,6 +33,10 @@ class Model : public StagedModel {
   }
   std::int64_t op_layer(int op) const final { return op_kind(op) == OpKind::layer ? op - 1 : -1; }
   virtual FamilyShardingRules sharding_rules() const = 0;
+  // The tensors one micro-batch (rows x seq tokens per rank) sends across a pipeline cut before
+  // decoder layer `cut` (MODELS.md §5.6): the family's boundary metas, from its parallelize.hpp.
+  virtual std::vector<TensorMeta> pipeline_boundary(std::int64_t cut, std::int64_t rows, std::int64_t seq,
+                                                    Precision precision) const = 0;
   // Forward only; logits_out gets the fp32 logits [B, S, V] the loss sees.
   virtual LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
                           Tensor* logits_out = nullptr) const = 0;

@@ -180,16 +180,8 @@ const UnitParam& UnitPlan::param(const std::string& param_name) const {
   throw std::out_of_range("unit '" + name + "' holds no parameter '" + param_name + "'");
 }
 
-FamilyShardingRules beam_sharding_rules() {
-  FamilyShardingRules rules;
-  rules.family = "beam";
-  rules.fp32_modules = {"mlp.gate"};
-  rules.block_casts_inputs_itself = true;
-  return rules;
-}
-
 MixedPrecisionPolicy bulk_policy(Precision precision) {
-  const DType compute = precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  const DType compute = compute_dtype(precision);
   return {compute, DType::f32, compute, true};
 }
 

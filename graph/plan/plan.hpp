@@ -118,10 +118,6 @@ struct FamilyShardingRules {
   bool block_casts_inputs_itself = false;  // block units get cast_forward_inputs = false (Beam)
 };
 
-// Beam: the router (mlp.gate: weight + e_score_correction_bias) is the only island; blocks cast
-// their hidden states themselves so the fp32 RoPE tables pass unchanged (MODELS.md §3.5).
-FamilyShardingRules beam_sharding_rules();
-
 struct Plan {
   Mesh mesh;
   Precision precision = Precision::bf16;

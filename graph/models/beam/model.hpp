@@ -12,6 +12,7 @@
 
 #include "graph/data/batch.hpp"
 #include "graph/models/beam/config.hpp"
+#include "graph/models/beam/parallelize.hpp"
 #include "graph/param.hpp"
 #include "graph/models/gqa_attention.hpp"
 #include "graph/models/lm_head.hpp"
@@ -41,6 +42,10 @@ class BeamModel : public Model {
   std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
   float init_std() const override { return config_.init_std; }
   FamilyShardingRules sharding_rules() const override { return beam_sharding_rules(); }
+  std::vector<TensorMeta> pipeline_boundary(std::int64_t /*cut*/, std::int64_t rows, std::int64_t seq,
+                                            Precision precision) const override {
+    return beam_pipeline_boundary(config_, rows, seq, precision);
+  }
 
   // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
   Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;

@@ -58,14 +58,6 @@ MoeMlpSpec moe_spec(const FlintConfig& c) {
 
 }  // namespace
 
-FamilyShardingRules flint_sharding_rules() {
-  FamilyShardingRules rules;
-  rules.family = "flint";
-  rules.fp32_modules = {"_fp32_params", "lm_head"};  // _keep_in_fp32_modules_strict (MODELS.md §2.3)
-  rules.head_is_island = true;
-  return rules;
-}
-
 FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   config_.validate();
   const auto& c = config_;

@@ -14,6 +14,7 @@
 
 #include "graph/data/batch.hpp"
 #include "graph/models/flint/config.hpp"
+#include "graph/models/flint/parallelize.hpp"
 #include "graph/models/gqa_attention.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
@@ -30,7 +31,6 @@ using FlintHeadCache = LmHeadCache;
 
 // fp32 islands: the sink holders `self_attn._fp32_params` (one unit per layer) and `lm_head`,
 // which is also the head unit and takes the island policy (MODELS.md §2.3, §5.3).
-FamilyShardingRules flint_sharding_rules();
 
 class FlintModel : public Model {
  public:
@@ -48,6 +48,10 @@ class FlintModel : public Model {
   std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
   float init_std() const override { return config_.init_std; }
   FamilyShardingRules sharding_rules() const override { return flint_sharding_rules(); }
+  std::vector<TensorMeta> pipeline_boundary(std::int64_t /*cut*/, std::int64_t rows, std::int64_t seq,
+                                            Precision precision) const override {
+    return flint_pipeline_boundary(config_, rows, seq, precision);
+  }
 
   // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
   Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;

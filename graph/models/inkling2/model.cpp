@@ -69,17 +69,6 @@ std::vector<Tensor> Inkling2ResidualState::sources() const {
   return out;
 }
 
-FamilyShardingRules inkling2_sharding_rules() {
-  FamilyShardingRules rules;
-  rules.family = "inkling2";
-  rules.fp32_modules = {"attn_query", "mlp_query", "output_query", "q_l2_clip", "rel_l2_clip", "mlp.gate"};
-  rules.layer_prefix = "layers.";
-  rules.embedding_modules = {"embed_tokens", "embed_norm"};
-  rules.head_modules = {"lm_head"};
-  rules.block_casts_inputs_itself = true;  // Inkling2Parallelizer keeps model-owned casts
-  return rules;
-}
-
 namespace {
 
 // Depth queries are vectors (one per mix) even when stored as [Q, H]: no weight decay.

@@ -14,6 +14,7 @@
 
 #include "graph/data/batch.hpp"
 #include "graph/models/inkling2/config.hpp"
+#include "graph/models/inkling2/parallelize.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/token_context.hpp"
@@ -43,7 +44,6 @@ struct Inkling2HeadCache;
 
 // Islands: attn_query, mlp_query, output_query, q_l2_clip, rel_l2_clip, mlp.gate (MODELS.md §1.6);
 // layers under "layers.", embed_tokens and embed_norm are embedding units, lm_head the (bulk) head.
-FamilyShardingRules inkling2_sharding_rules();
 
 class Inkling2Model : public Model {
  public:
@@ -58,6 +58,10 @@ class Inkling2Model : public Model {
   std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
   float init_std() const override { return config_.init_std; }
   FamilyShardingRules sharding_rules() const override { return inkling2_sharding_rules(); }
+  std::vector<TensorMeta> pipeline_boundary(std::int64_t cut, std::int64_t rows, std::int64_t seq,
+                                            Precision precision) const override {
+    return inkling2_pipeline_boundary(config_, cut, rows, seq, precision);
+  }
 
   // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
   // embed_norm(embed_tokens(ids)) as the initial state: no completed blocks, the partial.
