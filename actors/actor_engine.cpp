@@ -51,7 +51,6 @@ void check_runnable(const RunConfig& config, const Mesh& mesh) {
 struct ActorEngine::Impl {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const Model> model;
-  std::vector<std::vector<std::size_t>> op_units;  // units_per_op
   std::vector<int> ranks;  // this process's ranks, increasing
   std::shared_ptr<CollectiveRecorder> recorder;
   std::shared_ptr<SpanTracer> tracer;
@@ -113,7 +112,7 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessRanks process) : impl_(std::mak
   im.model = in.model;
   im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), in.model->sharding_rules(), mesh, config.precision));
   const Plan& plan = *im.plan;
-  im.op_units = units_per_op(plan, *in.model, in.model->family());  // throws unless each unit has one reader
+  units_per_op(plan, in.model->ops());  // throws (before anything is spawned) if a unit has no reader
   const int world = mesh.world_size();
   const int threads_per_rank = compute_threads(config);  // default: the ranks are the parallelism
 
@@ -195,7 +194,7 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
     compute_actor compute = spawn_compute_actor(sys, rank, threads_per_rank, im.tracer);
     im.computes.push_back(compute);
     im.stages.push_back(spawn_stage_actor(
-        sys, StageActorSetup{im.plan, im.model, rank, im.op_units, im.units[local], compute, comm, im.tracer}));
+        sys, StageActorSetup{im.plan, im.model, rank, im.units[local], compute, comm, im.tracer}));
   }
   im.trainer = spawn_trainer_actor(
       sys, TrainerActorSetup{im.plan, im.ranks, im.stages, config.train.micro_batch, in.start_step, config.precision, in.optimizer,

@@ -35,7 +35,6 @@ struct StageActorSetup {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const StagedModel> model;
   int rank = 0;
-  std::vector<std::vector<std::size_t>> op_units;  // units_per_op of the plan and model
   std::vector<unit_actor> units;  // plan order
   compute_actor compute;
   comm_actor comm;                // the rank's collective stream (the report)

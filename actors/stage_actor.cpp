@@ -24,7 +24,9 @@ struct StageState {
   std::size_t pc = 0;          // next instruction
   std::uint64_t seq_base = 0;  // the step's first collective sequence number
   std::shared_ptr<MicroBatchRun> run;  // shared with compute jobs in flight
-  std::shared_ptr<TensorMap> grads;    // of the last backward instruction
+  // Per unit, its gradient of the micro-batch in backward: created (zeros) by the first backward
+  // op that reads the unit, added to by the others, handed over by the grads instruction.
+  std::vector<std::shared_ptr<TensorMap>> unit_grads;
   std::vector<double> loss_sums;
   std::vector<std::vector<RoutingRecord>> routing;
   caf::typed_response_promise<StageReport> done;
@@ -45,7 +47,7 @@ void fail(stage_pointer self, const caf::error& error) {
 
 // Collects the gathered params of every unit of `op` into one map, then continues.
 void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<TensorMap>)> next) {
-  const auto& units = self->state.setup.op_units[static_cast<std::size_t>(op)];
+  const auto& units = self->state.program->op_units[static_cast<std::size_t>(op)];
   auto merged = std::make_shared<TensorMap>();
   auto remaining = std::make_shared<std::size_t>(units.size());
   for (std::size_t u : units) {
@@ -86,9 +88,10 @@ void run_forward(stage_pointer self, const StepInstruction& ins) {
   const int op = ins.op;
   with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
     auto run = self->state.run;
-    compute(self, "forward op " + std::to_string(op), [run, op, weights] { run->forward(op, *weights); }, [=] {
+    compute(self, "forward " + self->state.setup.model->ops()[static_cast<std::size_t>(op)].name,
+            [run, op, weights] { run->forward(op, *weights); }, [=] {
       auto& s = self->state;
-      if (op + 1 < static_cast<int>(s.setup.op_units.size())) return;
+      if (op + 1 < static_cast<int>(s.program->ops.size())) return;
       s.loss_sums.push_back(s.run->loss_sum());
       if (s.step.record_routing) s.routing.push_back(s.run->routing());
     });
@@ -98,24 +101,29 @@ void run_forward(stage_pointer self, const StepInstruction& ins) {
 void run_backward(stage_pointer self, const StepInstruction& ins) {
   const int op = ins.op;
   with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
-    auto grads = std::make_shared<TensorMap>();
-    for (const auto& name : weights->names()) grads->insert(name, Tensor::zeros(weights->at(name).shape()));
-    auto run = self->state.run;
-    compute(
-        self, "backward op " + std::to_string(op), [run, op, weights, grads] { run->backward(op, *weights, *grads); },
-        [=] {
-          auto& s = self->state;
-          s.grads = grads;
-          if (op == 0) s.run.reset();  // the micro-batch is done
-        });
+    auto& st = self->state;
+    auto grads = std::make_shared<TensorMap>();  // this op's units' gradient tensors, by name
+    for (std::size_t u : st.program->op_units[static_cast<std::size_t>(op)]) {
+      auto& mine = st.unit_grads[u];
+      if (!mine) {
+        mine = std::make_shared<TensorMap>();
+        for (const auto& p : st.setup.plan->units[u].params) mine->insert(p.name, Tensor::zeros(weights->at(p.name).shape()));
+      }
+      for (const auto& name : mine->names()) grads->insert(name, mine->at(name));
+    }
+    auto run = st.run;
+    compute(self, "backward " + st.setup.model->ops()[static_cast<std::size_t>(op)].name,
+            [run, op, weights, grads] { run->backward(op, *weights, *grads); },
+            [=] {
+              if (op == 0) self->state.run.reset();  // the micro-batch is done
+            });
   });
 }
 
 void send_grads(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
-  const UnitPlan& unit = st.setup.plan->units[ins.unit];
-  auto mine = std::make_shared<TensorMap>();
-  for (const auto& p : unit.params) mine->insert(p.name, st.grads->at(p.name));
+  std::shared_ptr<const TensorMap> mine = std::move(st.unit_grads[ins.unit]);
+  st.unit_grads[ins.unit].reset();
   self->send(st.setup.units[ins.unit], grads_atom::value, UnitGrads{mine, ins.last, st.seq_base + ins.collective});
 }
 
@@ -238,7 +246,8 @@ void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::s
 std::shared_ptr<const StepProgram> program_for(StageState& st, int micro_batches) {
   auto& slot = st.programs[micro_batches];
   if (!slot) {
-    slot = std::make_shared<const StepProgram>(compile_step_program(*st.setup.plan, st.setup.op_units, micro_batches));
+    slot = std::make_shared<const StepProgram>(
+        compile_step_program(*st.setup.plan, st.setup.model->ops(), micro_batches));
   }
   return slot;
 }
@@ -251,6 +260,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         if (step.micro_batches.empty()) return caf::make_error(caf::sec::runtime_error, "stage: no micro-batches");
         if (s.active) return caf::make_error(caf::sec::runtime_error, "stage: a step is already running");
         s.program = program_for(s, static_cast<int>(step.micro_batches.size()));
+        s.unit_grads.assign(s.setup.units.size(), nullptr);
         s.step = std::move(step);
         s.pc = 0;
         s.seq_base = s.next_seq;

@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
                                "expected at least train.micro_batch x dp ranks rows, got " +
                                    std::to_string(config.train.global_batch));
       }
-      const atl::StepProgram program = atl::compile_step_program(
-          plan, atl::units_per_op(plan, *model, model->family()), static_cast<int>(micro_batches));
+      const atl::StepProgram program =
+          atl::compile_step_program(plan, model->ops(), static_cast<int>(micro_batches));
       std::cout << (graph_format == "json"  ? atl::step_program_json(plan, program)
                     : graph_format == "dot" ? atl::step_program_dot(plan, program)
                                             : atl::format_step_program(plan, program));

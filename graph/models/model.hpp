@@ -25,13 +25,6 @@ class Model : public StagedModel {
   virtual float init_std() const = 0;
   virtual std::int64_t num_layers() const = 0;
 
-  // Op numbering every family shares: op 0 embedding, op 1 + l decoder layer l, last op final.
-  int op_count() const final { return static_cast<int>(num_layers()) + 2; }
-  OpKind op_kind(int op) const final {
-    if (op == 0) return OpKind::embedding;
-    return op == op_count() - 1 ? OpKind::final : OpKind::layer;
-  }
-  std::int64_t op_layer(int op) const final { return op_kind(op) == OpKind::layer ? op - 1 : -1; }
   virtual FamilyShardingRules sharding_rules() const = 0;
   // The tensors one micro-batch (rows x seq tokens per rank) sends across a pipeline cut before
   // decoder layer `cut` (MODELS.md §5.6): the family's boundary metas, from its parallelize.hpp.

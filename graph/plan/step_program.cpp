@@ -1,5 +1,6 @@
 #include "graph/plan/step_program.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -81,20 +82,23 @@ class ProgramBuilder {
 
 }  // namespace
 
-StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector<std::size_t>>& op_units,
-                                 int micro_batches) {
+StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op_specs, int micro_batches) {
   if (micro_batches < 1) {
     throw std::invalid_argument(fmt::format("step program: expected at least 1 micro-batch, got {}", micro_batches));
   }
-  for (const auto& units : op_units) {
-    for (std::size_t u : units) {
-      if (u >= plan.units.size()) {
-        throw std::invalid_argument(fmt::format("step program: unit {} is outside the plan's {}", u, plan.units.size()));
-      }
-    }
-  }
+  const std::vector<std::vector<std::size_t>> op_units = units_per_op(plan, op_specs);
   ProgramBuilder b(plan);
   const int ops = static_cast<int>(op_units.size());
+  // A unit read by several ops (a block by its attention and MLP ops) is resharded after its last
+  // reader in forward and hands in its gradient after its last reader in backward (its first in
+  // forward order).
+  std::vector<int> first_reader(plan.units.size(), ops), last_reader(plan.units.size(), -1);
+  for (int op = 0; op < ops; ++op) {
+    for (std::size_t u : op_units[static_cast<std::size_t>(op)]) {
+      first_reader[u] = std::min(first_reader[u], op);
+      last_reader[u] = std::max(last_reader[u], op);
+    }
+  }
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     if (plan.units[u].schedule.resident_for_step) b.gather(u);
   }
@@ -106,7 +110,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector
       for (std::size_t u : units) b.gather_named(plan.units[u].forward_prefetch_units);
       b.run(StepInstructionKind::forward, op, m);
       for (std::size_t u : units) {
-        if (plan.units[u].schedule.reshard_after_forward) b.release(u);
+        if (last_reader[u] == op && plan.units[u].schedule.reshard_after_forward) b.release(u);
       }
     }
     for (int op = ops - 1; op >= 0; --op) {
@@ -115,6 +119,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector
       for (std::size_t u : units) b.gather_named(plan.units[u].backward_prefetch_units);
       b.run(StepInstructionKind::backward, op, m);
       for (std::size_t u : units) {
+        if (first_reader[u] != op) continue;
         b.grads(u, m, last);
         // FSDP2 reshards after backward only on the last micro-batch (MODELS.md §5.4).
         if (last) b.release(u);
@@ -122,7 +127,10 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector
     }
   }
   b.report();
-  return b.finish(micro_batches);
+  StepProgram program = b.finish(micro_batches);
+  program.ops = op_specs;
+  program.op_units = op_units;
+  return program;
 }
 
 }  // namespace atl

@@ -13,9 +13,10 @@
 // The walk reproduces FSDP2's schedule (MODELS.md §5.2, §5.4) for n micro-batches:
 //   step start: gather every island (resident for the step);
 //   forward of op o, micro-batch m: gather o's units that are not gathered, then the units they
-//     prefetch; run; reshard the units whose schedule says so;
+//     prefetch; run; reshard the units whose schedule says so and that no later op reads;
 //   backward of op o (reverse order): gather again what was resharded, then the backward
-//     prefetches; run; hand each unit its gradient. On the last micro-batch the unit reduces:
+//     prefetches; run; hand each unit whose last backward reader this is its gradient (summed
+//     over its ops). On the last micro-batch the unit reduces:
 //     reduce-scatter over its shard group, all-reduce over the replicate group (HSDP), then
 //     reshards. Before that units stay gathered between micro-batches;
 //   step end: the report. When every unit has reduced, each rank all-gathers over the world its
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/plan/op_graph.hpp"
 #include "graph/plan/plan.hpp"
 
 namespace atl {
@@ -47,7 +49,7 @@ enum class StepInstructionKind {
   release,   // unit frees its gathered params
   forward,   // run op's forward for micro_batch
   backward,  // run op's backward for micro_batch
-  grads,     // hand unit its gradient of the last backward; `last`: it reduces (collectives
+  grads,     // hand unit its gradient of this micro-batch; `last`: it reduces (collectives
              // `collective` and, with HSDP, `collective + 1`)
   report,    // after every unit reduced: all-gather the rank's report over the world (`collective`)
 };
@@ -64,18 +66,21 @@ struct StepInstruction {
 
 struct StepProgram {
   int micro_batches = 0;
+  std::vector<OpSpec> ops;                         // the model's op graph, forward order
+  std::vector<std::vector<std::size_t>> op_units;  // units_per_op(plan, ops)
   std::vector<StepInstruction> instructions;
   std::vector<CollectiveNode> collectives;  // in stream order: collectives[i].seq == i
 };
 
-// op_units[o]: the plan units op o reads (each unit read by exactly one op); ops run forward
-// 0..n-1 and backward n-1..0. With dp_replicate > 1 every reduction adds an all-reduce.
-// Throws std::invalid_argument for micro_batches < 1 or a unit index outside the plan.
-StepProgram compile_step_program(const Plan& plan, const std::vector<std::vector<std::size_t>>& op_units,
-                                 int micro_batches);
+// Ops run forward 0..n-1 and backward n-1..0; each reads the units that own its parameters (a
+// unit may be read by several ops). With dp_replicate > 1 every reduction adds an all-reduce.
+// Throws std::invalid_argument for micro_batches < 1, std::logic_error when an op reads a
+// parameter no unit owns or a unit is read by no op.
+StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& ops, int micro_batches);
 
-// For atoll-plan --graph. Text: one line per instruction, collectives with their sequence number
-// and group. JSON: {micro_batches, instructions: [...], collectives: [...]} with unit names.
+// For atoll-plan --graph. Text: the ops (activations in -> out, units read), then one line per
+// instruction, collectives with their sequence number and group. JSON: {micro_batches, ops: [...],
+// instructions: [...], collectives: [...]} with names.
 // DOT: the instructions as a chain, each collective a box hanging off the instruction that posts it.
 std::string format_step_program(const Plan& plan, const StepProgram& program);
 std::string step_program_json(const Plan& plan, const StepProgram& program);

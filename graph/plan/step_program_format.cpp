@@ -2,6 +2,7 @@
 #include "graph/plan/step_program.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 namespace atl {
@@ -29,8 +30,16 @@ std::string describe(const StepProgram& program, std::uint64_t c) {
 }  // namespace
 
 std::string format_step_program(const Plan& plan, const StepProgram& program) {
-  std::string out = fmt::format("step program: {} micro-batch(es), {} instructions, {} collectives per rank\n",
-                                program.micro_batches, program.instructions.size(), program.collectives.size());
+  std::string out = fmt::format("op graph: {} ops\n", program.ops.size());
+  for (std::size_t o = 0; o < program.ops.size(); ++o) {
+    const OpSpec& op = program.ops[o];
+    std::vector<std::string> units;
+    for (std::size_t u : program.op_units[o]) units.push_back(plan.units[u].name);
+    out += fmt::format("  op {:<3} {:<24} {:<9} ({}) -> ({})  reads {}\n", o, op.name, op_kind_name(op.kind),
+                       fmt::join(op.inputs, ", "), fmt::join(op.outputs, ", "), fmt::join(units, ", "));
+  }
+  out += fmt::format("step program: {} micro-batch(es), {} instructions, {} collectives per rank\n",
+                     program.micro_batches, program.instructions.size(), program.collectives.size());
   for (const StepInstruction& i : program.instructions) {
     const std::string& unit = plan.units[i.unit].name;
     switch (i.kind) {
@@ -45,7 +54,8 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
         break;
       case StepInstructionKind::forward:
       case StepInstructionKind::backward:
-        out += fmt::format("  {:<9} op {} micro-batch {}\n", step_instruction_name(i.kind), i.op, i.micro_batch);
+        out += fmt::format("  {:<9} {:<28} micro-batch {}\n", step_instruction_name(i.kind),
+                           program.ops[static_cast<std::size_t>(i.op)].name, i.micro_batch);
         break;
       case StepInstructionKind::grads:
         out += fmt::format("  grads     {:<28}", unit);
@@ -62,10 +72,18 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
 std::string step_program_json(const Plan& plan, const StepProgram& program) {
   nlohmann::ordered_json out;
   out["micro_batches"] = program.micro_batches;
+  auto& ops = out["ops"] = nlohmann::ordered_json::array();
+  for (std::size_t o = 0; o < program.ops.size(); ++o) {
+    const OpSpec& op = program.ops[o];
+    std::vector<std::string> units;
+    for (std::size_t u : program.op_units[o]) units.push_back(plan.units[u].name);
+    ops.push_back({{"name", op.name}, {"kind", op_kind_name(op.kind)}, {"layer", op.layer}, {"inputs", op.inputs},
+                   {"outputs", op.outputs}, {"units", units}});
+  }
   auto& instructions = out["instructions"] = nlohmann::ordered_json::array();
   for (const StepInstruction& i : program.instructions) {
     nlohmann::ordered_json j{{"kind", step_instruction_name(i.kind)}};
-    if (i.op >= 0) j["op"] = i.op;
+    if (i.op >= 0) j["op"] = program.ops[static_cast<std::size_t>(i.op)].name;
     if (i.micro_batch >= 0) j["micro_batch"] = i.micro_batch;
     if (names_unit(i)) j["unit"] = plan.units[i.unit].name;
     if (i.kind == StepInstructionKind::grads) j["last"] = i.last;
@@ -85,7 +103,7 @@ std::string step_program_dot(const Plan& plan, const StepProgram& program) {
   for (std::size_t k = 0; k < program.instructions.size(); ++k) {
     const StepInstruction& i = program.instructions[k];
     std::string label = step_instruction_name(i.kind);
-    if (i.op >= 0) label += fmt::format(" op {} mb {}", i.op, i.micro_batch);
+    if (i.op >= 0) label += fmt::format(" {} mb {}", program.ops[static_cast<std::size_t>(i.op)].name, i.micro_batch);
     if (names_unit(i)) label += " " + plan.units[i.unit].name;
     const char* shape = i.kind == StepInstructionKind::forward || i.kind == StepInstructionKind::backward ? "ellipse"
                                                                                                          : "plaintext";

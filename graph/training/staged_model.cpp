@@ -5,39 +5,39 @@
 
 namespace atl {
 
-std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model,
-                                                   const std::string& family) {
-  std::vector<std::vector<std::size_t>> out(static_cast<std::size_t>(model.op_count()));
-  std::vector<int> readers(plan.units.size(), 0);
-  for (int op = 0; op < model.op_count(); ++op) {
-    for (std::size_t u = 0; u < plan.units.size(); ++u) {
-      const UnitPlan& unit = plan.units[u];
-      bool mine = false;
-      switch (model.op_kind(op)) {
-        case OpKind::embedding:
-          mine = unit.role == UnitRole::embedding;
-          break;
-        case OpKind::layer:
-          mine = unit.layer == model.op_layer(op);
-          break;
-        case OpKind::final:
-          mine = unit.role == UnitRole::root || unit.role == UnitRole::head ||
-                 (unit.role == UnitRole::island && unit.layer < 0);
-          break;
-      }
-      if (mine) {
-        out[static_cast<std::size_t>(op)].push_back(u);
-        ++readers[u];
+std::vector<OpSpec> whole_layer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
+                                    std::int64_t layers, const std::string& state) {
+  auto under = [](const std::string& name, const std::string& module) {
+    return name.size() > module.size() && name.compare(0, module.size(), module) == 0 && name[module.size()] == '.';
+  };
+  auto act = [&](std::int64_t l) { return state + "." + std::to_string(l); };
+  std::vector<OpSpec> ops;
+  OpSpec embed{"embed", OpKind::embedding, -1, {"input_ids"}, {act(0)}, {}};
+  std::vector<OpSpec> layer_ops;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    layer_ops.push_back({rules.layer_prefix + std::to_string(l), OpKind::layer, l, {act(l)}, {act(l + 1)}, {}});
+  }
+  OpSpec head{"head", OpKind::final, -1, {act(layers), "targets"}, {"loss"}, {}};
+  for (const auto& s : specs) {
+    bool placed = false;
+    for (const auto& m : rules.embedding_modules) {
+      if (!placed && under(s.name, m)) {
+        embed.params.push_back(s.name);
+        placed = true;
       }
     }
-  }
-  for (std::size_t u = 0; u < plan.units.size(); ++u) {
-    if (readers[u] != 1) {
-      throw std::logic_error("actor runtime: unit '" + plan.units[u].name + "' (" + unit_role_name(plan.units[u].role) +
-                             ") is read by " + std::to_string(readers[u]) + " ops of " + family + "; expected exactly 1");
+    for (std::int64_t l = 0; l < layers && !placed; ++l) {
+      if (under(s.name, rules.layer_prefix + std::to_string(l))) {
+        layer_ops[static_cast<std::size_t>(l)].params.push_back(s.name);
+        placed = true;
+      }
     }
+    if (!placed) head.params.push_back(s.name);
   }
-  return out;
+  ops.push_back(std::move(embed));
+  for (auto& op : layer_ops) ops.push_back(std::move(op));
+  ops.push_back(std::move(head));
+  return ops;
 }
 
 }  // namespace atl

@@ -1,14 +1,16 @@
-// A model as the actor runtime executes it: a chain of ops — the embedding, one op per decoder
-// layer, the final op (norm + head + loss) — each reading the parameters of the FSDP units that
-// own its modules. A MicroBatchRun carries one micro-batch's activations between ops, so a stage
-// can run op i as soon as op i's units are gathered.
+// A model as the actor runtime executes it: a chain of ops, each described by an OpSpec — its
+// name, the named activations it reads and writes, and the parameters it reads (so the plan knows
+// which FSDP units each op needs). A MicroBatchRun carries one micro-batch's activations between
+// ops, so a stage can run op i as soon as op i's units are gathered.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "graph/data/batch.hpp"
 #include "graph/param.hpp"
+#include "graph/plan/op_graph.hpp"
 #include "graph/plan/plan.hpp"
 #include "kernels/precision.hpp"
 
@@ -18,8 +20,6 @@ struct LossSum {
   double loss_sum = 0;       // sum of token cross entropies (nats)
   std::int64_t targets = 0;  // tokens that have a target
 };
-
-enum class OpKind { embedding, layer, final };
 
 // Router decisions of one sparse layer for one micro-batch (parity checks, instrumentation).
 struct RoutingRecord {
@@ -43,18 +43,19 @@ class MicroBatchRun {
 class StagedModel {
  public:
   virtual ~StagedModel() = default;
-  virtual int op_count() const = 0;
-  virtual OpKind op_kind(int op) const = 0;
-  virtual std::int64_t op_layer(int op) const = 0;  // the decoder layer of a layer op, else -1
+  // Ops in forward order (backward runs them in reverse).
+  virtual const std::vector<OpSpec>& ops() const = 0;
+  int op_count() const { return static_cast<int>(ops().size()); }
+  OpKind op_kind(int op) const { return ops()[static_cast<std::size_t>(op)].kind; }
+  std::int64_t op_layer(int op) const { return ops()[static_cast<std::size_t>(op)].layer; }
   virtual std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
                                                float grad_scale) const = 0;
 };
 
-// For each op of the model (embedding, each layer, final), the plan's units it reads: the
-// embedding units; a layer's islands and block; the root, the head and model-level islands.
-// Throws std::logic_error when a unit is read by no op or by several: a unit no op reads would
-// never be gathered or reduce, and a step would wait on it forever.
-std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const StagedModel& model,
-                                                   const std::string& family);
+// The ops of a model whose layers run whole: "embed" (the rules' embedding modules), one op per
+// decoder layer ("<layer_prefix><l>": every param under it), "head" (every other param: root,
+// head, model-level islands). Activations: input_ids -> <state>.0 -> ... -> <state>.L -> loss.
+std::vector<OpSpec> whole_layer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
+                                    std::int64_t layers, const std::string& state);
 
 }  // namespace atl

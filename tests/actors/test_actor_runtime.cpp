@@ -136,7 +136,7 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch posts a 
   auto& actors = dynamic_cast<ActorEngine&>(*engine);
   const Plan& plan = actors.plan();
   const auto model = make_model(slow.model, slow.source_file);
-  const StepProgram program = compile_step_program(plan, units_per_op(plan, *model, model->family()), 1);
+  const StepProgram program = compile_step_program(plan, model->ops(), 1);
   auto position = [&](StepInstructionKind kind, int op, std::size_t unit) {
     for (std::size_t i = 0; i < program.instructions.size(); ++i) {
       const StepInstruction& ins = program.instructions[i];

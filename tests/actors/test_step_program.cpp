@@ -51,7 +51,7 @@ TEST_CASE("Every rank records exactly the step program's collectives in its orde
     const Plan& plan = actors.plan();
     const auto model = make_model(config.model, config.source_file);
     const int per_rank = static_cast<int>(c.global_batch / c.micro_batch / (c.layout.dp_shard * c.layout.dp_replicate));
-    const StepProgram program = compile_step_program(plan, units_per_op(plan, *model, model->family()), per_rank);
+    const StepProgram program = compile_step_program(plan, model->ops(), per_rank);
     REQUIRE(!program.collectives.empty());
 
     // Per (step, rank, axis): the records in completion order (a group completes in issue order).
@@ -95,7 +95,7 @@ TEST_CASE("Step program: FSDP2's schedule for n micro-batches, sequence numbers 
   const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::bf16, {2, 2}, 8, 1);
   const auto model = make_model(config.model, config.source_file);
   const Plan plan = make_plan(model->specs(), model->sharding_rules(), Mesh(config.topology.mesh), Precision::bf16);
-  const auto op_units = units_per_op(plan, *model, model->family());
+  const auto& op_units = model->ops();
   for (int n : {1, 2, 3}) {
     INFO(n << " micro-batches");
     const StepProgram p = compile_step_program(plan, op_units, n);

@@ -85,10 +85,12 @@ TEST_CASE("atoll-plan --graph: the step program of each tiny family as text, JSO
     const PlanRun text = run_plan(hsdp);
     INFO(text.out << text.err);
     REQUIRE(text.exit_code == 0);
-    CHECK(text.out.rfind("step program: ", 0) == 0);
+    CHECK(text.out.rfind("op graph: ", 0) == 0);
+    CHECK(text.out.find("\nstep program: ") != std::string::npos);
+    CHECK(text.out.find(") -> (loss)") != std::string::npos);  // the head op writes the loss
     CHECK(text.out.find("all_gather over dp_shard") != std::string::npos);
     CHECK(text.out.find("all_reduce over dp_replicate") != std::string::npos);
-    CHECK(text.out.find("backward  op 0 micro-batch 0") != std::string::npos);
+    CHECK(text.out.find("backward  embed") != std::string::npos);
 
     std::vector<std::string> as_json = hsdp;
     as_json.insert(as_json.end(), {"--graph-format", "json"});

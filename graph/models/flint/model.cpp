@@ -93,6 +93,7 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   }
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
+  ops_ = whole_layer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden");
 }
 
 std::string FlintModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }

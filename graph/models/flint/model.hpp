@@ -44,6 +44,7 @@ class FlintModel : public Model {
   std::string family() const override { return "flint"; }
   std::string preset() const override { return config_.preset; }
   const std::vector<ParamSpec>& specs() const override { return specs_; }
+  const std::vector<OpSpec>& ops() const override { return ops_; }
   std::int64_t vocab_size() const override { return config_.vocab_size; }
   std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
   float init_std() const override { return config_.init_std; }
@@ -92,6 +93,7 @@ class FlintModel : public Model {
   LmHeadSpec head_spec() const;
   FlintConfig config_;
   std::vector<ParamSpec> specs_;
+  std::vector<OpSpec> ops_;
 };
 
 }  // namespace atl

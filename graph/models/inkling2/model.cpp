@@ -197,6 +197,7 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config))
   specs_.push_back(out_query);
   specs_.push_back(make_param("norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
+  ops_ = whole_layer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state");
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -1,0 +1,52 @@
+#include "graph/plan/op_graph.hpp"
+
+#include <map>
+#include <stdexcept>
+
+namespace atl {
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::embedding: return "embedding";
+    case OpKind::layer: return "layer";
+    case OpKind::attention: return "attention";
+    case OpKind::mlp: return "mlp";
+    case OpKind::final: return "final";
+  }
+  return "?";
+}
+
+std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const std::vector<OpSpec>& ops) {
+  std::map<std::string, std::size_t> unit_of;
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    for (const auto& p : plan.units[u].params) unit_of[p.name] = u;
+  }
+  std::vector<std::vector<std::size_t>> out;
+  std::vector<int> readers(plan.units.size(), 0);
+  for (const OpSpec& op : ops) {
+    std::vector<bool> reads(plan.units.size(), false);
+    for (const auto& param : op.params) {
+      const auto it = unit_of.find(param);
+      if (it == unit_of.end()) {
+        throw std::logic_error("op graph: op '" + op.name + "' reads parameter '" + param +
+                               "' that no unit of the plan owns");
+      }
+      reads[it->second] = true;
+    }
+    auto& units = out.emplace_back();
+    for (std::size_t u = 0; u < reads.size(); ++u) {
+      if (!reads[u]) continue;
+      units.push_back(u);
+      ++readers[u];
+    }
+  }
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    if (readers[u] == 0) {
+      throw std::logic_error("op graph: unit '" + plan.units[u].name + "' (" + unit_role_name(plan.units[u].role) +
+                             ") is read by no op");
+    }
+  }
+  return out;
+}
+
+}  // namespace atl

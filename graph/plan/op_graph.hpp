@@ -1,0 +1,37 @@
+// The op graph of a model (DESIGN.md "The plan is the dataflow graph"): ops in forward order, each
+// with the named activations it reads and writes and the parameters it reads, from which the
+// plan derives the FSDP units each op needs.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/plan/plan.hpp"
+
+namespace atl {
+
+enum class OpKind {
+  embedding,  // token ids -> hidden state
+  layer,      // one whole decoder layer
+  attention,  // a layer's attention sublayer, residual included
+  mlp,        // a layer's dense MLP or MoE sublayer (router -> dispatch -> experts -> combine), residual included
+  final,      // final norm, head, loss
+};
+const char* op_kind_name(OpKind kind);
+
+struct OpSpec {
+  std::string name;  // "embed", "layers.3.attention", "head"
+  OpKind kind = OpKind::layer;
+  std::int64_t layer = -1;           // decoder layer, -1 if none
+  std::vector<std::string> inputs;   // named activations read (forward)
+  std::vector<std::string> outputs;  // named activations written (forward)
+  std::vector<std::string> params;   // full names of the parameters it reads
+};
+
+// For each op, the plan's units that own a parameter it reads (plan order). A unit may be read
+// by several ops (a block by its layer's attention and MLP ops). Throws std::logic_error when a
+// unit is read by no op (it would never be gathered or reduce, and a step would wait on it
+// forever) or an op names a parameter no unit owns.
+std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const std::vector<OpSpec>& ops);
+
+}  // namespace atl
