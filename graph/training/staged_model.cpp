@@ -40,4 +40,24 @@ std::vector<OpSpec> whole_layer_ops(const std::vector<ParamSpec>& specs, const F
   return ops;
 }
 
+std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
+                                 std::int64_t layers, const std::string& state,
+                                 const std::function<bool(const std::string&)>& is_mlp_param) {
+  std::vector<OpSpec> out;
+  for (OpSpec& op : whole_layer_ops(specs, rules, layers, state)) {
+    if (op.kind != OpKind::layer) {
+      out.push_back(std::move(op));
+      continue;
+    }
+    const std::string mid = state + "_mid." + std::to_string(op.layer);
+    OpSpec attention{op.name + ".attention", OpKind::attention, op.layer, op.inputs, {mid}, {}};
+    OpSpec mlp{op.name + ".mlp", OpKind::mlp, op.layer, {mid}, op.outputs, {}};
+    const std::size_t prefix = op.name.size() + 1;  // "<layer>."
+    for (auto& param : op.params) (is_mlp_param(param.substr(prefix)) ? mlp : attention).params.push_back(param);
+    out.push_back(std::move(attention));
+    out.push_back(std::move(mlp));
+  }
+  return out;
+}
+
 }  // namespace atl

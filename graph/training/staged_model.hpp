@@ -4,6 +4,7 @@
 // ops, so a stage can run op i as soon as op i's units are gathered.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,5 +58,12 @@ class StagedModel {
 // head, model-level islands). Activations: input_ids -> <state>.0 -> ... -> <state>.L -> loss.
 std::vector<OpSpec> whole_layer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
                                     std::int64_t layers, const std::string& state);
+
+// The same with every layer split into its two sublayers: "<layer>.attention" (<state>.l ->
+// <state>_mid.l) and "<layer>.mlp" (<state>_mid.l -> <state>.l+1); a layer parameter belongs to
+// the MLP op when `is_mlp_param` says so of its name below the layer ("mlp.experts.down_projs").
+std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
+                                 std::int64_t layers, const std::string& state,
+                                 const std::function<bool(const std::string&)>& is_mlp_param);
 
 }  // namespace atl

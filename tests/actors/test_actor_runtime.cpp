@@ -132,11 +132,19 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch posts a 
 
   // Overlap by construction, not by wall clock: in the step program the runtime executes (the
   // record matches it, test_step_program.cpp), the gather of block l + 1 is posted before the
-  // forward of layer l (op l + 1).
+  // forward of layer l.
   auto& actors = dynamic_cast<ActorEngine&>(*engine);
   const Plan& plan = actors.plan();
   const auto model = make_model(slow.model, slow.source_file);
   const StepProgram program = compile_step_program(plan, model->ops(), 1);
+  // Beam runs each layer as two ops, attention then MLP; the block unit serves both.
+  auto op_index = [&](const std::string& name) {
+    for (std::size_t o = 0; o < program.ops.size(); ++o) {
+      if (program.ops[o].name == name) return static_cast<int>(o);
+    }
+    FAIL("no op " << name);
+    return -1;
+  };
   auto position = [&](StepInstructionKind kind, int op, std::size_t unit) {
     for (std::size_t i = 0; i < program.instructions.size(); ++i) {
       const StepInstruction& ins = program.instructions[i];
@@ -147,17 +155,19 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch posts a 
   };
   for (int layer = 0; layer < 4; ++layer) {
     INFO("layer " << layer);
-    const std::size_t forward = position(StepInstructionKind::forward, layer + 1, 0);
+    const std::string block = "model.layers." + std::to_string(layer);
+    const std::size_t attention = position(StepInstructionKind::forward, op_index(block + ".attention"), 0);
+    const std::size_t mlp = position(StepInstructionKind::forward, op_index(block + ".mlp"), 0);
+    CHECK(attention < mlp);
     if (layer + 1 < 4) {
       const std::size_t next = plan.unit_index("model.layers." + std::to_string(layer + 1));
-      CHECK(position(StepInstructionKind::gather, -1, next) < forward);
+      CHECK(position(StepInstructionKind::gather, -1, next) < attention);
     }
-    // Each block is gathered once for forward: a prefetched block is not gathered again.
+    // Each block is gathered once for forward (before its attention op) and stays for its MLP op.
     int gathers = 0;
-    for (std::size_t i = 0; i < forward; ++i) {
+    for (std::size_t i = 0; i < mlp; ++i) {
       const StepInstruction& ins = program.instructions[i];
-      gathers += ins.kind == StepInstructionKind::gather &&
-                 ins.unit == plan.unit_index("model.layers." + std::to_string(layer));
+      gathers += ins.kind == StepInstructionKind::gather && ins.unit == plan.unit_index(block);
     }
     CHECK(gathers == 1);
   }

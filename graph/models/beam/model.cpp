@@ -118,7 +118,10 @@ BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
   }
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
-  ops_ = whole_layer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden");
+  // The runtime runs each layer as two ops, attention and MLP (the MLP's norms go with it).
+  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", [](const std::string& name) {
+    return name.rfind("mlp.", 0) == 0 || name == "pre_feedforward_layernorm.weight" || name == "post_feedforward_layernorm.weight";
+  });
 }
 
 std::string BeamModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
@@ -132,17 +135,12 @@ void BeamModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden, 
   embedding_backward(d_hidden, input_ids.reshape({input_ids.numel()}), grads.at("model.embed_tokens.weight"));
 }
 
-Tensor BeamModel::block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
-                                std::shared_ptr<BeamBlockCache>* cache_out) const {
+Tensor BeamModel::attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
+                                             const TokenContext& ctx, BeamBlockCache& k) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
-  const std::int64_t T = ctx.tokens();
   const float eps = c.rms_norm_eps;
-  auto cache = std::make_shared<BeamBlockCache>();
-  BeamBlockCache& k = *cache;
-
-  // Attention sublayer.
   k.h_in = hidden;
   k.ln_in = rmsnorm_forward(hidden, w.at(p + "input_layernorm.weight"), eps, prec);
   const Tensor& x = k.ln_in.y;
@@ -153,9 +151,18 @@ Tensor BeamModel::block_forward(std::int64_t layer, const TensorMap& w, const Te
   k.ln_post_attn = rmsnorm_forward(k.a_lin, w.at(p + "post_attention_layernorm.weight"), eps, prec);
   auto [cs1, cr1] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 2);
   k.h_mid = scaled_add(k.ln_post_attn.y, cs1, hidden, cr1, prec);
+  return k.h_mid;
+}
 
-  // MLP sublayer.
-  k.ln_pre_ff = rmsnorm_forward(k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"), eps, prec);
+Tensor BeamModel::mlp_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
+                                       const TokenContext& ctx, BeamBlockCache& k) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const Precision prec = ctx.precision;
+  const std::int64_t T = ctx.tokens();
+  const float eps = c.rms_norm_eps;
+  k.h_mid = h_mid;
+  k.ln_pre_ff = rmsnorm_forward(h_mid, w.at(p + "pre_feedforward_layernorm.weight"), eps, prec);
   const Tensor& x2 = k.ln_pre_ff.y;
   if (c.is_sparse(layer)) {
     k.m_lin = moe_mlp_forward(p, w, x2, ctx.valid.reshape({T}), moe_spec(c), prec, k.moe);
@@ -167,17 +174,15 @@ Tensor BeamModel::block_forward(std::int64_t layer, const TensorMap& w, const Te
   }
   k.ln_post_ff = rmsnorm_forward(k.m_lin, w.at(p + "post_feedforward_layernorm.weight"), eps, prec);
   auto [cs2, cr2] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 3);
-  Tensor out = scaled_add(k.ln_post_ff.y, cs2, k.h_mid, cr2, prec);
-  if (cache_out) *cache_out = std::move(cache);
+  Tensor out = scaled_add(k.ln_post_ff.y, cs2, h_mid, cr2, prec);
   return out;
 }
 
-Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k, const Tensor& d_out,
-                                 const TokenContext& ctx, const TensorMap& grads) const {
+Tensor BeamModel::mlp_sublayer_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
+                                        const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   auto g = [&](const char* name) { return grads.at(p + name); };
-
   // MLP sublayer: out = cs2 * norm(m) + cr2 * h_mid.
   auto [cs2, cr2] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 3);
   Tensor d_h_mid = scaled(d_out, cr2);
@@ -199,6 +204,15 @@ Tensor BeamModel::block_backward(std::int64_t layer, const TensorMap& w, const B
   add_inplace(d_h_mid,
               rmsnorm_backward(d_x2, k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"), k.ln_pre_ff.rstd, &gpre));
 
+  return d_h_mid;
+}
+
+Tensor BeamModel::attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
+                                              const Tensor& d_h_mid, const TokenContext& ctx,
+                                              const TensorMap& grads) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  auto g = [&](const char* name) { return grads.at(p + name); };
   // Attention sublayer: h_mid = cs1 * norm(a) + cr1 * h_in.
   auto [cs1, cr1] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 2);
   Tensor d_h_in = scaled(d_h_mid, cr1);

@@ -93,7 +93,10 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   }
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
-  ops_ = whole_layer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden");
+  // The runtime runs each layer as two ops, attention and MLP (the MLP's norms go with it).
+  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", [](const std::string& name) {
+    return name.rfind("mlp.", 0) == 0 || name == "post_attention_layernorm.weight";
+  });
 }
 
 std::string FlintModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
@@ -107,16 +110,12 @@ void FlintModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden,
   embedding_backward(d_hidden, input_ids.reshape({input_ids.numel()}), grads.at("model.embed_tokens.weight"));
 }
 
-Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
-                                 std::shared_ptr<FlintBlockCache>* cache_out) const {
+Tensor FlintModel::attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
+                                              const TokenContext& ctx, FlintBlockCache& k) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
-  const std::int64_t T = ctx.tokens();
   const float eps = c.rms_norm_eps;
-  auto cache = std::make_shared<FlintBlockCache>();
-  FlintBlockCache& k = *cache;
-
   // Attention: h_mid = h + o_proj(attn(input_layernorm(h))).
   k.h_in = hidden;
   k.ln_in = rmsnorm_forward(hidden, w.at(p + "input_layernorm.weight"), eps, prec);
@@ -124,7 +123,17 @@ Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const T
   gqa_attention_forward(p, w, x, ctx, attention_spec(layer), k.attn);
   k.a_lin = project(k.attn.out, w.at(p + "self_attn.o_proj.weight"), prec);
   k.h_mid = scaled_add(k.a_lin, 1.0f, hidden, 1.0f, prec);
+  return k.h_mid;
+}
 
+Tensor FlintModel::mlp_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
+                                        const TokenContext& ctx, FlintBlockCache& k) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const Precision prec = ctx.precision;
+  const float eps = c.rms_norm_eps;
+  const std::int64_t T = ctx.tokens();
+  k.h_mid = h_mid;
   // MLP: out = h_mid + mlp(post_attention_layernorm(h_mid)).
   k.ln_post = rmsnorm_forward(k.h_mid, w.at(p + "post_attention_layernorm.weight"), eps, prec);
   const Tensor& x2 = k.ln_post.y;
@@ -139,16 +148,14 @@ Tensor FlintModel::block_forward(std::int64_t layer, const TensorMap& w, const T
     m = project(k.act, w.at(p + "mlp.down_proj.weight"), prec);
   }
   Tensor out = scaled_add(m, 1.0f, k.h_mid, 1.0f, prec);
-  if (cache_out) *cache_out = std::move(cache);
   return out;
 }
 
-Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k, const Tensor& d_out,
-                                  const TokenContext& ctx, const TensorMap& grads) const {
+Tensor FlintModel::mlp_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
+                                         const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   auto g = [&](const std::string& name) { return grads.at(p + name); };
-
   // MLP sublayer: out = h_mid + m, so d_m = d_out and d_h_mid starts as d_out.
   const Tensor& x2 = k.ln_post.y;
   Tensor d_x2;
@@ -164,7 +171,14 @@ Tensor FlintModel::block_backward(std::int64_t layer, const TensorMap& w, const 
   Tensor gpost = g("post_attention_layernorm.weight");
   Tensor d_h_mid = rmsnorm_backward(d_x2, k.h_mid, w.at(p + "post_attention_layernorm.weight"), k.ln_post.rstd, &gpost);
   add_inplace(d_h_mid, d_out);
+  return d_h_mid;
+}
 
+Tensor FlintModel::attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
+                                               const Tensor& d_h_mid, const TokenContext& ctx,
+                                               const TensorMap& grads) const {
+  const std::string p = layer_prefix(layer);
+  auto g = [&](const std::string& name) { return grads.at(p + name); };
   // Attention sublayer: h_mid = h_in + a, so d_a = d_h_mid and d_h_in starts as d_h_mid.
   Tensor go = g("self_attn.o_proj.weight");
   Tensor d_attn = project_backward(k.attn.out, w.at(p + "self_attn.o_proj.weight"), d_h_mid, &go, ctx.precision);

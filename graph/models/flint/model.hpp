@@ -58,10 +58,16 @@ class FlintModel : public Model {
   Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;
   void embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const;
 
-  Tensor block_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
-                       std::shared_ptr<FlintBlockCache>* cache) const;
-  Tensor block_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache, const Tensor& d_out,
-                        const TokenContext& ctx, const TensorMap& grads) const;
+  // A block is two sublayers (two ops of the runtime): the attention sublayer maps the block input
+  // to h_mid, the MLP sublayer h_mid to the block output; both keep what backward needs in `cache`.
+  Tensor attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
+                                    const TokenContext& ctx, FlintBlockCache& cache) const;
+  Tensor mlp_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid, const TokenContext& ctx,
+                              FlintBlockCache& cache) const;
+  Tensor mlp_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache,
+                               const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const;
+  Tensor attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache,
+                                     const Tensor& d_h_mid, const TokenContext& ctx, const TensorMap& grads) const;
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const FlintBlockCache& cache);
 

@@ -342,8 +342,9 @@ Inkling2ResidualState Inkling2Model::layer_forward(std::int64_t layer, const Ten
       }
     }
   }
-  const AttentionOptions opts{local ? c.sliding_window_size : 0,
-                              static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  AttentionOptions opts;
+  opts.window = local ? c.sliding_window_size : 0;
+  opts.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   a.attn =
       relative_attention_forward(a.q_att.reshape({B, S, Hq, D}), a.k_clip.y.reshape({B, S, Hkv, D}),
                                  a.v_att.reshape({B, S, Hkv, D}), ctx.positions, ctx.valid, a.profiles, a.sinks, opts);
@@ -432,8 +433,9 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
     Tensor gg = g("self_attn.gate.weight");
     d_xq_gate = project_backward(a.xq, w.at(p + "self_attn.gate.weight"), d_gate_lin, &gg, prec);
   }
-  const AttentionOptions opts{local ? c.sliding_window_size : 0,
-                              static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  AttentionOptions opts;
+  opts.window = local ? c.sliding_window_size : 0;
+  opts.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   RelativeAttentionGrads ag = relative_attention_backward(
       d_o.reshape({B, S, Hq, D}), a.q_att.reshape({B, S, Hq, D}), a.k_clip.y.reshape({B, S, Hkv, D}),
       a.v_att.reshape({B, S, Hkv, D}), a.attn, ctx.positions, ctx.valid, a.profiles, a.sinks, opts);
@@ -617,6 +619,9 @@ class Inkling2MicroBatchRun final : public MicroBatchRun {
       case OpKind::final:
         loss_ = model_.head_forward(w, state_, batch_.targets, ctx_, &head_);
         break;
+      case OpKind::attention:
+      case OpKind::mlp:
+        throw std::logic_error("inkling2 run: layers run whole (no sublayer ops yet)");
     }
   }
 
@@ -637,6 +642,9 @@ class Inkling2MicroBatchRun final : public MicroBatchRun {
         model_.embed_backward(w, *embed_, grad_, grads);
         embed_.reset();
         break;
+      case OpKind::attention:
+      case OpKind::mlp:
+        throw std::logic_error("inkling2 run: layers run whole (no sublayer ops yet)");
     }
   }
 
