@@ -23,11 +23,22 @@ struct MoeMlpSpec {
 };
 
 struct MoeMlpCache {
+  // forward
+  Tensor x;              // f32 [T,H] the MLP input
   Tensor router_logits;  // f32 [T,E]
   RouterForward routing;
   ExpertDispatch dispatch;
+  DispatchedRows rows;  // the dispatched token rows (what an all-to-all would send to the owners)
   GroupedExpertsSaved experts;
   Tensor sg, su, sact;  // shared expert: gate, up, activation
+};
+
+// What the backward steps hand each other.
+struct MoeMlpBackward {
+  CombineGrads combined;       // d rows at the experts' output, d routing weights (weight after down)
+  GroupedExpertsGrads d_rows;  // d rows at the experts' input, d row weights (weight before down)
+  Tensor d_x;                  // f32 [T,H]
+  Tensor d_shared_gate_x, d_shared_up_x;  // the shared expert's parts of d_x, added last
 };
 
 // x f32 [T,H]; token_mask bool [T] (masked tokens are routed but not dispatched). Returns the
@@ -38,5 +49,25 @@ Tensor moe_mlp_forward(const std::string& layer_prefix, const TensorMap& w, cons
 // Returns d_x; accumulates the MLP's parameter gradients into `grads`.
 Tensor moe_mlp_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& d_out,
                         const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, const TensorMap& grads);
+
+// The same as four steps, the runtime's ops (forward in this order, backward in reverse); the
+// cache carries what one step hands the next. route: router on x, dispatch plan. dispatch: the
+// token rows in expert order. experts: the grouped expert MLPs on the rows. combine: the weighted
+// sum over K (and the shared expert), the MLP output. moe_mlp_forward/backward run all four.
+void moe_route_forward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
+                       const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
+void moe_dispatch_forward(MoeMlpCache& cache);
+void moe_experts_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
+                         Precision precision, MoeMlpCache& cache);
+Tensor moe_combine_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
+                           Precision precision, MoeMlpCache& cache);
+void moe_combine_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& d_out,
+                          const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, const TensorMap& grads);
+void moe_experts_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
+                          Precision precision, MoeMlpCache& cache, const TensorMap& grads);
+void moe_dispatch_backward(const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
+// Returns d_x.
+Tensor moe_route_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
+                          MoeMlpCache& cache, const TensorMap& grads);
 
 }  // namespace atl
