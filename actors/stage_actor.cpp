@@ -49,6 +49,7 @@ void fail(stage_pointer self, const caf::error& error) {
 void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<TensorMap>)> next) {
   const auto& units = self->state.program->op_units[static_cast<std::size_t>(op)];
   auto merged = std::make_shared<TensorMap>();
+  if (units.empty()) return next(merged);  // an op without parameters (an MoE dispatch)
   auto remaining = std::make_shared<std::size_t>(units.size());
   for (std::size_t u : units) {
     self->request(self->state.setup.units[u], caf::infinite, params_atom::value)

@@ -1,20 +1,55 @@
 // For families whose ops hand one hidden tensor [T, H] from op to op (Beam, Flint): the staged
-// micro-batch run and the plain forward, written once. Ops: embedding, then per layer its
-// attention and MLP sublayers, then the head. A family M provides
-//   embed_forward / embed_backward, attention_sublayer_forward / _backward and
-//   mlp_sublayer_forward / _backward (sharing an M::BlockCache),
-//   head_forward / head_backward (with M::HeadCache), M::routing_indices(cache),
-//   config().num_hidden_layers and config().is_sparse(layer).
+// micro-batch run and the plain forward, written once. Ops (graph/training/staged_model.hpp
+// sublayer_ops): embedding; per layer its attention sublayer, then its dense MLP or the MoE steps
+// router -> dispatch -> experts -> combine (graph/models/moe_mlp.hpp); the head. A family M
+// provides embed_forward / embed_backward, attention_sublayer_forward / _backward, the MLP's
+// surroundings mlp_input_forward / _backward (h_mid -> MLP input) and mlp_output_forward /
+// _backward (MLP output -> block output), moe_spec(), layer_prefix(l), an M::BlockCache with
+// members `mlp_in` (the MLP input, set by mlp_input_forward), `moe` (MoeMlpCache) and `dense`
+// (DenseMlpCache), head_forward / head_backward (with
+// M::HeadCache), M::routing_indices(cache), config().num_hidden_layers and config().is_sparse(l).
 #pragma once
 #include <memory>
 #include <stdexcept>
 #include <vector>
 
+#include "graph/models/dense_mlp.hpp"
+#include "graph/models/moe_mlp.hpp"
 #include "graph/models/token_context.hpp"
 #include "graph/training/staged_model.hpp"
 #include "kernels/ops/attention.hpp"
 
 namespace atl {
+
+// The MLP output's backward hands on two gradients: at the MLP output, and the residual's share
+// of d h_mid (added to the MLP input's backward).
+struct MlpOutputGrads {
+  Tensor d_m, d_residual;
+};
+
+// The whole MLP sublayer, h_mid -> block output, and its backward (returns d h_mid).
+template <class M>
+Tensor mlp_sublayer_forward(const M& model, std::int64_t l, const TensorMap& w, const Tensor& h_mid,
+                            const TokenContext& ctx, typename M::BlockCache& k) {
+  const Tensor x = model.mlp_input_forward(l, w, h_mid, ctx, k);
+  const Tensor m = model.config().is_sparse(l)
+                       ? moe_mlp_forward(model.layer_prefix(l), w, x, ctx.valid.reshape({ctx.tokens()}),
+                                         model.moe_spec(), ctx.precision, k.moe)
+                       : dense_mlp_forward(model.layer_prefix(l), w, x, ctx.precision, k.dense);
+  return model.mlp_output_forward(l, w, m, ctx, k);
+}
+
+template <class M>
+Tensor mlp_sublayer_backward(const M& model, std::int64_t l, const TensorMap& w, const typename M::BlockCache& k,
+                             const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) {
+  const MlpOutputGrads g = model.mlp_output_backward(l, w, k, d_out, grads);
+  const Tensor& x = k.mlp_in;
+  const Tensor d_x = model.config().is_sparse(l)
+                         ? moe_mlp_backward(model.layer_prefix(l), w, x, g.d_m, model.moe_spec(), ctx.precision,
+                                            k.moe, grads)
+                         : dense_mlp_backward(model.layer_prefix(l), w, x, g.d_m, ctx.precision, k.dense, grads);
+  return model.mlp_input_backward(l, w, k, d_x, g.d_residual, grads);
+}
 
 template <class M>
 class HiddenStateRun final : public MicroBatchRun {
@@ -24,25 +59,33 @@ class HiddenStateRun final : public MicroBatchRun {
         batch_(batch),
         ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
         grad_scale_(grad_scale),
-        blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)) {
+        blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)),
+        moe_backward_(blocks_.size()) {
     validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
   }
 
   void forward(int op, const TensorMap& w) override {
+    const std::int64_t l = model_.op_layer(op);
+    const Precision prec = ctx_.precision;
     switch (model_.op_kind(op)) {
       case OpKind::embedding: hidden_ = model_.embed_forward(w, batch_.input_ids); break;
-      case OpKind::attention: {
-        const std::int64_t l = model_.op_layer(op);
-        auto& cache = blocks_[static_cast<std::size_t>(l)];
-        cache = std::make_shared<typename M::BlockCache>();
-        hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *cache);
+      case OpKind::attention:
+        block(l) = std::make_shared<typename M::BlockCache>();
+        hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
+        break;
+      case OpKind::mlp: hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l)); break;
+      case OpKind::router: {
+        const Tensor x = model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
+        moe_route_forward(model_.layer_prefix(l), w, x, ctx_.valid.reshape({ctx_.tokens()}), model_.moe_spec(), prec,
+                          block(l)->moe);
+        routing_.push_back({l, M::routing_indices(*block(l))});
         break;
       }
-      case OpKind::mlp: {
-        const std::int64_t l = model_.op_layer(op);
-        auto& cache = blocks_[static_cast<std::size_t>(l)];
-        hidden_ = model_.mlp_sublayer_forward(l, w, hidden_, ctx_, *cache);
-        if (model_.config().is_sparse(l)) routing_.push_back({l, M::routing_indices(*cache)});
+      case OpKind::dispatch: moe_dispatch_forward(block(l)->moe); break;
+      case OpKind::experts: moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe); break;
+      case OpKind::combine: {
+        const Tensor m = moe_combine_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
+        hidden_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
         break;
       }
       case OpKind::final: loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_); break;
@@ -51,23 +94,36 @@ class HiddenStateRun final : public MicroBatchRun {
   }
 
   void backward(int op, const TensorMap& w, const TensorMap& grads) override {
+    const std::int64_t l = model_.op_layer(op);
+    const Precision prec = ctx_.precision;
     switch (model_.op_kind(op)) {
       case OpKind::final:
         grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
         head_.reset();
         break;
-      case OpKind::mlp: {
-        const std::int64_t l = model_.op_layer(op);
-        grad_ = model_.mlp_sublayer_backward(l, w, *blocks_[static_cast<std::size_t>(l)], grad_, ctx_, grads);
+      case OpKind::mlp: grad_ = mlp_sublayer_backward(model_, l, w, *block(l), grad_, ctx_, grads); break;
+      case OpKind::combine: {
+        const MlpOutputGrads g = model_.mlp_output_backward(l, w, *block(l), grad_, grads);
+        residual_grad_ = g.d_residual;
+        moe_combine_backward(model_.layer_prefix(l), w, g.d_m, model_.moe_spec(), prec, block(l)->moe, moe_grad(l),
+                             grads);
         break;
       }
-      case OpKind::attention: {
-        const std::int64_t l = model_.op_layer(op);
-        auto& cache = blocks_[static_cast<std::size_t>(l)];
-        grad_ = model_.attention_sublayer_backward(l, w, *cache, grad_, ctx_, grads);
-        cache.reset();  // free activations as soon as their backward is done
+      case OpKind::experts:
+        moe_experts_backward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe, moe_grad(l), grads);
+        break;
+      case OpKind::dispatch: moe_dispatch_backward(model_.moe_spec(), prec, block(l)->moe, moe_grad(l)); break;
+      case OpKind::router: {
+        const Tensor d_x = moe_route_backward(model_.layer_prefix(l), w, model_.moe_spec(), block(l)->moe, moe_grad(l),
+                                              grads);
+        grad_ = model_.mlp_input_backward(l, w, *block(l), d_x, residual_grad_, grads);
+        moe_grad(l) = {};
         break;
       }
+      case OpKind::attention:
+        grad_ = model_.attention_sublayer_backward(l, w, *block(l), grad_, ctx_, grads);
+        block(l).reset();  // free activations as soon as their backward is done
+        break;
       case OpKind::embedding: model_.embed_backward(batch_.input_ids, grad_, grads); break;
       case OpKind::layer: throw std::logic_error("hidden-state run: whole-layer ops are split into sublayers");
     }
@@ -78,12 +134,17 @@ class HiddenStateRun final : public MicroBatchRun {
   std::vector<RoutingRecord> routing() const override { return routing_; }
 
  private:
+  std::shared_ptr<typename M::BlockCache>& block(std::int64_t l) { return blocks_[static_cast<std::size_t>(l)]; }
+  MoeMlpBackward& moe_grad(std::int64_t l) { return moe_backward_[static_cast<std::size_t>(l)]; }
+
   const M& model_;
   Batch batch_;
   TokenContext ctx_;
   float grad_scale_;
   Tensor hidden_, grad_;
+  Tensor residual_grad_;  // an MoE layer's residual share of d h_mid, from combine to router
   std::vector<std::shared_ptr<typename M::BlockCache>> blocks_;
+  std::vector<MoeMlpBackward> moe_backward_;
   std::shared_ptr<typename M::HeadCache> head_;
   LossSum loss_;
   std::vector<RoutingRecord> routing_;
@@ -98,7 +159,7 @@ LossSum hidden_state_forward(const M& model, const TensorMap& w, const Batch& ba
   Tensor h = model.embed_forward(w, batch.input_ids);
   for (std::int64_t l = 0; l < model.config().num_hidden_layers; ++l) {
     typename M::BlockCache cache;  // dropped after the layer
-    h = model.mlp_sublayer_forward(l, w, model.attention_sublayer_forward(l, w, h, ctx, cache), ctx, cache);
+    h = mlp_sublayer_forward(model, l, w, model.attention_sublayer_forward(l, w, h, ctx, cache), ctx, cache);
   }
   return model.head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
 }

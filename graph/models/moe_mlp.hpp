@@ -62,12 +62,13 @@ void moe_experts_forward(const std::string& layer_prefix, const TensorMap& w, co
 Tensor moe_combine_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
                            Precision precision, MoeMlpCache& cache);
 void moe_combine_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& d_out,
-                          const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, const TensorMap& grads);
+                          const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, MoeMlpBackward& b,
+                          const TensorMap& grads);
 void moe_experts_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
-                          Precision precision, MoeMlpCache& cache, const TensorMap& grads);
-void moe_dispatch_backward(const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
+                          Precision precision, const MoeMlpCache& cache, MoeMlpBackward& b, const TensorMap& grads);
+void moe_dispatch_backward(const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, MoeMlpBackward& b);
 // Returns d_x.
 Tensor moe_route_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
-                          MoeMlpCache& cache, const TensorMap& grads);
+                          const MoeMlpCache& cache, MoeMlpBackward& b, const TensorMap& grads);
 
 }  // namespace atl

@@ -11,6 +11,10 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::layer: return "layer";
     case OpKind::attention: return "attention";
     case OpKind::mlp: return "mlp";
+    case OpKind::router: return "router";
+    case OpKind::dispatch: return "dispatch";
+    case OpKind::experts: return "experts";
+    case OpKind::combine: return "combine";
     case OpKind::final: return "final";
   }
   return "?";

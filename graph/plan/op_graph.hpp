@@ -14,7 +14,11 @@ enum class OpKind {
   embedding,  // token ids -> hidden state
   layer,      // one whole decoder layer
   attention,  // a layer's attention sublayer, residual included
-  mlp,        // a layer's dense MLP or MoE sublayer (router -> dispatch -> experts -> combine), residual included
+  mlp,        // a layer's dense MLP sublayer, norms and residual included
+  router,     // an MoE sublayer's input norm and router: the routing and the dispatch plan
+  dispatch,   // token rows in expert order (where expert parallelism's all-to-all goes)
+  experts,    // the grouped expert MLPs on their rows (on the experts' owner under EP)
+  combine,    // weighted sum over K back on the tokens (+ shared expert), output norm and residual
   final,      // final norm, head, loss
 };
 const char* op_kind_name(OpKind kind);

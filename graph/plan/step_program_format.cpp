@@ -36,7 +36,8 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
     std::vector<std::string> units;
     for (std::size_t u : program.op_units[o]) units.push_back(plan.units[u].name);
     out += fmt::format("  op {:<3} {:<24} {:<9} ({}) -> ({})  reads {}\n", o, op.name, op_kind_name(op.kind),
-                       fmt::join(op.inputs, ", "), fmt::join(op.outputs, ", "), fmt::join(units, ", "));
+                       fmt::join(op.inputs, ", "), fmt::join(op.outputs, ", "),
+                       units.empty() ? std::string("no parameters") : fmt::format("{}", fmt::join(units, ", ")));
   }
   out += fmt::format("step program: {} micro-batch(es), {} instructions, {} collectives per rank\n",
                      program.micro_batches, program.instructions.size(), program.collectives.size());

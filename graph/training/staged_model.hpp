@@ -59,11 +59,20 @@ class StagedModel {
 std::vector<OpSpec> whole_layer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
                                     std::int64_t layers, const std::string& state);
 
-// The same with every layer split into its two sublayers: "<layer>.attention" (<state>.l ->
-// <state>_mid.l) and "<layer>.mlp" (<state>_mid.l -> <state>.l+1); a layer parameter belongs to
-// the MLP op when `is_mlp_param` says so of its name below the layer ("mlp.experts.down_projs").
+// How a family's layer splits into ops. Layer parameters (names below the layer) under "mlp." and
+// the MLP's norms belong to the MLP side, the rest to attention.
+struct SublayerSplit {
+  std::vector<std::string> mlp_input_norm;   // e.g. "pre_feedforward_layernorm.weight"
+  std::vector<std::string> mlp_output_norm;  // e.g. "post_feedforward_layernorm.weight" (none: plain residual)
+  std::function<bool(std::int64_t)> sparse;  // layers whose MLP is an MoE
+};
+
+// The same with every layer split into sublayer ops: "<layer>.attention" (<state>.l ->
+// <state>_mid.l), then for a dense layer "<layer>.mlp" (-> <state>.l+1), for an MoE layer
+// "<layer>.router" (input norm, mlp.gate: -> x.l, routing.l), "<layer>.dispatch" (-> rows.l),
+// "<layer>.experts" (mlp.experts: -> expert_out.l), "<layer>.combine" (mlp.shared_experts and the
+// output norm: -> <state>.l+1).
 std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
-                                 std::int64_t layers, const std::string& state,
-                                 const std::function<bool(const std::string&)>& is_mlp_param);
+                                 std::int64_t layers, const std::string& state, const SublayerSplit& split);
 
 }  // namespace atl

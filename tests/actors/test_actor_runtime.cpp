@@ -137,7 +137,8 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch posts a 
   const Plan& plan = actors.plan();
   const auto model = make_model(slow.model, slow.source_file);
   const StepProgram program = compile_step_program(plan, model->ops(), 1);
-  // Beam runs each layer as two ops, attention then MLP; the block unit serves both.
+  // Beam runs each layer as sublayer ops: attention, then the MoE steps (router, dispatch, experts,
+  // combine); the block unit serves all of them.
   auto op_index = [&](const std::string& name) {
     for (std::size_t o = 0; o < program.ops.size(); ++o) {
       if (program.ops[o].name == name) return static_cast<int>(o);
@@ -157,13 +158,13 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch posts a 
     INFO("layer " << layer);
     const std::string block = "model.layers." + std::to_string(layer);
     const std::size_t attention = position(StepInstructionKind::forward, op_index(block + ".attention"), 0);
-    const std::size_t mlp = position(StepInstructionKind::forward, op_index(block + ".mlp"), 0);
+    const std::size_t mlp = position(StepInstructionKind::forward, op_index(block + ".combine"), 0);
     CHECK(attention < mlp);
     if (layer + 1 < 4) {
       const std::size_t next = plan.unit_index("model.layers." + std::to_string(layer + 1));
       CHECK(position(StepInstructionKind::gather, -1, next) < attention);
     }
-    // Each block is gathered once for forward (before its attention op) and stays for its MLP op.
+    // Each block is gathered once for forward (before its attention op) and stays for its MoE ops.
     int gathers = 0;
     for (std::size_t i = 0; i < mlp; ++i) {
       const StepInstruction& ins = program.instructions[i];

@@ -6,6 +6,7 @@
 #include "graph/models/hidden_state_run.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
+#include "graph/models/dense_mlp.hpp"
 #include "graph/models/moe_mlp.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
@@ -29,8 +30,8 @@ struct BeamBlockCache {
   RmsNormForward ln_post_attn;
   Tensor h_mid;
   RmsNormForward ln_pre_ff;
-  // dense MLP
-  Tensor g, u, act;
+  Tensor mlp_in;  // the MLP's input: ln_pre_ff.y
+  DenseMlpCache dense;
   // sparse MLP: router, routed experts, shared experts
   MoeMlpCache moe;
   Tensor m_lin;
@@ -60,7 +61,7 @@ RouterConfig router_config(const BeamConfig& c) {
   return r;
 }
 
-MoeMlpSpec moe_spec(const BeamConfig& c) {
+MoeMlpSpec beam_moe_spec(const BeamConfig& c) {
   MoeMlpSpec m;
   m.router = router_config(c);
   m.experts.activation = GluActivation::swiglu;
@@ -69,11 +70,6 @@ MoeMlpSpec moe_spec(const BeamConfig& c) {
   m.correction_bias = true;
   m.shared_expert = c.n_shared_experts > 0;
   return m;
-}
-
-Tensor add_into(Tensor acc, const Tensor& x) {
-  add_inplace(acc, x);
-  return acc;
 }
 
 }  // namespace
@@ -118,10 +114,11 @@ BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
   }
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
-  // The runtime runs each layer as two ops, attention and MLP (the MLP's norms go with it).
-  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", [](const std::string& name) {
-    return name.rfind("mlp.", 0) == 0 || name == "pre_feedforward_layernorm.weight" || name == "post_feedforward_layernorm.weight";
-  });
+  // The runtime runs each layer as sublayer ops: attention, then the dense MLP or the MoE steps.
+  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden",
+                      {{"pre_feedforward_layernorm.weight"},
+                       {"post_feedforward_layernorm.weight"},
+                       [this](std::int64_t l) { return config_.is_sparse(l); }});
 }
 
 std::string BeamModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
@@ -154,56 +151,45 @@ Tensor BeamModel::attention_sublayer_forward(std::int64_t layer, const TensorMap
   return k.h_mid;
 }
 
-Tensor BeamModel::mlp_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
-                                       const TokenContext& ctx, BeamBlockCache& k) const {
-  const auto& c = config_;
-  const std::string p = layer_prefix(layer);
-  const Precision prec = ctx.precision;
-  const std::int64_t T = ctx.tokens();
-  const float eps = c.rms_norm_eps;
+Tensor BeamModel::mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
+                                    const TokenContext& ctx, BeamBlockCache& k) const {
   k.h_mid = h_mid;
-  k.ln_pre_ff = rmsnorm_forward(h_mid, w.at(p + "pre_feedforward_layernorm.weight"), eps, prec);
-  const Tensor& x2 = k.ln_pre_ff.y;
-  if (c.is_sparse(layer)) {
-    k.m_lin = moe_mlp_forward(p, w, x2, ctx.valid.reshape({T}), moe_spec(c), prec, k.moe);
-  } else {
-    k.g = project(x2, w.at(p + "mlp.gate_proj.weight"), prec);
-    k.u = project(x2, w.at(p + "mlp.up_proj.weight"), prec);
-    k.act = swiglu_forward(k.g, k.u, prec);
-    k.m_lin = project(k.act, w.at(p + "mlp.down_proj.weight"), prec);
-  }
-  k.ln_post_ff = rmsnorm_forward(k.m_lin, w.at(p + "post_feedforward_layernorm.weight"), eps, prec);
-  auto [cs2, cr2] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 3);
-  Tensor out = scaled_add(k.ln_post_ff.y, cs2, h_mid, cr2, prec);
+  k.ln_pre_ff = rmsnorm_forward(h_mid, w.at(layer_prefix(layer) + "pre_feedforward_layernorm.weight"),
+                                config_.rms_norm_eps, ctx.precision);
+  k.mlp_in = k.ln_pre_ff.y;
+  return k.mlp_in;
+}
+
+Tensor BeamModel::mlp_output_forward(std::int64_t layer, const TensorMap& w, const Tensor& m, const TokenContext& ctx,
+                                     BeamBlockCache& k) const {
+  const Precision prec = ctx.precision;
+  k.m_lin = m;
+  k.ln_post_ff =
+      rmsnorm_forward(m, w.at(layer_prefix(layer) + "post_feedforward_layernorm.weight"), config_.rms_norm_eps, prec);
+  auto [cs2, cr2] = residual_coefficients(config_.depth_scaled_residual, 2 * layer + 3);
+  return scaled_add(k.ln_post_ff.y, cs2, k.h_mid, cr2, prec);
+}
+
+MlpOutputGrads BeamModel::mlp_output_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
+                                              const Tensor& d_out, const TensorMap& grads) const {
+  // out = cs2 * norm(m) + cr2 * h_mid.
+  const std::string p = layer_prefix(layer);
+  auto [cs2, cr2] = residual_coefficients(config_.depth_scaled_residual, 2 * layer + 3);
+  MlpOutputGrads out;
+  out.d_residual = scaled(d_out, cr2);
+  Tensor gn = grads.at(p + "post_feedforward_layernorm.weight");
+  out.d_m = rmsnorm_backward(scaled(d_out, cs2), k.m_lin, w.at(p + "post_feedforward_layernorm.weight"),
+                             k.ln_post_ff.rstd, &gn);
   return out;
 }
 
-Tensor BeamModel::mlp_sublayer_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
-                                        const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const {
-  const auto& c = config_;
+Tensor BeamModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
+                                     const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
   const std::string p = layer_prefix(layer);
-  auto g = [&](const char* name) { return grads.at(p + name); };
-  // MLP sublayer: out = cs2 * norm(m) + cr2 * h_mid.
-  auto [cs2, cr2] = residual_coefficients(c.depth_scaled_residual, 2 * layer + 3);
-  Tensor d_h_mid = scaled(d_out, cr2);
-  Tensor gn = g("post_feedforward_layernorm.weight");
-  Tensor d_m = rmsnorm_backward(scaled(d_out, cs2), k.m_lin, w.at(p + "post_feedforward_layernorm.weight"),
-                                k.ln_post_ff.rstd, &gn);
-  const Tensor& x2 = k.ln_pre_ff.y;
-  Tensor d_x2;
-  if (c.is_sparse(layer)) {
-    d_x2 = moe_mlp_backward(p, w, x2, d_m, moe_spec(c), ctx.precision, k.moe, grads);
-  } else {
-    Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
-    Tensor d_act = project_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_m, &dd, ctx.precision);
-    GluSplitGrads sg = swiglu_backward(d_act, k.g, k.u);
-    d_x2 = add_into(project_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg, ctx.precision),
-                    project_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du, ctx.precision));
-  }
-  Tensor gpre = g("pre_feedforward_layernorm.weight");
+  Tensor d_h_mid = d_residual;
+  Tensor gpre = grads.at(p + "pre_feedforward_layernorm.weight");
   add_inplace(d_h_mid,
               rmsnorm_backward(d_x2, k.h_mid, w.at(p + "pre_feedforward_layernorm.weight"), k.ln_pre_ff.rstd, &gpre));
-
   return d_h_mid;
 }
 
@@ -232,6 +218,8 @@ Tensor BeamModel::attention_sublayer_backward(std::int64_t layer, const TensorMa
   add_inplace(d_h_in, rmsnorm_backward(d_x, k.h_in, w.at(p + "input_layernorm.weight"), k.ln_in.rstd, &gin));
   return d_h_in;
 }
+
+MoeMlpSpec BeamModel::moe_spec() const { return beam_moe_spec(config_); }
 
 Tensor BeamModel::routing_indices(const BeamBlockCache& cache) { return cache.moe.routing.indices; }
 

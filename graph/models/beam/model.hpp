@@ -13,6 +13,8 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/beam/config.hpp"
 #include "graph/models/beam/parallelize.hpp"
+#include "graph/models/hidden_state_run.hpp"
+#include "graph/models/moe_mlp.hpp"
 #include "graph/param.hpp"
 #include "graph/models/gqa_attention.hpp"
 #include "graph/models/lm_head.hpp"
@@ -56,12 +58,21 @@ class BeamModel : public Model {
   // to h_mid, the MLP sublayer h_mid to the block output; both keep what backward needs in `cache`.
   Tensor attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
                                     const TokenContext& ctx, BeamBlockCache& cache) const;
-  Tensor mlp_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid, const TokenContext& ctx,
-                              BeamBlockCache& cache) const;
-  Tensor mlp_sublayer_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache,
-                               const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const;
   Tensor attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache,
                                      const Tensor& d_h_mid, const TokenContext& ctx, const TensorMap& grads) const;
+  // The MLP sublayer around its MLP (MoE or dense; hidden_state_run.hpp runs the whole): the
+  // input maps h_mid to the MLP input (pre-feedforward norm), the output the MLP output m to the
+  // block output (post-feedforward norm, depth-scaled residual with h_mid).
+  Tensor mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid, const TokenContext& ctx,
+                           BeamBlockCache& cache) const;
+  Tensor mlp_output_forward(std::int64_t layer, const TensorMap& w, const Tensor& m, const TokenContext& ctx,
+                            BeamBlockCache& cache) const;
+  MlpOutputGrads mlp_output_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache,
+                                     const Tensor& d_out, const TensorMap& grads) const;
+  Tensor mlp_input_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache, const Tensor& d_x2,
+                            const Tensor& d_residual, const TensorMap& grads) const;
+  MoeMlpSpec moe_spec() const;
+  std::string layer_prefix(std::int64_t layer) const;
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const BeamBlockCache& cache);
 
@@ -86,7 +97,6 @@ class BeamModel : public Model {
                                        float grad_scale) const override;
 
  private:
-  std::string layer_prefix(std::int64_t layer) const;
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
   LmHeadSpec head_spec() const;
   BeamConfig config_;

@@ -6,6 +6,7 @@
 #include "graph/models/hidden_state_run.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
+#include "graph/models/dense_mlp.hpp"
 #include "graph/models/moe_mlp.hpp"
 #include "kernels/ops/activation.hpp"
 #include "kernels/ops/attention.hpp"
@@ -25,8 +26,8 @@ struct FlintBlockCache {
   Tensor a_lin;            // o_proj output
   Tensor h_mid;
   RmsNormForward ln_post;  // post_attention_layernorm
-  // dense MLP
-  Tensor g, u, act;
+  Tensor mlp_in;  // the MLP's input: ln_post.y
+  DenseMlpCache dense;
   // sparse MLP: router, routed experts, shared expert
   MoeMlpCache moe;
 };
@@ -45,7 +46,7 @@ RouterConfig router_config(const FlintConfig& c) {
   return r;
 }
 
-MoeMlpSpec moe_spec(const FlintConfig& c) {
+MoeMlpSpec flint_moe_spec(const FlintConfig& c) {
   MoeMlpSpec m;
   m.router = router_config(c);
   m.experts.activation = GluActivation::swiglu;
@@ -93,10 +94,9 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   }
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
-  // The runtime runs each layer as two ops, attention and MLP (the MLP's norms go with it).
-  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", [](const std::string& name) {
-    return name.rfind("mlp.", 0) == 0 || name == "post_attention_layernorm.weight";
-  });
+  // The runtime runs each layer as sublayer ops: attention, then the dense MLP or the MoE steps.
+  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden",
+                      {{"post_attention_layernorm.weight"}, {}, [this](std::int64_t l) { return config_.is_sparse(l); }});
 }
 
 std::string FlintModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
@@ -126,51 +126,33 @@ Tensor FlintModel::attention_sublayer_forward(std::int64_t layer, const TensorMa
   return k.h_mid;
 }
 
-Tensor FlintModel::mlp_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
-                                        const TokenContext& ctx, FlintBlockCache& k) const {
-  const auto& c = config_;
-  const std::string p = layer_prefix(layer);
-  const Precision prec = ctx.precision;
-  const float eps = c.rms_norm_eps;
-  const std::int64_t T = ctx.tokens();
+Tensor FlintModel::mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
+                                     const TokenContext& ctx, FlintBlockCache& k) const {
+  // out = h_mid + mlp(post_attention_layernorm(h_mid)).
   k.h_mid = h_mid;
-  // MLP: out = h_mid + mlp(post_attention_layernorm(h_mid)).
-  k.ln_post = rmsnorm_forward(k.h_mid, w.at(p + "post_attention_layernorm.weight"), eps, prec);
-  const Tensor& x2 = k.ln_post.y;
-  Tensor m;
-  if (c.is_sparse(layer)) {
-    // The router weight is bulk (bf16 in bf16 runs) but the logits are an fp32 matmul, never rounded.
-    m = moe_mlp_forward(p, w, x2, ctx.valid.reshape({T}), moe_spec(c), prec, k.moe);
-  } else {
-    k.g = project(x2, w.at(p + "mlp.gate_proj.weight"), prec);
-    k.u = project(x2, w.at(p + "mlp.up_proj.weight"), prec);
-    k.act = swiglu_forward(k.g, k.u, prec);
-    m = project(k.act, w.at(p + "mlp.down_proj.weight"), prec);
-  }
-  Tensor out = scaled_add(m, 1.0f, k.h_mid, 1.0f, prec);
-  return out;
+  k.ln_post = rmsnorm_forward(h_mid, w.at(layer_prefix(layer) + "post_attention_layernorm.weight"),
+                              config_.rms_norm_eps, ctx.precision);
+  k.mlp_in = k.ln_post.y;
+  return k.mlp_in;
 }
 
-Tensor FlintModel::mlp_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
-                                         const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const {
-  const auto& c = config_;
+Tensor FlintModel::mlp_output_forward(std::int64_t /*layer*/, const TensorMap& /*w*/, const Tensor& m,
+                                      const TokenContext& ctx, FlintBlockCache& k) const {
+  return scaled_add(m, 1.0f, k.h_mid, 1.0f, ctx.precision);
+}
+
+MlpOutputGrads FlintModel::mlp_output_backward(std::int64_t /*layer*/, const TensorMap& /*w*/,
+                                               const FlintBlockCache& /*k*/, const Tensor& d_out,
+                                               const TensorMap& /*grads*/) const {
+  return {d_out, d_out};  // out = h_mid + m
+}
+
+Tensor FlintModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
+                                      const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
   const std::string p = layer_prefix(layer);
-  auto g = [&](const std::string& name) { return grads.at(p + name); };
-  // MLP sublayer: out = h_mid + m, so d_m = d_out and d_h_mid starts as d_out.
-  const Tensor& x2 = k.ln_post.y;
-  Tensor d_x2;
-  if (c.is_sparse(layer)) {
-    d_x2 = moe_mlp_backward(p, w, x2, d_out, moe_spec(c), ctx.precision, k.moe, grads);
-  } else {
-    Tensor dd = g("mlp.down_proj.weight"), dg = g("mlp.gate_proj.weight"), du = g("mlp.up_proj.weight");
-    Tensor d_act = project_backward(k.act, w.at(p + "mlp.down_proj.weight"), d_out, &dd, ctx.precision);
-    GluSplitGrads sg = swiglu_backward(d_act, k.g, k.u);
-    d_x2 = project_backward(x2, w.at(p + "mlp.gate_proj.weight"), sg.d_gate, &dg, ctx.precision);
-    add_inplace(d_x2, project_backward(x2, w.at(p + "mlp.up_proj.weight"), sg.d_up, &du, ctx.precision));
-  }
-  Tensor gpost = g("post_attention_layernorm.weight");
+  Tensor gpost = grads.at(p + "post_attention_layernorm.weight");
   Tensor d_h_mid = rmsnorm_backward(d_x2, k.h_mid, w.at(p + "post_attention_layernorm.weight"), k.ln_post.rstd, &gpost);
-  add_inplace(d_h_mid, d_out);
+  add_inplace(d_h_mid, d_residual);
   return d_h_mid;
 }
 
@@ -188,6 +170,8 @@ Tensor FlintModel::attention_sublayer_backward(std::int64_t layer, const TensorM
   add_inplace(d_h_in, d_h_mid);
   return d_h_in;
 }
+
+MoeMlpSpec FlintModel::moe_spec() const { return flint_moe_spec(config_); }
 
 Tensor FlintModel::routing_indices(const FlintBlockCache& cache) { return cache.moe.routing.indices; }
 

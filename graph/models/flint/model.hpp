@@ -15,6 +15,8 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/flint/config.hpp"
 #include "graph/models/flint/parallelize.hpp"
+#include "graph/models/hidden_state_run.hpp"
+#include "graph/models/moe_mlp.hpp"
 #include "graph/models/gqa_attention.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
@@ -62,12 +64,20 @@ class FlintModel : public Model {
   // to h_mid, the MLP sublayer h_mid to the block output; both keep what backward needs in `cache`.
   Tensor attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
                                     const TokenContext& ctx, FlintBlockCache& cache) const;
-  Tensor mlp_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid, const TokenContext& ctx,
-                              FlintBlockCache& cache) const;
-  Tensor mlp_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache,
-                               const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) const;
   Tensor attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache,
                                      const Tensor& d_h_mid, const TokenContext& ctx, const TensorMap& grads) const;
+  // The MLP sublayer around its MLP (MoE or dense; hidden_state_run.hpp runs the whole): the
+  // input maps h_mid to the MLP input (post-attention norm), the output adds the residual.
+  Tensor mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid, const TokenContext& ctx,
+                           FlintBlockCache& cache) const;
+  Tensor mlp_output_forward(std::int64_t layer, const TensorMap& w, const Tensor& m, const TokenContext& ctx,
+                            FlintBlockCache& cache) const;
+  MlpOutputGrads mlp_output_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache,
+                                     const Tensor& d_out, const TensorMap& grads) const;
+  Tensor mlp_input_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache, const Tensor& d_x2,
+                            const Tensor& d_residual, const TensorMap& grads) const;
+  MoeMlpSpec moe_spec() const;
+  std::string layer_prefix(std::int64_t layer) const;
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const FlintBlockCache& cache);
 
@@ -94,7 +104,6 @@ class FlintModel : public Model {
                                        float grad_scale) const override;
 
  private:
-  std::string layer_prefix(std::int64_t layer) const;
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
   LmHeadSpec head_spec() const;
   FlintConfig config_;
