@@ -52,6 +52,7 @@ struct ActorEngine::Impl {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const Model> model;
   std::vector<int> ranks;  // this process's ranks, increasing
+  StepSchedule schedule = StepSchedule::one_at_a_time;
   std::shared_ptr<CollectiveRecorder> recorder;
   std::shared_ptr<SpanTracer> tracer;
   std::shared_ptr<CommBackend> backend;  // outlives the actor system (declared first, destroyed last)
@@ -104,7 +105,7 @@ struct ActorEngine::Impl {
   }
 };
 
-ActorEngine::ActorEngine(EngineInputs in, ProcessRanks process) : impl_(std::make_unique<Impl>()) {
+ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::make_unique<Impl>()) {
   const RunConfig& config = in.config;
   Mesh mesh(config.topology.mesh, config.source_file);
   check_runnable(config, mesh);
@@ -117,6 +118,7 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessRanks process) : impl_(std::mak
   const int threads_per_rank = compute_threads(config);  // default: the ranks are the parallelism
 
   im.ranks = process.ranks;
+  im.schedule = process.schedule;
   if (im.ranks.empty()) {
     for (int r = 0; r < world; ++r) im.ranks.push_back(r);
   }
@@ -194,7 +196,7 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
     compute_actor compute = spawn_compute_actor(sys, rank, threads_per_rank, im.tracer);
     im.computes.push_back(compute);
     im.stages.push_back(spawn_stage_actor(
-        sys, StageActorSetup{im.plan, im.model, rank, im.units[local], compute, comm, im.tracer}));
+        sys, StageActorSetup{im.plan, im.model, rank, im.units[local], compute, comm, im.schedule, im.tracer}));
   }
   im.trainer = spawn_trainer_actor(
       sys, TrainerActorSetup{im.plan, im.ranks, im.stages, config.train.micro_batch, in.start_step, config.precision, in.optimizer,

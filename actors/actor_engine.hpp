@@ -9,6 +9,7 @@
 
 #include "comm/collective_record.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
 #include "graph/training/run.hpp"
 
 namespace atl {
@@ -16,19 +17,21 @@ namespace atl {
 struct Span;
 class CommBackend;
 
-// The ranks one process runs and the backend their collectives go through. Defaults: every rank
-// of the mesh, on a fresh backend of the config's kind. Two engines given the same sim backend
-// and complementary ranks behave as two processes of one job: they share nothing but the backend.
-struct ProcessRanks {
+// The ranks one process runs, the backend their collectives go through, and the order of a
+// step's micro-batches. Defaults: every rank of the mesh, on a fresh backend of the config's
+// kind, one micro-batch at a time. Two engines given the same sim backend and complementary
+// ranks behave as two processes of one job: they share nothing but the backend.
+struct ProcessOptions {
   std::vector<int> ranks;
   std::shared_ptr<CommBackend> backend;
+  StepSchedule schedule = StepSchedule::one_at_a_time;
 };
 
 class ActorEngine : public TrainingEngine {
  public:
   // Plans the model on the config's mesh (ConfigError when the mesh or batch cannot run) and
   // spawns the actors of this process's ranks.
-  explicit ActorEngine(EngineInputs inputs, ProcessRanks process = {});
+  explicit ActorEngine(EngineInputs inputs, ProcessOptions process = {});
   ~ActorEngine() override;
   ActorEngine(const ActorEngine&) = delete;
   ActorEngine& operator=(const ActorEngine&) = delete;

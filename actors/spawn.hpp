@@ -7,6 +7,7 @@
 #include "actors/trace.hpp"
 #include "comm/communicator.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
 #include "graph/training/staged_model.hpp"
 
 namespace atl {
@@ -38,6 +39,7 @@ struct StageActorSetup {
   std::vector<unit_actor> units;  // plan order
   compute_actor compute;
   comm_actor comm;                // the rank's collective stream (the report)
+  StepSchedule schedule = StepSchedule::one_at_a_time;
   std::shared_ptr<SpanTracer> tracer;
 };
 stage_actor spawn_stage_actor(caf::actor_system& system, StageActorSetup setup);

@@ -23,7 +23,9 @@ struct StageState {
   std::shared_ptr<const StepProgram> program;
   std::size_t pc = 0;          // next instruction
   std::uint64_t seq_base = 0;  // the step's first collective sequence number
-  std::shared_ptr<MicroBatchRun> run;  // shared with compute jobs in flight
+  // The micro-batches in flight, by id (at most the program's activation buffers); shared with
+  // compute jobs in flight.
+  std::map<int, std::shared_ptr<MicroBatchRun>> runs;
   // Per unit, its gradient of the micro-batch in backward: created (zeros) by the first backward
   // op that reads the unit, added to by the others, handed over by the grads instruction.
   std::vector<std::shared_ptr<TensorMap>> unit_grads;
@@ -41,7 +43,7 @@ void advance(stage_pointer self);
 void fail(stage_pointer self, const caf::error& error) {
   auto& st = self->state;
   st.active = false;
-  st.run.reset();
+  st.runs.clear();
   if (st.done.pending()) st.done.deliver(error);
 }
 
@@ -77,10 +79,16 @@ void compute(stage_pointer self, std::string name, std::function<void()> work, s
 
 void run_forward(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
+  const int mb = ins.micro_batch;
   if (ins.op == 0) {
+    if (static_cast<int>(st.runs.size()) >= st.program->activation_buffers) {
+      return fail(self, caf::make_error(caf::sec::runtime_error,
+                                        "stage: micro-batch " + std::to_string(mb) + " would exceed the plan's " +
+                                            std::to_string(st.program->activation_buffers) + " activation buffers"));
+    }
     try {
-      st.run = st.setup.model->start(st.step.micro_batches[static_cast<std::size_t>(ins.micro_batch)],
-                                     st.setup.plan->precision, st.step.grad_scale);
+      st.runs[mb] = st.setup.model->start(st.step.micro_batches[static_cast<std::size_t>(mb)],
+                                          st.setup.plan->precision, st.step.grad_scale);
     } catch (const std::exception& e) {
       return fail(self,
                   caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(st.setup.rank) + ": " + e.what()));
@@ -88,19 +96,19 @@ void run_forward(stage_pointer self, const StepInstruction& ins) {
   }
   const int op = ins.op;
   with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
-    auto run = self->state.run;
+    auto run = self->state.runs.at(mb);
     compute(self, "forward " + self->state.setup.model->ops()[static_cast<std::size_t>(op)].name,
             [run, op, weights] { run->forward(op, *weights); }, [=] {
       auto& s = self->state;
       if (op + 1 < static_cast<int>(s.program->ops.size())) return;
-      s.loss_sums.push_back(s.run->loss_sum());
-      if (s.step.record_routing) s.routing.push_back(s.run->routing());
+      s.loss_sums.push_back(run->loss_sum());
+      if (s.step.record_routing) s.routing.push_back(run->routing());
     });
   });
 }
 
 void run_backward(stage_pointer self, const StepInstruction& ins) {
-  const int op = ins.op;
+  const int op = ins.op, mb = ins.micro_batch;
   with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
     auto& st = self->state;
     auto grads = std::make_shared<TensorMap>();  // this op's units' gradient tensors, by name
@@ -112,11 +120,11 @@ void run_backward(stage_pointer self, const StepInstruction& ins) {
       }
       for (const auto& name : mine->names()) grads->insert(name, mine->at(name));
     }
-    auto run = st.run;
+    auto run = st.runs.at(mb);
     compute(self, "backward " + st.setup.model->ops()[static_cast<std::size_t>(op)].name,
             [run, op, weights, grads] { run->backward(op, *weights, *grads); },
             [=] {
-              if (op == 0) self->state.run.reset();  // the micro-batch is done
+              if (op == 0) self->state.runs.erase(mb);  // the micro-batch is done
             });
   });
 }
@@ -248,7 +256,7 @@ std::shared_ptr<const StepProgram> program_for(StageState& st, int micro_batches
   auto& slot = st.programs[micro_batches];
   if (!slot) {
     slot = std::make_shared<const StepProgram>(
-        compile_step_program(*st.setup.plan, st.setup.model->ops(), micro_batches));
+        compile_step_program(*st.setup.plan, st.setup.model->ops(), micro_batches, st.setup.schedule));
   }
   return slot;
 }

@@ -28,6 +28,10 @@ const char* step_instruction_name(StepInstructionKind kind) {
   return "?";
 }
 
+const char* step_schedule_name(StepSchedule schedule) {
+  return schedule == StepSchedule::one_at_a_time ? "one_at_a_time" : "all_forward_first";
+}
+
 namespace {
 
 // Emits instructions while tracking which units are gathered, as the actors will.
@@ -82,7 +86,8 @@ class ProgramBuilder {
 
 }  // namespace
 
-StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op_specs, int micro_batches) {
+StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op_specs, int micro_batches,
+                                 StepSchedule schedule) {
   if (micro_batches < 1) {
     throw std::invalid_argument(fmt::format("step program: expected at least 1 micro-batch, got {}", micro_batches));
   }
@@ -102,8 +107,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     if (plan.units[u].schedule.resident_for_step) b.gather(u);
   }
-  for (int m = 0; m < micro_batches; ++m) {
-    const bool last = m + 1 == micro_batches;
+  auto forward = [&](int m) {
     for (int op = 0; op < ops; ++op) {
       const auto& units = op_units[static_cast<std::size_t>(op)];
       for (std::size_t u : units) b.gather(u);
@@ -113,6 +117,9 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
         if (last_reader[u] == op && plan.units[u].schedule.reshard_after_forward) b.release(u);
       }
     }
+  };
+  auto backward = [&](int m) {
+    const bool last = m + 1 == micro_batches;
     for (int op = ops - 1; op >= 0; --op) {
       const auto& units = op_units[static_cast<std::size_t>(op)];
       for (std::size_t u : units) b.gather(u);
@@ -125,11 +132,28 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
         if (last) b.release(u);
       }
     }
+  };
+  if (schedule == StepSchedule::one_at_a_time) {
+    for (int m = 0; m < micro_batches; ++m) {
+      forward(m);
+      backward(m);
+    }
+  } else {
+    for (int m = 0; m < micro_batches; ++m) forward(m);
+    for (int m = 0; m < micro_batches; ++m) backward(m);
   }
   b.report();
   StepProgram program = b.finish(micro_batches);
+  program.schedule = schedule;
   program.ops = op_specs;
   program.op_units = op_units;
+  // Live micro-batches: from the forward of op 0 to the backward of op 0.
+  int live = 0;
+  for (const StepInstruction& i : program.instructions) {
+    if (i.op != 0) continue;
+    if (i.kind == StepInstructionKind::forward) program.activation_buffers = std::max(program.activation_buffers, ++live);
+    if (i.kind == StepInstructionKind::backward) --live;
+  }
   return program;
 }
 

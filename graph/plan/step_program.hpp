@@ -64,8 +64,20 @@ struct StepInstruction {
   std::uint64_t collective = 0;  // gather, grads with last, report: index into StepProgram::collectives
 };
 
+// The order of a step's micro-batches. one_at_a_time: each micro-batch's forward then its
+// backward (FSDP2 gradient accumulation; one micro-batch's activations alive at a time).
+// all_forward_first: every forward, then every backward in micro-batch order (GPipe's order: all
+// micro-batches' activations alive at once, what a pipeline stage needs to fill). Both give the
+// same numbers: each unit adds its micro-batch gradients in micro-batch order either way.
+enum class StepSchedule { one_at_a_time, all_forward_first };
+const char* step_schedule_name(StepSchedule schedule);
+
 struct StepProgram {
   int micro_batches = 0;
+  StepSchedule schedule = StepSchedule::one_at_a_time;
+  // Buffers per activation edge: the most micro-batches whose activations are alive at once (from
+  // a micro-batch's first forward to its last backward). The stage refuses to exceed it.
+  int activation_buffers = 0;
   std::vector<OpSpec> ops;                         // the model's op graph, forward order
   std::vector<std::vector<std::size_t>> op_units;  // units_per_op(plan, ops)
   std::vector<StepInstruction> instructions;
@@ -76,7 +88,8 @@ struct StepProgram {
 // unit may be read by several ops). With dp_replicate > 1 every reduction adds an all-reduce.
 // Throws std::invalid_argument for micro_batches < 1, std::logic_error when an op reads a
 // parameter no unit owns or a unit is read by no op.
-StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& ops, int micro_batches);
+StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& ops, int micro_batches,
+                                 StepSchedule schedule = StepSchedule::one_at_a_time);
 
 // For atoll-plan --graph. Text: the ops (activations in -> out, units read), then one line per
 // instruction, collectives with their sequence number and group. JSON: {micro_batches, ops: [...],

@@ -39,8 +39,10 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
                        fmt::join(op.inputs, ", "), fmt::join(op.outputs, ", "),
                        units.empty() ? std::string("no parameters") : fmt::format("{}", fmt::join(units, ", ")));
   }
-  out += fmt::format("step program: {} micro-batch(es), {} instructions, {} collectives per rank\n",
-                     program.micro_batches, program.instructions.size(), program.collectives.size());
+  out += fmt::format("step program: {} micro-batch(es), schedule {}, {} activation buffer(s) per edge, {} "
+                     "instructions, {} collectives per rank\n",
+                     program.micro_batches, step_schedule_name(program.schedule), program.activation_buffers,
+                     program.instructions.size(), program.collectives.size());
   for (const StepInstruction& i : program.instructions) {
     const std::string& unit = plan.units[i.unit].name;
     switch (i.kind) {
@@ -73,6 +75,8 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
 std::string step_program_json(const Plan& plan, const StepProgram& program) {
   nlohmann::ordered_json out;
   out["micro_batches"] = program.micro_batches;
+  out["schedule"] = step_schedule_name(program.schedule);
+  out["activation_buffers"] = program.activation_buffers;
   auto& ops = out["ops"] = nlohmann::ordered_json::array();
   for (std::size_t o = 0; o < program.ops.size(); ++o) {
     const OpSpec& op = program.ops[o];

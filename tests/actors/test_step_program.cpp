@@ -141,3 +141,32 @@ TEST_CASE("Step program: FSDP2's schedule for n micro-batches, sequence numbers 
   CHECK(text.find("gather    model.layers.0.mlp.gate") != std::string::npos);
   CHECK(text.find("all_reduce over dp_replicate") != std::string::npos);
 }
+
+TEST_CASE("All forwards first (GPipe order) keeps every micro-batch in flight and changes no number",
+          "[actors][program]") {
+  for (const char* family : {"beam", "flint"}) {
+    INFO(family);
+    const RunConfig config = parity_config(family, std::string(family) == "beam" ? "beam-tiny-moe" : "flint-tiny",
+                                           Precision::bf16, {2, 1}, 8, 1);  // 4 micro-batches per rank
+    std::unique_ptr<TrainingEngine> plain_engine;
+    const RunOutput plain = run_engine(config, make_actor_engine, 2, true, &plain_engine);
+    const auto model = make_model(config.model, config.source_file);
+    const Plan& plan = dynamic_cast<ActorEngine&>(*plain_engine).plan();
+    const StepProgram one = compile_step_program(plan, model->ops(), 4);
+    const StepProgram all = compile_step_program(plan, model->ops(), 4, StepSchedule::all_forward_first);
+    CHECK(one.activation_buffers == 1);
+    CHECK(all.activation_buffers == 4);
+
+    ProcessOptions options;
+    options.schedule = StepSchedule::all_forward_first;
+    const RunOutput gpipe = run_engine(
+        config,
+        [&](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
+          return std::make_unique<ActorEngine>(std::move(in), options);
+        },
+        2, true);
+    check_same_steps(gpipe, plain, 0.0, true);
+    CHECK(same_routing(gpipe.steps[0].routing, plain.steps[0].routing));
+    CHECK(bitwise_equal(gpipe.master, plain.master));
+  }
+}

@@ -15,7 +15,7 @@ using namespace atl::testing;
 
 namespace {
 
-std::unique_ptr<ActorEngine> engine_for(const RunConfig& config, ProcessRanks process) {
+std::unique_ptr<ActorEngine> engine_for(const RunConfig& config, ProcessOptions process) {
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   // No initial weights: each engine generates only its ranks' shards of the fresh model (the
   // single engine below is given the full initialized model; the values must agree).
