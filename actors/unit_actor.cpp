@@ -30,6 +30,7 @@ struct UnitState {
   // param dtype, the gathered buffer, the reduced gradient shard.
   Tensor gather_send, gather_recv, reduce_recv;
   bool gather_in_flight = false;  // a release during a gather leaves the buffers to that gather
+  std::shared_ptr<const TensorMap> spare;  // the last released params: reused when nobody holds them
   GatherState gather = GatherState::sharded;
   std::shared_ptr<const TensorMap> full;
   std::vector<caf::typed_response_promise<GatheredParams>> waiting_params;
@@ -50,6 +51,19 @@ void fail(unit_pointer self, const caf::error& error) {
   for (auto& rp : st.waiting_reduced) rp.deliver(error);
   st.waiting_reduced.clear();
   st.failure = error;
+}
+
+// The gathered params as full tensors: into the last released ones when nobody holds them any more
+// (the stage drops its map when its compute ends), else into fresh tensors.
+std::shared_ptr<const TensorMap> unpack(UnitState& st, const Tensor& gathered) {
+  std::shared_ptr<const TensorMap> spare = std::move(st.spare);
+  bool reusable = spare != nullptr;
+  if (reusable) {
+    for (const auto& name : spare->names()) reusable = reusable && spare->at(name).storage().use_count() == 1;
+  }
+  if (!reusable) return std::make_shared<const TensorMap>(unpack_gathered(*st.unit, gathered, st.unit->shard_count));
+  unpack_gathered_into(*st.unit, gathered, st.unit->shard_count, *spare);
+  return spare;
 }
 
 void start_gather(unit_pointer self, std::uint64_t seq) {
@@ -75,7 +89,7 @@ void start_gather(unit_pointer self, std::uint64_t seq) {
           [=](done_atom) {
             auto& s = self->state;
             if (recv.storage() == s.gather_recv.storage()) s.gather_in_flight = false;
-            s.full = std::make_shared<const TensorMap>(unpack_gathered(*s.unit, recv, s.unit->shard_count));
+            s.full = unpack(s, recv);
             s.gather = GatherState::gathered;
             s.setup.tracer->add({s.setup.rank, s.actor_name, "gather", "gather", start, s.setup.tracer->now_us()});
             for (auto& rp : s.waiting_params) rp.deliver(GatheredParams{s.full});
@@ -175,7 +189,8 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
       [=](release_atom) {
         auto& s = self->state;
         s.gather = GatherState::sharded;
-        s.full.reset();  // the stage may still hold the map until its compute ends; storage is shared
+        // The stage may still hold the tensors until its compute ends; unpack checks before reuse.
+        s.spare = std::move(s.full);
       },
       [=](grads_atom, const UnitGrads& msg) {
         auto& s = self->state;

@@ -50,10 +50,11 @@ template <class T> float widen(T v) {
   else return v;
 }
 
-template <class T> TensorMap unpack_gathered_as(const UnitPlan& unit, const T* gathered, int count) {
-  TensorMap out;
+// Writes every param of the gathered buffer into out's tensor of that name (created when absent).
+template <class T> void unpack_gathered_as(const UnitPlan& unit, const T* gathered, int count, TensorMap& out) {
   for (const auto& p : unit.params) {
-    Tensor t = Tensor::empty(p.shape);
+    if (!out.contains(p.name)) out.insert(p.name, Tensor::empty(p.shape));
+    const Tensor& t = out.at(p.name);
     float* dst = t.data<float>();
     for (int i = 0; i < count; ++i) {
       const T* src = gathered + static_cast<std::int64_t>(i) * unit.shard_numel + p.shard_offset;
@@ -61,9 +62,7 @@ template <class T> TensorMap unpack_gathered_as(const UnitPlan& unit, const T* g
       float* d = dst + p.first_row(i) * p.row_numel;
       for (std::int64_t k = 0; k < n; ++k) d[k] = widen(src[k]);
     }
-    out.insert(p.name, t);
   }
-  return out;
 }
 
 }  // namespace
@@ -91,17 +90,33 @@ Tensor init_shard(const UnitPlan& unit, const std::vector<ParamSpec>& specs, std
   return shard;
 }
 
-TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int count) {
-  check_count(unit, count, "unpack_gathered");
+namespace {
+
+void unpack_checked(const UnitPlan& unit, const Tensor& gathered, int count, TensorMap& out, const char* fn) {
+  check_count(unit, count, fn);
   const std::int64_t expected = static_cast<std::int64_t>(count) * unit.shard_numel;
   if ((gathered.dtype() != DType::f32 && gathered.dtype() != DType::bf16) || gathered.device() != Device::cpu ||
       gathered.numel() != expected) {
-    throw std::invalid_argument(fmt::format("unpack_gathered: unit '{}': expected a cpu f32 or bf16 buffer of {} "
+    throw std::invalid_argument(fmt::format("{}: unit '{}': expected a cpu f32 or bf16 buffer of {} "
                                             "elements ({} shards of {}), got {}",
-                                            unit.name, expected, count, unit.shard_numel, gathered.describe()));
+                                            fn, unit.name, expected, count, unit.shard_numel, gathered.describe()));
   }
-  if (gathered.dtype() == DType::bf16) return unpack_gathered_as(unit, gathered.data<bf16>(), count);
-  return unpack_gathered_as(unit, gathered.data<float>(), count);
+  if (gathered.dtype() == DType::bf16) return unpack_gathered_as(unit, gathered.data<bf16>(), count, out);
+  unpack_gathered_as(unit, gathered.data<float>(), count, out);
+}
+
+}  // namespace
+
+TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int count) {
+  TensorMap out;
+  unpack_checked(unit, gathered, count, out, "unpack_gathered");
+  return out;
+}
+
+void unpack_gathered_into(const UnitPlan& unit, const Tensor& gathered, int count, const TensorMap& out) {
+  for (const auto& p : unit.params) full_tensor(unit, p, out, "unpack_gathered_into");
+  TensorMap view = out;  // shares the tensors
+  unpack_checked(unit, gathered, count, view, "unpack_gathered_into");
 }
 
 Tensor pack_for_reduce_scatter(const UnitPlan& unit, const TensorMap& full_grads, int count) {
