@@ -33,25 +33,34 @@ TEST_CASE("Every rank records exactly the step program's collectives in its orde
     const char* preset;
     Layout layout;
     std::int64_t global_batch, micro_batch;
+    StepSchedule schedule = StepSchedule::one_at_a_time;
   };
   const Case cases[] = {
       {"beam", "beam-tiny-moe", {2, 1}, 2, 1},   // one micro-batch per rank
       {"beam", "beam-tiny-moe", {2, 2}, 8, 1},   // HSDP, two micro-batches per rank
+      {"beam", "beam-tiny-moe", {2, 2}, 8, 1, StepSchedule::all_forward_first},
       {"beam", "beam-tiny-dense", {4, 1}, 4, 1},
       {"flint", "flint-tiny", {1, 2}, 6, 1},     // replicate only, three micro-batches
       {"inkling2", "inkling2-tiny", {2, 1}, 4, 1},
   };
   for (const Case& c : cases) {
     INFO(c.family << " dp_shard " << c.layout.dp_shard << " dp_replicate " << c.layout.dp_replicate << " batch "
-                  << c.global_batch);
+                  << c.global_batch << " " << step_schedule_name(c.schedule));
     const RunConfig config = parity_config(c.family, c.preset, Precision::bf16, c.layout, c.global_batch, c.micro_batch);
     std::unique_ptr<TrainingEngine> engine;
-    run_engine(config, make_actor_engine, 2, false, &engine);
+    ProcessOptions options;
+    options.schedule = c.schedule;
+    run_engine(
+        config,
+        [&](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
+          return std::make_unique<ActorEngine>(std::move(in), options);
+        },
+        2, false, &engine);
     auto& actors = dynamic_cast<ActorEngine&>(*engine);
     const Plan& plan = actors.plan();
     const auto model = make_model(config.model, config.source_file);
     const int per_rank = static_cast<int>(c.global_batch / c.micro_batch / (c.layout.dp_shard * c.layout.dp_replicate));
-    const StepProgram program = compile_step_program(plan, model->ops(), per_rank);
+    const StepProgram program = compile_step_program(plan, model->ops(), per_rank, c.schedule);
     REQUIRE(!program.collectives.empty());
 
     // Per (step, rank, axis): the records in completion order (a group completes in issue order).
