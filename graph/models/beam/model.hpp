@@ -91,7 +91,7 @@ class BeamModel : public Model {
   LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
                   Tensor* logits_out = nullptr) const override;
 
-  // --- StagedModel: op 0 = embedding, op 1 + l = layer l, op L + 1 = final norm, head and loss ---
+  // --- StagedModel: ops() = embed, per layer attention + (mlp | router, dispatch, experts, combine), head ---
   std::int64_t num_layers() const override { return config_.num_hidden_layers; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
                                        float grad_scale) const override;
