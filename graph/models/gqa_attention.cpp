@@ -10,7 +10,10 @@ namespace atl {
 
 namespace {
 AttentionOptions options(const GqaAttentionSpec& s) {
-  return {s.sliding ? s.window : 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)))};
+  AttentionOptions o;
+  o.window = s.sliding ? s.window : 0;
+  o.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+  return o;
 }
 }  // namespace
 

@@ -127,7 +127,9 @@ TEST_CASE("Relative bias and sink equal a naive softmax with an explicit zero-va
 TEST_CASE("A -inf sink and zero profiles reproduce the plain attention kernel bitwise", "[relative_attention]") {
   Inputs in;
   Tensor q = tensor_of({B, S, Hq, D}, in.q), k = tensor_of({B, S, Hkv, D}, in.k), v = tensor_of({B, S, Hkv, D}, in.v);
-  AttentionOptions opts{3, 0.5f};
+  AttentionOptions opts;
+  opts.window = 3;
+  opts.scale = 0.5f;
   AttentionForward plain = attention_forward(q, k, v, positions(), valid(), Tensor(), opts);
   Tensor sinks = Tensor::full({B, Hq, S}, -std::numeric_limits<float>::infinity());
   AttentionForward ext =
@@ -157,7 +159,8 @@ TEST_CASE("Relative attention gradients through the Tensor API match the double 
   auto r = random_vector(in.q.size(), 7);
   Tensor q = tensor_of({B, S, Hq, D}, in.q), k = tensor_of({B, S, Hkv, D}, in.k), v = tensor_of({B, S, Hkv, D}, in.v);
   Tensor p = tensor_of({B, Hq, S, R}, in.p), s = tensor_of({B, Hq, S}, in.sink);
-  AttentionOptions opts{0, static_cast<float>(1.0 / std::sqrt(double(D)))};
+  AttentionOptions opts;
+  opts.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
   AttentionForward f = relative_attention_forward(q, k, v, positions(), valid(), p, s, opts);
   RelativeAttentionGrads g =
       relative_attention_backward(tensor_of({B, S, Hq, D}, r), q, k, v, f, positions(), valid(), p, s, opts);
@@ -176,7 +179,8 @@ TEST_CASE("Relative attention in bf16 inputs agrees with fp32", "[relative_atten
   Inputs in;
   Tensor q = tensor_of({B, S, Hq, D}, in.q), k = tensor_of({B, S, Hkv, D}, in.k), v = tensor_of({B, S, Hkv, D}, in.v);
   Tensor p = tensor_of({B, Hq, S, R}, in.p), s = tensor_of({B, Hq, S}, in.sink);
-  AttentionOptions opts{0, static_cast<float>(1.0 / std::sqrt(double(D)))};
+  AttentionOptions opts;
+  opts.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
   AttentionForward f32 = relative_attention_forward(q, k, v, positions(), valid(), p, s, opts);
   Tensor qb = q.clone(), kb = k.clone(), vb = v.clone(), pb = p.clone(), sb = s.clone();
   for (const Tensor& t : {qb, kb, vb, pb, sb}) round_to_bf16_inplace(t);

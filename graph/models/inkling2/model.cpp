@@ -621,6 +621,10 @@ class Inkling2MicroBatchRun final : public MicroBatchRun {
         break;
       case OpKind::attention:
       case OpKind::mlp:
+      case OpKind::router:
+      case OpKind::dispatch:
+      case OpKind::experts:
+      case OpKind::combine:
         throw std::logic_error("inkling2 run: layers run whole (no sublayer ops yet)");
     }
   }
@@ -644,6 +648,10 @@ class Inkling2MicroBatchRun final : public MicroBatchRun {
         break;
       case OpKind::attention:
       case OpKind::mlp:
+      case OpKind::router:
+      case OpKind::dispatch:
+      case OpKind::experts:
+      case OpKind::combine:
         throw std::logic_error("inkling2 run: layers run whole (no sublayer ops yet)");
     }
   }
