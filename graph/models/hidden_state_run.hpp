@@ -27,7 +27,7 @@ struct MlpOutputGrads {
   Tensor d_m, d_residual;
 };
 
-// The whole MLP sublayer, h_mid -> block output, and its backward (returns d h_mid).
+// The whole MLP sublayer, h_mid -> block output (the plain forward and a dense layer's op).
 template <class M>
 Tensor mlp_sublayer_forward(const M& model, std::int64_t l, const TensorMap& w, const Tensor& h_mid,
                             const TokenContext& ctx, typename M::BlockCache& k) {
@@ -39,15 +39,13 @@ Tensor mlp_sublayer_forward(const M& model, std::int64_t l, const TensorMap& w, 
   return model.mlp_output_forward(l, w, m, ctx, k);
 }
 
+// The backward of a dense MLP sublayer (an MoE layer's backward runs as its four ops).
 template <class M>
-Tensor mlp_sublayer_backward(const M& model, std::int64_t l, const TensorMap& w, const typename M::BlockCache& k,
-                             const Tensor& d_out, const TokenContext& ctx, const TensorMap& grads) {
+Tensor dense_mlp_sublayer_backward(const M& model, std::int64_t l, const TensorMap& w,
+                                   const typename M::BlockCache& k, const Tensor& d_out, const TokenContext& ctx,
+                                   const TensorMap& grads) {
   const MlpOutputGrads g = model.mlp_output_backward(l, w, k, d_out, grads);
-  const Tensor& x = k.mlp_in;
-  const Tensor d_x = model.config().is_sparse(l)
-                         ? moe_mlp_backward(model.layer_prefix(l), w, x, g.d_m, model.moe_spec(), ctx.precision,
-                                            k.moe, grads)
-                         : dense_mlp_backward(model.layer_prefix(l), w, x, g.d_m, ctx.precision, k.dense, grads);
+  const Tensor d_x = dense_mlp_backward(model.layer_prefix(l), w, k.mlp_in, g.d_m, ctx.precision, k.dense, grads);
   return model.mlp_input_backward(l, w, k, d_x, g.d_residual, grads);
 }
 
@@ -101,7 +99,7 @@ class HiddenStateRun final : public MicroBatchRun {
         grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
         head_.reset();
         break;
-      case OpKind::mlp: grad_ = mlp_sublayer_backward(model_, l, w, *block(l), grad_, ctx_, grads); break;
+      case OpKind::mlp: grad_ = dense_mlp_sublayer_backward(model_, l, w, *block(l), grad_, ctx_, grads); break;
       case OpKind::combine: {
         const MlpOutputGrads g = model_.mlp_output_backward(l, w, *block(l), grad_, grads);
         residual_grad_ = g.d_residual;

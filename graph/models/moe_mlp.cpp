@@ -24,8 +24,9 @@ void moe_route_forward(const std::string& p, const TensorMap& w, const Tensor& x
   k.router_logits = linear_forward(x, w.at(p + "mlp.gate.weight"));
   const Tensor bias = spec.correction_bias ? w.at(p + "mlp.gate.e_score_correction_bias") : Tensor();
   k.routing = router_forward(k.router_logits, bias, spec.router, prec);
-  k.dispatch = plan_expert_dispatch(k.routing.indices, k.routing.weights, token_mask,
-                                    w.at(p + "mlp.experts.gate_and_up_projs").size(0));
+  // The router's own expert count: the router op does not read the experts' weights (under
+  // expert parallelism they live elsewhere).
+  k.dispatch = plan_expert_dispatch(k.routing.indices, k.routing.weights, token_mask, spec.router.num_experts);
 }
 
 void moe_dispatch_forward(MoeMlpCache& k) { k.rows = dispatch_forward(k.x, k.dispatch); }
@@ -100,7 +101,7 @@ Tensor moe_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x
   return moe_combine_forward(p, w, spec, prec, k);
 }
 
-Tensor moe_mlp_backward(const std::string& p, const TensorMap& w, const Tensor& /*x*/, const Tensor& d_out,
+Tensor moe_mlp_backward(const std::string& p, const TensorMap& w, const Tensor& d_out,
                         const MoeMlpSpec& spec, Precision prec, const MoeMlpCache& k, const TensorMap& grads) {
   MoeMlpBackward b;
   moe_combine_backward(p, w, d_out, spec, prec, k, b, grads);

@@ -46,8 +46,8 @@ struct MoeMlpBackward {
 Tensor moe_mlp_forward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
                        const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
 
-// Returns d_x; accumulates the MLP's parameter gradients into `grads`.
-Tensor moe_mlp_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& d_out,
+// Returns d_x (x is the cache's); accumulates the MLP's parameter gradients into `grads`.
+Tensor moe_mlp_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& d_out,
                         const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, const TensorMap& grads);
 
 // The same as four steps, the runtime's ops (forward in this order, backward in reverse); the

@@ -403,7 +403,7 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   Tensor gms = g("mlp_sconv.weight");
   Tensor d_ex =
       short_conv_backward(d_out.partial, k.experts_out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, &gms);
-  Tensor d_x2 = moe_mlp_backward(p, w, k.mlp_norm.y, d_ex, moe_spec(c), prec, k.moe, grads);
+  Tensor d_x2 = moe_mlp_backward(p, w, d_ex, moe_spec(c), prec, k.moe, grads);
   Tensor gmn = g("mlp_norm.weight");
   Tensor d_mix = rmsnorm_backward(d_x2, k.mlp_mix.out, w.at(p + "mlp_norm.weight"), k.mlp_norm.rstd, &gmn);
   Tensor gmq = query_row(g("mlp_query.weight"), 0);
