@@ -33,9 +33,15 @@ Mesh::Mesh(const MeshConfig& config, std::string source_file) : config_(config),
                         fmt::format("expected at most {} ranks, got {}", max_world_size, size));
     }
   }
-  if (config.world_size() > max_world_size) {
-    throw ConfigError(source_file_, "topology.mesh",
-                      fmt::format("expected at most {} ranks in all, got {}", max_world_size, config.world_size()));
+  // Multiplied axis by axis: four axes of up to 2^24 would overflow the product itself.
+  std::int64_t world = 1;
+  for (const std::int64_t size : {config.pp, config.dp_replicate, config.dp_shard, config.cp}) {
+    world *= size;
+    if (world > max_world_size) {
+      throw ConfigError(source_file_, "topology.mesh",
+                        fmt::format("expected at most {} ranks in all (pp x dp_replicate x dp_shard x cp), got more",
+                                    max_world_size));
+    }
   }
   pp_ = static_cast<int>(config.pp);
   dp_replicate_ = static_cast<int>(config.dp_replicate);

@@ -170,6 +170,9 @@ TEST_CASE("plan mesh: bad sizes are ConfigErrors naming the key and the file; pp
     CHECK(message.find("configs/x.yaml") != std::string::npos);
     CHECK(message.find("not implemented yet (issue: expert/pipeline/context parallelism)") != std::string::npos);
   }
+  MeshConfig huge;  // each axis allowed, the product far beyond int64 if multiplied at once
+  huge.pp = huge.dp_replicate = huge.dp_shard = huge.cp = 1 << 24;
+  CHECK(error_of(huge).first == "topology.mesh");
   MeshConfig ep3 = mesh_config(4);
   ep3.ep = 3;  // must divide dp_replicate x dp_shard x cp = 4
   CHECK(error_of(ep3).first == "topology.mesh.ep");
