@@ -15,7 +15,7 @@
 #include "graph/plan/mesh.hpp"
 #include "graph/plan/plan.hpp"
 #include "graph/plan/step_program.hpp"
-#include "graph/training/staged_model.hpp"
+#include "graph/training/run.hpp"
 #include "graph/training/preflight.hpp"
 
 int main(int argc, char** argv) {
@@ -44,19 +44,8 @@ int main(int argc, char** argv) {
     if (world_size) mesh.check_world_size(*world_size);
     const atl::Plan plan = atl::make_plan(model->specs(), model->sharding_rules(), mesh, config.precision);
     if (graph) {
-      if (mesh.pp() > 1) {
-        throw atl::ConfigError(config.source_file, "topology.mesh.pp",
-                               "--graph prints the step program of one stage per rank; pipeline schedules are not "
-                               "compiled yet (expected 1, got " + std::to_string(mesh.pp()) + ")");
-      }
-      const std::int64_t micro_batches = config.train.global_batch / config.train.micro_batch / mesh.dp_size();
-      if (micro_batches < 1) {
-        throw atl::ConfigError(config.source_file, "train.global_batch",
-                               "expected at least train.micro_batch x dp ranks rows, got " +
-                                   std::to_string(config.train.global_batch));
-      }
       const atl::StepProgram program =
-          atl::compile_step_program(plan, model->ops(), static_cast<int>(micro_batches));
+          atl::compile_step_program(plan, model->ops(), atl::micro_batches_per_rank(config, mesh));
       std::cout << (graph_format == "json"  ? atl::step_program_json(plan, program)
                     : graph_format == "dot" ? atl::step_program_dot(plan, program)
                                             : atl::format_step_program(plan, program));

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "graph/config_reader.hpp"
+
 namespace atl {
 
 const char* collective_op_name(CollectiveOp op) {
@@ -90,6 +92,12 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
                                  StepSchedule schedule) {
   if (micro_batches < 1) {
     throw std::invalid_argument(fmt::format("step program: expected at least 1 micro-batch, got {}", micro_batches));
+  }
+  if (plan.mesh.pp() > 1) {
+    throw ConfigError(plan.mesh.source_file(), "topology.mesh.pp",
+                      fmt::format("the step program of a pipeline stage (pp > 1) is not compiled yet; expected 1, "
+                                  "got {}",
+                                  plan.mesh.pp()));
   }
   const std::vector<std::vector<std::size_t>> op_units = units_per_op(plan, op_specs);
   ProgramBuilder b(plan);

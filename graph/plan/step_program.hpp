@@ -86,8 +86,9 @@ struct StepProgram {
 
 // Ops run forward 0..n-1 and backward n-1..0; each reads the units that own its parameters (a
 // unit may be read by several ops). With dp_replicate > 1 every reduction adds an all-reduce.
-// Throws std::invalid_argument for micro_batches < 1, std::logic_error when an op reads a
-// parameter no unit owns or a unit is read by no op.
+// Throws std::invalid_argument for micro_batches < 1, ConfigError (topology.mesh.pp) for a
+// pipeline-parallel plan, std::logic_error when an op reads a parameter no unit owns or a unit is
+// read by no op.
 StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& ops, int micro_batches,
                                  StepSchedule schedule = StepSchedule::one_at_a_time);
 

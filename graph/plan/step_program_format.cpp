@@ -44,7 +44,7 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
                      program.micro_batches, step_schedule_name(program.schedule), program.activation_buffers,
                      program.instructions.size(), program.collectives.size());
   for (const StepInstruction& i : program.instructions) {
-    const std::string& unit = plan.units[i.unit].name;
+    const std::string unit = names_unit(i) ? plan.units[i.unit].name : std::string();
     switch (i.kind) {
       case StepInstructionKind::gather:
         out += fmt::format("  gather    {:<28} {}\n", unit, describe(program, i.collective));
@@ -60,13 +60,12 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
         out += fmt::format("  {:<9} {:<28} micro-batch {}\n", step_instruction_name(i.kind),
                            program.ops[static_cast<std::size_t>(i.op)].name, i.micro_batch);
         break;
-      case StepInstructionKind::grads:
-        out += fmt::format("  grads     {:<28}", unit);
-        // fmt, not operator+: GCC 12 -O3 flags "literal" + string with a false -Wrestrict.
-        if (i.last) out += fmt::format(" {}", describe(program, i.collective));
-        if (i.last && plan.mesh.dp_replicate() > 1) out += fmt::format(", {}", describe(program, i.collective + 1));
-        out += "\n";
+      case StepInstructionKind::grads: {
+        std::vector<std::string> posted;
+        for (std::uint64_t c : posted_by(plan, i)) posted.push_back(describe(program, c));
+        out += fmt::format("  grads     {:<28} {}\n", unit, fmt::join(posted, ", "));
         break;
+      }
     }
   }
   return out;

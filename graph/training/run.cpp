@@ -126,6 +126,18 @@ int ranks_in_process(const RunConfig& config) {
   return config.topology.engine == Engine::reference ? 1 : static_cast<int>(config.topology.mesh.world_size());
 }
 
+int micro_batches_per_rank(const RunConfig& config, const Mesh& mesh) {
+  const auto& t = config.train;
+  const std::int64_t micro_batches = t.global_batch / t.micro_batch;
+  if (micro_batches % mesh.dp_size() != 0) {
+    throw ConfigError(config.source_file, "train.global_batch",
+                      "expected a multiple of train.micro_batch x dp_replicate x dp_shard = " +
+                          std::to_string(t.micro_batch * mesh.dp_size()) + " so every data-parallel rank gets whole "
+                          "micro-batches, got " + std::to_string(t.global_batch));
+  }
+  return static_cast<int>(micro_batches / mesh.dp_size());
+}
+
 std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
   check_reference_supports(in.config);
   const auto& specs = in.model->specs();

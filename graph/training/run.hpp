@@ -9,6 +9,7 @@
 #include <string>
 
 #include "graph/config.hpp"
+#include "graph/plan/mesh.hpp"
 #include "graph/models/model.hpp"
 #include "graph/training/engine.hpp"
 
@@ -66,6 +67,9 @@ OptimizerSettings optimizer_settings(const TrainConfig& train);
 int compute_threads(const RunConfig& config);
 // The ranks this process runs: 1 for the reference engine, the whole mesh for the sim.
 int ranks_in_process(const RunConfig& config);
+// The micro-batches each data-parallel rank runs per step; ConfigError (train.global_batch) unless
+// the global batch splits into whole micro-batches for every rank.
+int micro_batches_per_rank(const RunConfig& config, const Mesh& mesh);
 
 // Throws ConfigError (bad config or an engine that cannot run this mesh) before anything is
 // written to run_dir; other exceptions are runtime failures. Returns the final mean loss.
