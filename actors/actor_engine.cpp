@@ -36,14 +36,7 @@ void check_runnable(const RunConfig& config, const Mesh& mesh) {
     throw ConfigError(config.source_file, "topology.backend",
                       std::string("only sim runs in this build, got ") + backend_name(config.topology.backend));
   }
-  const auto& t = config.train;
-  const std::int64_t micro_batches = t.global_batch / t.micro_batch;
-  if (micro_batches % mesh.dp_size() != 0) {
-    throw ConfigError(config.source_file, "train.global_batch",
-                      "expected a multiple of train.micro_batch x dp_replicate x dp_shard = " +
-                          std::to_string(t.micro_batch * mesh.dp_size()) + " so every data-parallel rank gets whole "
-                          "micro-batches, got " + std::to_string(t.global_batch));
-  }
+  micro_batches_per_rank(config, mesh);  // throws unless every rank gets whole micro-batches
 }
 
 }  // namespace
@@ -53,6 +46,13 @@ struct ActorEngine::Impl {
   std::shared_ptr<const Model> model;
   std::vector<int> ranks;  // this process's ranks, increasing
   StepSchedule schedule = StepSchedule::one_at_a_time;
+  // A failed step or export leaves the ranks' collective streams with numbers nobody will post
+  // (every later collective would wait forever): the engine refuses further work instead.
+  std::string broken;
+
+  void check_usable() const {
+    if (!broken.empty()) throw std::runtime_error("actor runtime: unusable after an earlier failure: " + broken);
+  }
   std::shared_ptr<CollectiveRecorder> recorder;
   std::shared_ptr<SpanTracer> tracer;
   std::shared_ptr<CommBackend> backend;  // outlives the actor system (declared first, destroyed last)
@@ -207,6 +207,7 @@ ActorEngine::~ActorEngine() = default;
 
 StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
   auto& im = *impl_;
+  im.check_usable();
   const std::size_t records_before = im.recorder->size();
   im.recorder->set_step(++im.steps);
   caf::scoped_actor self{*im.system};
@@ -214,7 +215,10 @@ StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
   std::string error;
   self->request(im.trainer, caf::infinite, step_atom::value, GlobalStep{global_batch, record_routing})
       .receive([&](StepResult& r) { result = r; }, [&](caf::error& e) { error = im.system->render(e); });
-  if (!error.empty()) throw std::runtime_error("actor runtime: " + error);
+  if (!error.empty()) {
+    im.broken = error;
+    throw std::runtime_error("actor runtime: " + error);
+  }
   const auto records = im.recorder->records();
   for (std::size_t i = records_before; i < records.size(); ++i) {
     const auto& rec = records[i];
@@ -234,19 +238,23 @@ TrainingState ActorEngine::state() const {
   const Plan& plan = *im.plan;
   // Every rank all-gathers every unit's shards over its shard group (collectives: the ranks of
   // other processes take part from there); this process keeps its first rank's copy.
+  im.check_usable();
   caf::scoped_actor self{*im.system};
   im.recorder->set_step(-1);  // between steps: the record tags these collectives with step -1
-  for (const auto& stage : im.stages) self->send(stage, export_atom::value);
+  for (std::size_t i = 0; i < im.stages.size(); ++i) self->send(im.stages[i], export_atom::value, i == 0);
   std::optional<GatheredState> kept;
-  std::string error;
   for (std::size_t i = 0; i < im.stages.size(); ++i) {
+    std::string error;
     self->receive(
         [&](GatheredState& g) {
-          if (!kept) kept = std::move(g);
+          if (!g.units.empty()) kept = std::move(g);
         },
         [&](caf::error& e) { error = im.system->render(e); });
+    if (!error.empty()) {  // the other ranks' gathers may never complete: do not wait for them
+      im.broken = error;
+      throw std::runtime_error("actor runtime: gathering the state failed: " + error);
+    }
   }
-  if (!error.empty()) throw std::runtime_error("actor runtime: gathering the state failed: " + error);
   TensorMap full[3];
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     const UnitPlan& unit = plan.units[u];

@@ -141,14 +141,14 @@ using unit_actor = caf::typed_actor<caf::reacts_to<gather_atom, std::uint64_t>, 
 // One pipeline stage on one rank (the whole model while pp = 1): runs the schedule.
 // probe: gather one unit, take its params, reshard it (between steps): a gather round trip.
 // export: all-gather every unit's master and moments over the shard group (between steps; every
-// rank of the job takes part, in whichever process it lives).
+// rank of the job takes part, in whichever process it lives); `keep`: reply with them (else empty).
 using stage_actor = caf::typed_actor<caf::replies_to<step_atom, StageStep>::with<StageReport>,
                                      caf::replies_to<optimize_atom, OptimizerStep>::with<done_atom>,
                                      caf::replies_to<probe_atom, std::uint64_t>::with<done_atom>,
-                                     caf::replies_to<export_atom>::with<GatheredState>>;
+                                     caf::replies_to<export_atom, bool>::with<GatheredState>>;
 
-// The job's trainer: splits the global batch, normalises the loss, computes the global gradient
-// norm in one fixed order and triggers the optimizer step.
+// The trainer of one process: splits the global batch among its ranks, normalises the loss,
+// computes the global gradient norm in one fixed order and triggers the optimizer step.
 using trainer_actor = caf::typed_actor<caf::replies_to<step_atom, GlobalStep>::with<StepResult>>;
 
 }  // namespace atl

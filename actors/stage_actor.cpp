@@ -217,8 +217,10 @@ void advance(stage_pointer self) {
 }
 
 // Export, unit by unit in plan order (one unit's buffers at a time): take the unit's shards,
-// all-gather master, exp_avg and exp_avg_sq over the shard group on the rank's stream.
-void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::size_t u,
+// all-gather master, exp_avg and exp_avg_sq over the shard group on the rank's stream. Every rank
+// takes part; only a rank asked to `keep` holds on to the gathered tensors (so a process keeps one
+// copy of the model, not one per rank). The promise is answered once, with the first error.
+void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::size_t u, bool keep,
                   caf::typed_response_promise<GatheredState> rp) {
   auto& st = self->state;
   if (u == st.setup.units.size()) {
@@ -230,26 +232,29 @@ void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::s
       .then(
           [=](const UnitShards& shards) mutable {
             auto& s = self->state;
-            UnitShards gathered;
-            Tensor* targets[3] = {&gathered.master, &gathered.exp_avg, &gathered.exp_avg_sq};
+            auto gathered = std::make_shared<UnitShards>();
             const Tensor sources[3] = {shards.master, shards.exp_avg, shards.exp_avg_sq};
+            Tensor* targets[3] = {&gathered->master, &gathered->exp_avg, &gathered->exp_avg_sq};
+            for (Tensor* t : targets) *t = Tensor::empty({unit.shard_count * unit.shard_numel});
             auto remaining = std::make_shared<int>(3);
             for (int k = 0; k < 3; ++k) {
-              Tensor recv = Tensor::empty({unit.shard_count * unit.shard_numel});
-              *targets[k] = recv;
               self->request(s.setup.comm, caf::infinite, collect_atom::value,
-                            CollectiveRequest{s.next_seq++, "dp_shard", CollectiveKind::all_gather, sources[k], recv,
-                                              unit.name})
+                            CollectiveRequest{s.next_seq++, "dp_shard", CollectiveKind::all_gather, sources[k],
+                                              *targets[k], unit.name})
                   .then(
                       [=](done_atom) mutable {
                         if (--*remaining != 0) return;
-                        out->units.push_back(gathered);
-                        export_units(self, out, u + 1, rp);
+                        if (keep) out->units.push_back(*gathered);
+                        export_units(self, out, u + 1, keep, rp);
                       },
-                      [=](caf::error& e) mutable { rp.deliver(e); });
+                      [=](caf::error& e) mutable {
+                        if (rp.pending()) rp.deliver(e);
+                      });
             }
           },
-          [=](caf::error& e) mutable { rp.deliver(e); });
+          [=](caf::error& e) mutable {
+            if (rp.pending()) rp.deliver(e);
+          });
 }
 
 std::shared_ptr<const StepProgram> program_for(StageState& st, int micro_batches) {
@@ -297,10 +302,10 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
                 [=](caf::error& e) mutable { rp.deliver(e); });
         return rp;
       },
-      [=](export_atom) -> caf::result<GatheredState> {
+      [=](export_atom, bool keep) -> caf::result<GatheredState> {
         if (self->state.active) return caf::make_error(caf::sec::runtime_error, "stage: export during a step");
         auto rp = self->make_response_promise<GatheredState>();
-        export_units(self, std::make_shared<GatheredState>(), 0, rp);
+        export_units(self, std::make_shared<GatheredState>(), 0, keep, rp);
         return rp;
       },
       [=](optimize_atom, OptimizerStep msg) -> caf::result<done_atom> {
