@@ -7,7 +7,6 @@
 #include <map>
 
 #include "actors/actor_engine.hpp"
-#include "actors/trace.hpp"
 #include "graph/plan/step_program.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model_config.hpp"

@@ -136,8 +136,8 @@ TEST_CASE("atoll-plan: prints layouts for pp, cp and ep > 1 that atoll-train doe
   CHECK(r.out.find("per-rank memory estimate, pipeline stage 0") != std::string::npos);
   CHECK(r.out.find("per-rank memory estimate, pipeline stage 1") != std::string::npos);
   CHECK(r.out.find("atoll-train does not run pp, cp or ep > 1 yet") != std::string::npos);
-  // beam-tiny: 4 layers over 2 stages, micro-batch 2 x (seq_len 64 / cp 2) tokens, hidden 64, bf16.
-  CHECK(r.out.find("stage 0 -> 1 (before layer 2): hidden bf16[") != std::string::npos);
+  // beam-tiny: 4 layers over 2 stages; micro_batch 4 rows x (seq_len 32 / cp 2) tokens, hidden 64, bf16.
+  CHECK(r.out.find("stage 0 -> 1 (before layer 2): hidden bf16[4, 16, 64]") != std::string::npos);
 
   // Inkling2 sends its depth history (completed blocks + the partial one) and the layout.
   const fs::path inkling2 = fs::path(env_or_fail("ATOLL_SOURCE_DIR")) / "configs" / "inkling2-tiny.yaml";

@@ -512,7 +512,8 @@ TEST_CASE("sim comm: without delays a completing post fires synchronously", "[co
   CHECK(x.data<float>()[1] == 4.0f);
 }
 
-TEST_CASE("sim comm: injected delay is a lower bound and posting does not wait", "[comm][sim]") {
+TEST_CASE("sim comm: a delayed collective completes on the timer thread, after posting returned, in issue order",
+          "[comm][sim]") {
   constexpr auto kDelay = 150ms;
   SimOptions options;
   options.delay[CollectiveKind::all_reduce] = kDelay;

@@ -6,9 +6,10 @@
 //     the counter RNG: fixed per tensor name). Analytic: |g|/sqrt(2). The gradient direction alone
 //     hides an error e orthogonal to g (a missing contribution): along g/|g| the numeric value is
 //     still |g|; along the mix it is off by e.r/sqrt(2).
-// Measured power (beam-tiny-moe, dropping the gradient of the first part of one tensor, a
-// "missing contribution" the g direction alone never sees): caught for model.norm.weight (64
-// elements) at 10%, for an experts tensor at 50%, not for q_proj (4,096) or the embedding (16,384):
+// Measured power (a one-off experiment on beam-tiny-moe, 2026-11-30: the analytic gradient of the
+// first 10% or 50% of one tensor's elements set to 0 before the check, a "missing contribution"
+// the g direction alone never sees): caught for model.norm.weight (64 elements) at 10%, for
+// layers.2 mlp.experts.down_projs at 50% (not 10%), not for q_proj (4,096) or the embedding (16,384):
 // a random direction sees an error e as e.r ~ |e|/sqrt(n), below fp32 noise for big tensors. Those
 // are guarded by the op-level finite-difference tests in double (tests/kernels).
 // Each direction is tried on a ladder of steps (curvature vs fp32 rounding noise) and the best
