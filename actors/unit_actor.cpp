@@ -1,8 +1,8 @@
 // The unit actor: one FSDP unit on one rank. It owns the unit's fp32 master shard, its
 // gradient shard and AdamW moments. gather: cast the shard to the policy's param dtype and
-// all-gather it through the shard group's comm actor; grads: add each micro-batch's gradient
-// over the fixed pairwise tree, and after the last one reduce-scatter in the reduce dtype (then
-// all-reduce over the replicate group for HSDP); optimize: AdamW on the shard.
+// all-gather it over the shard group through the rank's comm actor; grads: add each micro-batch's
+// gradient over the fixed pairwise tree, and after the last one reduce-scatter in the reduce dtype
+// (then all-reduce over the replicate group for HSDP); optimize: AdamW on the shard.
 #include "actors/spawn.hpp"
 #include "graph/plan/flat_shards.hpp"
 #include "kernels/cpu/optim.hpp"
@@ -29,7 +29,6 @@ struct UnitState {
   // Buffers kept from step to step (no allocation per gather or reduction): the shard in the
   // param dtype, the gathered buffer, the reduced gradient shard.
   Tensor gather_send, gather_recv, reduce_recv;
-  bool gather_in_flight = false;  // a release during a gather leaves the buffers to that gather
   std::shared_ptr<const TensorMap> spare;  // the last released params: reused when nobody holds them
   GatherState gather = GatherState::sharded;
   std::shared_ptr<const TensorMap> full;
@@ -70,11 +69,10 @@ void start_gather(unit_pointer self, std::uint64_t seq) {
   auto& st = self->state;
   const UnitPlan& u = *st.unit;
   st.gather = GatherState::gathering;
-  if (st.gather_in_flight || !st.gather_recv.defined()) {
+  if (!st.gather_recv.defined()) {  // reused: a gather starts only when the last one completed
     st.gather_recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
     st.gather_send = u.policy.param_dtype == DType::f32 ? Tensor() : Tensor::empty({u.shard_numel}, u.policy.param_dtype);
   }
-  st.gather_in_flight = true;
   // The shard travels in the param dtype: bf16 for bulk units in bf16 runs, fp32 for islands.
   Tensor send = st.master;
   if (u.policy.param_dtype != DType::f32) {
@@ -88,7 +86,6 @@ void start_gather(unit_pointer self, std::uint64_t seq) {
       .then(
           [=](done_atom) {
             auto& s = self->state;
-            if (recv.storage() == s.gather_recv.storage()) s.gather_in_flight = false;
             s.full = unpack(s, recv);
             s.gather = GatherState::gathered;
             s.setup.tracer->add({s.setup.rank, s.actor_name, "gather", "gather", start, s.setup.tracer->now_us()});
@@ -188,6 +185,11 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
       },
       [=](release_atom) {
         auto& s = self->state;
+        // The step program releases only gathered units; a release mid-gather would let the next
+        // gather reuse buffers still in flight.
+        if (s.gather == GatherState::gathering) {
+          return fail(self, caf::make_error(caf::sec::runtime_error, s.actor_name + ": released during a gather"));
+        }
         s.gather = GatherState::sharded;
         // The stage may still hold the tensors until its compute ends; unpack checks before reuse.
         s.spare = std::move(s.full);
