@@ -1,8 +1,10 @@
 #include "actors/actor_engine.hpp"
 
 
-#include "actors/spawn.hpp"
 #include <algorithm>
+
+#include "actors/spawn.hpp"
+#include "actors/supervision.hpp"
 
 #include "comm/sim/sim_backend.hpp"
 #include "graph/plan/flat_shards.hpp"
@@ -53,6 +55,7 @@ struct ActorEngine::Impl {
   void check_usable() const {
     if (!broken.empty()) throw std::runtime_error("actor runtime: unusable after an earlier failure: " + broken);
   }
+
   std::shared_ptr<CollectiveRecorder> recorder;
   std::shared_ptr<SpanTracer> tracer;
   std::shared_ptr<CommBackend> backend;  // outlives the actor system (declared first, destroyed last)
@@ -103,6 +106,40 @@ struct ActorEngine::Impl {
     units.clear();
     comms.clear();
   }
+
+  // A blocking line to the trainer: asks it and waits for the answer. The trainer answers with an
+  // error when any actor of the process stops; the line monitors the trainer, so its own end (an
+  // exception in it) ends the wait too. A failure leaves the engine unusable (the ranks' collective
+  // streams hold numbers nobody will post).
+  class TrainerLine {
+   public:
+    explicit TrainerLine(Impl& im) : im_(im), self_(*im.system) {
+      im_.check_usable();
+      self_->monitor(im_.trainer);
+    }
+    ~TrainerLine() { self_->demonitor(im_.trainer.address()); }
+    TrainerLine(const TrainerLine&) = delete;
+    TrainerLine& operator=(const TrainerLine&) = delete;
+
+    template <class Result, class... Message>
+    Result ask(Message... message) {
+      std::optional<Result> out;
+      std::string error;
+      self_->send(im_.trainer, message...);
+      self_->receive([&](Result r) { out = std::move(r); },
+                     [&](caf::error& e) { error = error_text(*im_.system, e); },
+                     [&](caf::down_msg& d) { error = "the trainer stopped: " + error_text(*im_.system, d.reason); });
+      if (!error.empty()) {
+        im_.broken = error;
+        throw std::runtime_error("actor runtime: " + error);
+      }
+      return std::move(*out);
+    }
+
+   private:
+    Impl& im_;
+    caf::scoped_actor self_;
+  };
 };
 
 ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::make_unique<Impl>()) {
@@ -198,9 +235,19 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
     im.stages.push_back(spawn_stage_actor(
         sys, StageActorSetup{im.plan, im.model, rank, im.units[local], compute, comm, im.schedule, im.tracer}));
   }
-  im.trainer = spawn_trainer_actor(
-      sys, TrainerActorSetup{im.plan, im.ranks, im.stages, config.train.micro_batch, in.start_step, config.precision, in.optimizer,
-                        im.tracer});
+  std::vector<WatchedActor> watched;
+  for (std::size_t local = 0; local < im.ranks.size(); ++local) {
+    const std::string rank = "rank " + std::to_string(im.ranks[local]);
+    watched.push_back({caf::actor_cast<caf::actor>(im.stages[local]), rank + " stage"});
+    watched.push_back({caf::actor_cast<caf::actor>(im.computes[local]), rank + " compute"});
+    watched.push_back({caf::actor_cast<caf::actor>(im.comms[local]), rank + " comm"});
+    for (std::size_t u = 0; u < plan.units.size(); ++u) {
+      watched.push_back({caf::actor_cast<caf::actor>(im.units[local][u]), rank + " unit " + plan.units[u].name});
+    }
+  }
+  im.trainer = spawn_trainer_actor(sys, TrainerActorSetup{im.plan, im.ranks, im.stages, config.train.micro_batch,
+                                                          in.start_step, config.precision, in.optimizer, im.tracer,
+                                                          std::move(watched)});
 }
 
 ActorEngine::~ActorEngine() = default;
@@ -210,15 +257,7 @@ StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
   im.check_usable();
   const std::size_t records_before = im.recorder->size();
   im.recorder->set_step(++im.steps);
-  caf::scoped_actor self{*im.system};
-  StepResult result;
-  std::string error;
-  self->request(im.trainer, caf::infinite, step_atom::value, GlobalStep{global_batch, record_routing})
-      .receive([&](StepResult& r) { result = r; }, [&](caf::error& e) { error = im.system->render(e); });
-  if (!error.empty()) {
-    im.broken = error;
-    throw std::runtime_error("actor runtime: " + error);
-  }
+  StepResult result = Impl::TrainerLine(im).ask<StepResult>(step_atom::value, GlobalStep{global_batch, record_routing});
   const auto records = im.recorder->records();
   for (std::size_t i = records_before; i < records.size(); ++i) {
     const auto& rec = records[i];
@@ -238,27 +277,13 @@ TrainingState ActorEngine::state() const {
   const Plan& plan = *im.plan;
   // Every rank all-gathers every unit's shards over its shard group (collectives: the ranks of
   // other processes take part from there); this process keeps its first rank's copy.
-  im.check_usable();
-  caf::scoped_actor self{*im.system};
+  Impl::TrainerLine line(im);
   im.recorder->set_step(-1);  // between steps: the record tags these collectives with step -1
-  for (std::size_t i = 0; i < im.stages.size(); ++i) self->send(im.stages[i], export_atom::value, i == 0);
-  std::optional<GatheredState> kept;
-  for (std::size_t i = 0; i < im.stages.size(); ++i) {
-    std::string error;
-    self->receive(
-        [&](GatheredState& g) {
-          if (!g.units.empty()) kept = std::move(g);
-        },
-        [&](caf::error& e) { error = im.system->render(e); });
-    if (!error.empty()) {  // the other ranks' gathers may never complete: do not wait for them
-      im.broken = error;
-      throw std::runtime_error("actor runtime: gathering the state failed: " + error);
-    }
-  }
+  const GatheredState kept = line.ask<GatheredState>(export_atom::value);
   TensorMap full[3];
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     const UnitPlan& unit = plan.units[u];
-    const Tensor parts[3] = {kept->units[u].master, kept->units[u].exp_avg, kept->units[u].exp_avg_sq};
+    const Tensor parts[3] = {kept.units[u].master, kept.units[u].exp_avg, kept.units[u].exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
       TensorMap params = unpack_gathered(unit, parts[k], unit.shard_count);
       for (const auto& name : params.names()) full[k].insert(name, params.at(name));
@@ -276,14 +301,9 @@ TrainingState ActorEngine::state() const {
 
 double ActorEngine::gather_round_trip_us(std::size_t unit, int iterations) {
   auto& im = *impl_;
-  caf::scoped_actor self{*im.system};
+  Impl::TrainerLine line(im);
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i) {
-    for (const auto& stage : im.stages) self->send(stage, probe_atom::value, static_cast<std::uint64_t>(unit));
-    for (std::size_t r = 0; r < im.stages.size(); ++r) {
-      self->receive([](done_atom) {}, [&](caf::error& e) { throw std::runtime_error(im.system->render(e)); });
-    }
-  }
+  for (int i = 0; i < iterations; ++i) line.ask<done_atom>(probe_atom::value, static_cast<std::uint64_t>(unit));
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iterations;
 }
 

@@ -44,8 +44,8 @@ class ActorEngine : public TrainingEngine {
   std::optional<std::string> chrome_trace() const override;
 
   const Plan& plan() const;
-  // Mean wall time of a unit gather requested through every rank's stage (request, all-gather
-  // through the comm actors, params back, reshard), between steps. For bench/.
+  // Mean wall time of a unit gather requested through the trainer and every rank's stage
+  // (request, all-gather through the comm actors, params back, reshard), between steps. For bench/.
   double gather_round_trip_us(std::size_t unit, int iterations);
   std::vector<CollectiveRecord> collective_records() const;
   std::vector<Span> spans() const;

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "actors/spawn.hpp"
+#include "actors/supervision.hpp"
 
 namespace atl {
 
@@ -55,6 +56,7 @@ void issue_ready(comm_pointer self) {
 }
 
 comm_actor::behavior_type comm_behavior(comm_pointer self, std::map<std::string, std::shared_ptr<Communicator>> groups) {
+  exit_with_exception_message(self);
   self->state.groups = std::move(groups);
   return {
       [=](collect_atom, CollectiveRequest req) -> caf::result<done_atom> {

@@ -2,6 +2,7 @@
 // detached, on a thread of its own, so long kernels never hold up the scheduler threads that
 // unit and comm actors need to keep gathers moving (that is what lets gathers overlap compute).
 #include "actors/spawn.hpp"
+#include "actors/supervision.hpp"
 #include "kernels/cpu/compute_pool.hpp"
 
 namespace atl {
@@ -11,6 +12,7 @@ namespace {
 compute_actor::behavior_type compute_behavior(compute_actor::pointer self, int rank,
                                               std::shared_ptr<cpu::ComputePool> pool,
                                               std::shared_ptr<SpanTracer> tracer) {
+  exit_with_exception_message(self);
   return {
       [=](run_atom, const ComputeJob& job) -> caf::result<done_atom> {
         const double start = tracer->now_us();
@@ -21,7 +23,6 @@ compute_actor::behavior_type compute_behavior(compute_actor::pointer self, int r
           return caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(rank) + ", " + job.name + ": " + e.what());
         }
         tracer->add({rank, "compute", job.name, "compute", start, tracer->now_us()});
-        (void)self;
         return done_atom::value;
       },
   };

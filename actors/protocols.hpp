@@ -148,7 +148,11 @@ using stage_actor = caf::typed_actor<caf::replies_to<step_atom, StageStep>::with
                                      caf::replies_to<export_atom, bool>::with<GatheredState>>;
 
 // The trainer of one process: splits the global batch among its ranks, normalises the loss,
-// computes the global gradient norm in one fixed order and triggers the optimizer step.
-using trainer_actor = caf::typed_actor<caf::replies_to<step_atom, GlobalStep>::with<StepResult>>;
+// computes the global gradient norm in one fixed order and triggers the optimizer step. Export
+// and probe go to every stage of the process (export: the first rank's copy comes back). It
+// monitors every actor of the process: one that stops fails the request in flight and all later.
+using trainer_actor = caf::typed_actor<caf::replies_to<step_atom, GlobalStep>::with<StepResult>,
+                                       caf::replies_to<export_atom>::with<GatheredState>,
+                                       caf::replies_to<probe_atom, std::uint64_t>::with<done_atom>>;
 
 }  // namespace atl

@@ -44,6 +44,12 @@ struct StageActorSetup {
 };
 stage_actor spawn_stage_actor(caf::actor_system& system, StageActorSetup setup);
 
+// An actor the trainer watches, and what to call it when it stops ("rank 3 unit model.norm").
+struct WatchedActor {
+  caf::actor handle;
+  std::string name;
+};
+
 struct TrainerActorSetup {
   std::shared_ptr<const Plan> plan;
   std::vector<int> ranks;           // the ranks of this process, increasing
@@ -53,6 +59,7 @@ struct TrainerActorSetup {
   Precision precision = Precision::bf16;
   OptimizerSettings optimizer;
   std::shared_ptr<SpanTracer> tracer;
+  std::vector<WatchedActor> watched;  // every other actor of the process
 };
 trainer_actor spawn_trainer_actor(caf::actor_system& system, TrainerActorSetup setup);
 

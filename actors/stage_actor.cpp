@@ -7,6 +7,7 @@
 #include <map>
 
 #include "actors/spawn.hpp"
+#include "actors/supervision.hpp"
 #include "graph/plan/step_program.hpp"
 
 namespace atl {
@@ -267,6 +268,7 @@ std::shared_ptr<const StepProgram> program_for(StageState& st, int micro_batches
 }
 
 stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup setup) {
+  exit_with_exception_message(self);
   self->state.setup = std::move(setup);
   return {
       [=](step_atom, StageStep step) -> caf::result<StageReport> {

@@ -4,10 +4,16 @@
 // pairwise tree of global micro-batch indices (exactly the reference trainer's order), the
 // gradient norm over (unit, shard) in plan order — and triggers its ranks' optimizer step with
 // the clip factor and learning rate. Every process computes the same result.
+//
+// It is also its process's supervisor: it monitors every actor of the process, and an actor that
+// stops (an exception escaped it) fails the step or export in flight, and every later one, with
+// the actor's name and reason. Without that the other ranks would wait on its collectives forever.
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "actors/spawn.hpp"
+#include "actors/supervision.hpp"
 #include "kernels/ops/optim.hpp"
 #include "kernels/tree_sum.hpp"
 
@@ -18,6 +24,10 @@ namespace {
 struct TrainerState {
   TrainerActorSetup setup;
   std::int64_t step = 0;
+  std::map<caf::actor_addr, std::string> watched;  // every actor of the process, by address
+  caf::error failure;                              // the first actor that stopped
+  // Fails the request in flight (a step, export or probe): the engine asks one at a time.
+  std::function<void(const caf::error&)> fail_in_flight;
 };
 
 using trainer_pointer = trainer_actor::stateful_pointer<TrainerState>;
@@ -90,12 +100,63 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   }
 }
 
+// Remembers `promise` as the request in flight, for a failing actor to answer.
+template <class T>
+void in_flight(trainer_pointer self, caf::typed_response_promise<T> promise) {
+  self->state.fail_in_flight = [promise](const caf::error& e) mutable {
+    if (promise.pending()) promise.deliver(e);
+  };
+}
+
+void watch(trainer_pointer self, std::vector<WatchedActor> actors) {
+  for (auto& a : actors) {
+    self->monitor(a.handle);
+    self->state.watched.emplace(a.handle.address(), std::move(a.name));
+  }
+  self->set_down_handler([=](caf::down_msg& down) {
+    auto& st = self->state;
+    if (down.reason == caf::exit_reason::user_shutdown) return;  // the engine stopping
+    if (!st.failure) {
+      const auto it = st.watched.find(down.source);
+      const std::string who = it == st.watched.end() ? "an actor of this process" : it->second;
+      st.failure = caf::make_error(caf::sec::runtime_error,
+                                   who + " stopped: " + error_text(self->system(), down.reason));
+    }
+    if (st.fail_in_flight) std::exchange(st.fail_in_flight, nullptr)(st.failure);
+  });
+}
+
+// Sends `request(local)` to every stage of the process; `combine(local, reply)` takes each
+// answer; the result is `finish()` once all have answered, or the first error.
+template <class Reply, class Result, class Request, class Combine, class Finish>
+caf::result<Result> ask_stages(trainer_pointer self, Request request, Combine combine, Finish finish) {
+  auto& st = self->state;
+  if (st.failure) return st.failure;
+  auto promise = self->make_response_promise<Result>();
+  in_flight(self, promise);
+  auto remaining = std::make_shared<std::size_t>(st.setup.stages.size());
+  for (std::size_t local = 0; local < st.setup.stages.size(); ++local) {
+    request(local).then(
+        [=](Reply reply) mutable {
+          combine(local, std::move(reply));
+          if (--*remaining == 0 && promise.pending()) promise.deliver(finish());
+        },
+        [=](caf::error& e) mutable {
+          if (promise.pending()) promise.deliver(std::move(e));
+        });
+  }
+  return promise;
+}
+
 trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActorSetup setup) {
+  exit_with_exception_message(self);
   self->state.step = setup.start_step;
+  watch(self, std::move(setup.watched));
   self->state.setup = std::move(setup);
   return {
       [=](step_atom, const GlobalStep& msg) -> caf::result<StepResult> {
         auto& st = self->state;
+        if (st.failure) return st.failure;
         const Mesh& mesh = st.setup.plan->mesh;
         const Batch& batch = msg.batch;
         const std::int64_t micro = st.setup.micro_batch;
@@ -117,6 +178,7 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
         progress->reports.resize(st.setup.stages.size());
         progress->remaining = st.setup.stages.size();
         progress->promise = self->make_response_promise<StepResult>();
+        in_flight(self, progress->promise);
         for (std::size_t local = 0; local < st.setup.stages.size(); ++local) {
           StageStep stage_step{r.step, {}, grad_scale, msg.record_routing};
           const std::int64_t first = mesh.dp_index(st.setup.ranks[local]) * per_rank;
@@ -132,6 +194,27 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
                   [=](caf::error& e) { progress->promise.deliver(std::move(e)); });
         }
         return progress->promise;
+      },
+      // Every stage all-gathers the state; the first rank's copy is the process's.
+      [=](export_atom) -> caf::result<GatheredState> {
+        auto kept = std::make_shared<GatheredState>();
+        return ask_stages<GatheredState, GatheredState>(
+            self,
+            [=](std::size_t local) {
+              return self->request(self->state.setup.stages[local], caf::infinite, export_atom::value, local == 0);
+            },
+            [=](std::size_t local, GatheredState g) {
+              if (local == 0) *kept = std::move(g);
+            },
+            [=] { return std::move(*kept); });
+      },
+      [=](probe_atom, std::uint64_t unit) -> caf::result<done_atom> {
+        return ask_stages<done_atom, done_atom>(
+            self,
+            [=](std::size_t local) {
+              return self->request(self->state.setup.stages[local], caf::infinite, probe_atom::value, unit);
+            },
+            [](std::size_t, done_atom) {}, [] { return done_atom::value; });
       },
   };
 }

@@ -4,6 +4,7 @@
 // gradient over the fixed pairwise tree, and after the last one reduce-scatter in the reduce dtype
 // (then all-reduce over the replicate group for HSDP); optimize: AdamW on the shard.
 #include "actors/spawn.hpp"
+#include "actors/supervision.hpp"
 #include "graph/plan/flat_shards.hpp"
 #include "kernels/cpu/optim.hpp"
 #include "kernels/ops/elementwise.hpp"
@@ -157,6 +158,7 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
   auto& st = self->state;
   st.unit = &setup.plan->units.at(setup.unit_index);
   st.actor_name = "unit " + st.unit->name;
+  exit_with_exception_message(self);
   st.master = setup.initial_shard;
   st.exp_avg = setup.initial_exp_avg;
   st.exp_avg_sq = setup.initial_exp_avg_sq;

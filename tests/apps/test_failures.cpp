@@ -456,23 +456,32 @@ TEST_CASE("failures: runs that cannot fit in memory are refused before they allo
   }
 }
 
-TEST_CASE("failures: running out of threads or memory while the actor engine is built exits instead of hanging",
+TEST_CASE("failures: running out of threads or memory while the actor engine is built or steps exits instead of hanging",
           "[apps][failures][memory]") {
   TempDir tmp;
-  // 256 simulated ranks under a 3 GB address-space limit (the preflight skipped): thread or memory
-  // allocation fails part-way through spawning. The process must end (timeout would say 124).
-  std::string command = "ulimit -v 3000000; ATOLL_SKIP_MEMORY_CHECK=1 timeout 120 " +
-                        shell_quote(app_binary("atoll-train").string()) + " " +
-                        shell_quote(source_path("configs/beam-tiny.yaml").string()) +
-                        " --set run_dir=" + shell_quote((tmp.path / "run").string()) +
-                        " --set topology.mesh.dp_shard=256 --set train.global_batch=256 --set train.micro_batch=1" +
-                        " --set train.steps=1 >" + shell_quote((tmp.path / "out.txt").string()) + " 2>" +
-                        shell_quote((tmp.path / "err.txt").string());
-  const int status = std::system(("bash -c " + shell_quote(command)).c_str());
-  const std::string err = read_file(tmp.path / "err.txt");
-  INFO(err);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);  // an error exit: not a hang (124), not a crash after the message
-  CHECK((err.find("building the actor runtime for 256 ranks failed") != std::string::npos ||
-         err.find("out of memory") != std::string::npos));
+  // 256 simulated ranks under an address-space limit (the preflight skipped): thread creation or
+  // an allocation fails part-way through spawning (3 GB, on most machines) or inside one actor
+  // during the first step (6 GB): a unit actor dies, and every other rank would wait on its
+  // collectives forever unless the trainer, which monitors every actor, fails the step. The
+  // process must end with an error: `timeout` would exit 124 (137 after its KILL).
+  for (const char* limit_kb : {"3000000", "6000000"}) {
+    INFO("ulimit -v " << limit_kb);
+    const fs::path run = tmp.path / (std::string("run") + limit_kb);
+    std::string command = std::string("ulimit -v ") + limit_kb + "; ATOLL_SKIP_MEMORY_CHECK=1 timeout -k 10 120 " +
+                          shell_quote(app_binary("atoll-train").string()) + " " +
+                          shell_quote(source_path("configs/beam-tiny.yaml").string()) +
+                          " --set run_dir=" + shell_quote(run.string()) +
+                          " --set topology.mesh.dp_shard=256 --set train.global_batch=256 --set train.micro_batch=1" +
+                          " --set train.steps=1 >" + shell_quote((tmp.path / "out.txt").string()) + " 2>" +
+                          shell_quote((tmp.path / "err.txt").string());
+    const int status = std::system(("bash -c " + shell_quote(command)).c_str());
+    const std::string err = read_file(tmp.path / "err.txt");
+    INFO(err);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 1);  // an error exit: not a hang (124, 137), not a crash after the message
+    CHECK((err.find("building the actor runtime for 256 ranks failed") != std::string::npos ||
+           err.find("stopped: std::bad_alloc") != std::string::npos || err.find("out of memory") != std::string::npos));
+    // CAF's default handler would print every dying actor's exception to stdout.
+    CHECK(read_file(tmp.path / "out.txt").find("unhandled exception") == std::string::npos);
+  }
 }
