@@ -15,14 +15,17 @@ compute_actor::behavior_type compute_behavior(compute_actor::pointer self, int r
   exit_with_exception_message(self);
   return {
       [=](run_atom, const ComputeJob& job) -> caf::result<done_atom> {
-        const double start = tracer->now_us();
         cpu::ComputePoolScope scope(pool.get());
-        try {
-          job.work();
-        } catch (const std::exception& e) {
-          return caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(rank) + ", " + job.name + ": " + e.what());
+        for (const ComputeTask& task : job.tasks) {
+          const double start = tracer->now_us();
+          try {
+            task.work();
+          } catch (const std::exception& e) {
+            return caf::make_error(caf::sec::runtime_error,
+                                   "rank " + std::to_string(rank) + ", " + task.name + ": " + e.what());
+          }
+          tracer->add({rank, "compute", task.name, "compute", start, tracer->now_us()});
         }
-        tracer->add({rank, "compute", job.name, "compute", start, tracer->now_us()});
         return done_atom::value;
       },
   };

@@ -44,9 +44,14 @@ struct CollectiveRequest {
   std::string tag;
 };
 
-struct ComputeJob {
-  std::string name;
+struct ComputeTask {
+  std::string name;  // "forward model.layers.0.router": its trace span and errors say it
   std::function<void()> work;
+};
+
+// Tasks the compute actor runs in order, in one round trip (a stage's consecutive ops).
+struct ComputeJob {
+  std::vector<ComputeTask> tasks;
 };
 
 // A rank's share of one step: its micro-batches in global order.

@@ -3,7 +3,9 @@
 // to the unit actors (with the collective sequence numbers the program fixed), forward and
 // backward wait for the op's units' params and run on the compute actor. It decides nothing
 // about what comes next; the program says it.
+#include <algorithm>
 #include <bit>
+#include <optional>
 #include <map>
 
 #include "actors/spawn.hpp"
@@ -48,11 +50,11 @@ void fail(stage_pointer self, const caf::error& error) {
   if (st.done.pending()) st.done.deliver(error);
 }
 
-// Collects the gathered params of every unit of `op` into one map, then continues.
-void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<TensorMap>)> next) {
-  const auto& units = self->state.program->op_units[static_cast<std::size_t>(op)];
+// Collects the gathered params of `units` into one map, then continues.
+void with_params(stage_pointer self, const std::vector<std::size_t>& units,
+                 std::function<void(std::shared_ptr<TensorMap>)> next) {
   auto merged = std::make_shared<TensorMap>();
-  if (units.empty()) return next(merged);  // an op without parameters (an MoE dispatch)
+  if (units.empty()) return next(merged);  // ops without parameters (an MoE dispatch)
   auto remaining = std::make_shared<std::size_t>(units.size());
   for (std::size_t u : units) {
     self->request(self->state.setup.units[u], caf::infinite, params_atom::value)
@@ -65,68 +67,99 @@ void with_params(stage_pointer self, int op, std::function<void(std::shared_ptr<
   }
 }
 
-// Runs `work` on the compute actor; afterwards `next`, then the following instruction.
-void compute(stage_pointer self, std::string name, std::function<void()> work, std::function<void()> next) {
-  self->request(self->state.setup.compute, caf::infinite, run_atom::value, ComputeJob{std::move(name), std::move(work)})
-      .then(
-          [=, next = std::move(next)](done_atom) {
-            if (!self->state.active) return;  // a failed step goes no further
-            next();
-            ++self->state.pc;
-            advance(self);
-          },
-          [=](caf::error& e) { fail(self, e); });
-}
+// What one compute instruction adds to a job: its task, and what the stage does after the job.
+struct ComputePart {
+  ComputeTask task;
+  std::function<void()> after;
+};
 
-void run_forward(stage_pointer self, const StepInstruction& ins) {
+// The forward of one op for one micro-batch. Op 0 starts the micro-batch (an activation buffer).
+std::optional<ComputePart> forward_part(stage_pointer self, const StepInstruction& ins,
+                                        std::shared_ptr<TensorMap> weights) {
   auto& st = self->state;
-  const int mb = ins.micro_batch;
-  if (ins.op == 0) {
+  const int mb = ins.micro_batch, op = ins.op;
+  if (op == 0) {
     if (static_cast<int>(st.runs.size()) >= st.program->activation_buffers) {
-      return fail(self, caf::make_error(caf::sec::runtime_error,
-                                        "stage: micro-batch " + std::to_string(mb) + " would exceed the plan's " +
-                                            std::to_string(st.program->activation_buffers) + " activation buffers"));
+      fail(self, caf::make_error(caf::sec::runtime_error,
+                                 "stage: micro-batch " + std::to_string(mb) + " would exceed the plan's " +
+                                     std::to_string(st.program->activation_buffers) + " activation buffers"));
+      return std::nullopt;
     }
     try {
       st.runs[mb] = st.setup.model->start(st.step.micro_batches[static_cast<std::size_t>(mb)],
                                           st.setup.plan->precision, st.step.grad_scale);
     } catch (const std::exception& e) {
-      return fail(self,
-                  caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(st.setup.rank) + ": " + e.what()));
+      fail(self, caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(st.setup.rank) + ": " + e.what()));
+      return std::nullopt;
     }
   }
-  const int op = ins.op;
-  with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
-    auto run = self->state.runs.at(mb);
-    compute(self, "forward " + self->state.setup.model->ops()[static_cast<std::size_t>(op)].name,
-            [run, op, weights] { run->forward(op, *weights); }, [=] {
-      auto& s = self->state;
-      if (op + 1 < static_cast<int>(s.program->ops.size())) return;
-      s.loss_sums.push_back(run->loss_sum());
-      if (s.step.record_routing) s.routing.push_back(run->routing());
-    });
-  });
+  auto run = st.runs.at(mb);
+  const bool last = op + 1 == static_cast<int>(st.program->ops.size());
+  return ComputePart{{"forward " + st.setup.model->ops()[static_cast<std::size_t>(op)].name,
+                      [run, op, weights] { run->forward(op, *weights); }},
+                     [=] {
+                       if (!last) return;
+                       auto& s = self->state;
+                       s.loss_sums.push_back(run->loss_sum());
+                       if (s.step.record_routing) s.routing.push_back(run->routing());
+                     }};
 }
 
-void run_backward(stage_pointer self, const StepInstruction& ins) {
+// The backward of one op for one micro-batch, adding into its units' gradients (created, zero,
+// by the first backward op that reads the unit). Op 0 ends the micro-batch.
+ComputePart backward_part(stage_pointer self, const StepInstruction& ins, std::shared_ptr<TensorMap> weights) {
+  auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch;
-  with_params(self, op, [=](std::shared_ptr<TensorMap> weights) {
-    auto& st = self->state;
-    auto grads = std::make_shared<TensorMap>();  // this op's units' gradient tensors, by name
-    for (std::size_t u : st.program->op_units[static_cast<std::size_t>(op)]) {
-      auto& mine = st.unit_grads[u];
-      if (!mine) {
-        mine = std::make_shared<TensorMap>();
-        for (const auto& p : st.setup.plan->units[u].params) mine->insert(p.name, Tensor::zeros(weights->at(p.name).shape()));
-      }
-      for (const auto& name : mine->names()) grads->insert(name, mine->at(name));
+  auto grads = std::make_shared<TensorMap>();  // this op's units' gradient tensors, by name
+  for (std::size_t u : st.program->op_units[static_cast<std::size_t>(op)]) {
+    auto& mine = st.unit_grads[u];
+    if (!mine) {
+      mine = std::make_shared<TensorMap>();
+      for (const auto& p : st.setup.plan->units[u].params) mine->insert(p.name, Tensor::zeros(weights->at(p.name).shape()));
     }
-    auto run = st.runs.at(mb);
-    compute(self, "backward " + st.setup.model->ops()[static_cast<std::size_t>(op)].name,
-            [run, op, weights, grads] { run->backward(op, *weights, *grads); },
-            [=] {
-              if (op == 0) self->state.runs.erase(mb);  // the micro-batch is done
-            });
+    for (const auto& name : mine->names()) grads->insert(name, mine->at(name));
+  }
+  auto run = st.runs.at(mb);
+  return ComputePart{{"backward " + st.setup.model->ops()[static_cast<std::size_t>(op)].name,
+                      [run, op, weights, grads] { run->backward(op, *weights, *grads); }},
+                     [=] {
+                       if (op == 0) self->state.runs.erase(mb);  // the micro-batch is done
+                     }};
+}
+
+// Runs the compute run at pc (compute_run_end: consecutive forwards and backwards) as one job on
+// the compute actor once its ops' units' params are there; afterwards each part's `after` in
+// order, then the instruction after the run.
+void run_compute(stage_pointer self) {
+  auto& st = self->state;
+  const std::size_t begin = st.pc, end = compute_run_end(*st.program, begin);
+  std::vector<std::size_t> units;  // read by the run, each once
+  for (std::size_t i = begin; i < end; ++i) {
+    for (std::size_t u : st.program->op_units[static_cast<std::size_t>(st.program->instructions[i].op)]) {
+      if (std::find(units.begin(), units.end(), u) == units.end()) units.push_back(u);
+    }
+  }
+  with_params(self, units, [=](std::shared_ptr<TensorMap> weights) {
+    auto& s = self->state;
+    ComputeJob job;
+    std::vector<std::function<void()>> after;
+    for (std::size_t i = begin; i < end; ++i) {
+      const StepInstruction& ins = s.program->instructions[i];
+      std::optional<ComputePart> part =
+          ins.kind == StepInstructionKind::forward ? forward_part(self, ins, weights) : backward_part(self, ins, weights);
+      if (!part) return;  // the step failed
+      job.tasks.push_back(std::move(part->task));
+      after.push_back(std::move(part->after));
+    }
+    self->request(s.setup.compute, caf::infinite, run_atom::value, std::move(job))
+        .then(
+            [=](done_atom) {
+              if (!self->state.active) return;  // a failed step goes no further
+              for (const auto& a : after) a();
+              self->state.pc = end;
+              advance(self);
+            },
+            [=](caf::error& e) { fail(self, e); });
   });
 }
 
@@ -189,7 +222,7 @@ void report(stage_pointer self, const StepInstruction& ins) {
   }
 }
 
-// Walks instructions until one must wait (forward, backward) or the program ends.
+// Walks instructions until one must wait (a compute run) or the program ends.
 void advance(stage_pointer self) {
   auto& st = self->state;
   const auto& instructions = st.program->instructions;
@@ -206,9 +239,8 @@ void advance(stage_pointer self) {
         send_grads(self, ins);
         break;
       case StepInstructionKind::forward:
-        return run_forward(self, ins);
       case StepInstructionKind::backward:
-        return run_backward(self, ins);
+        return run_compute(self);
       case StepInstructionKind::report:
         ++st.pc;
         return report(self, ins);  // the last instruction: it answers the step

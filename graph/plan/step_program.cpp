@@ -165,4 +165,19 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
   return program;
 }
 
+std::size_t compute_run_end(const StepProgram& program, std::size_t begin) {
+  const auto& ins = program.instructions;
+  auto is_compute = [&](std::size_t i) {
+    return ins[i].kind == StepInstructionKind::forward || ins[i].kind == StepInstructionKind::backward;
+  };
+  if (begin >= ins.size() || !is_compute(begin)) {
+    throw std::invalid_argument("compute_run_end: instruction " + std::to_string(begin) + " is not a forward or backward");
+  }
+  std::size_t end = begin + 1;
+  while (end < ins.size() && is_compute(end) && !(ins[end].kind == StepInstructionKind::forward && ins[end].op == 0)) {
+    ++end;
+  }
+  return end;
+}
+
 }  // namespace atl

@@ -92,6 +92,13 @@ struct StepProgram {
 StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& ops, int micro_batches,
                                  StepSchedule schedule = StepSchedule::one_at_a_time);
 
+// The end (one past) of the compute run that starts at forward or backward instruction `begin`:
+// the consecutive forward and backward instructions after it, with nothing between them to send,
+// which the stage hands to its compute actor as one job (one round trip, not one per op: an MoE
+// layer is five ops). A forward of op 0 starts a micro-batch, taking an activation buffer that a
+// backward earlier in the same job would only free after the job, so it only ever starts a run.
+std::size_t compute_run_end(const StepProgram& program, std::size_t begin);
+
 // For atoll-plan --graph. Text: the ops (activations in -> out, units read), then one line per
 // instruction, collectives with their sequence number and group. JSON: {micro_batches, ops: [...],
 // instructions: [...], collectives: [...]} with names.

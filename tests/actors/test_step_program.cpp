@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "actors/actor_engine.hpp"
+#include "actors/trace.hpp"
 #include "graph/plan/step_program.hpp"
 #include "tests/actors/actor_test_support.hpp"
 
@@ -177,5 +178,84 @@ TEST_CASE("All forwards first (GPipe order) keeps every micro-batch in flight an
     check_same_steps(gpipe, plain, 0.0, true);
     CHECK(same_routing(gpipe.steps[0].routing, plain.steps[0].routing));
     CHECK(bitwise_equal(gpipe.master, plain.master));
+  }
+}
+
+TEST_CASE("A compute run is a maximal chain of forwards and backwards that a forward of op 0 only starts",
+          "[actors][program]") {
+  const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::bf16, {1, 1}, 2, 1);
+  const auto model = make_model(config.model, config.source_file);
+  const Plan plan = make_plan(model->specs(), model->sharding_rules(), Mesh(config.topology.mesh, "test.yaml"),
+                              config.precision);
+  auto is_compute = [](const StepInstruction& i) {
+    return i.kind == StepInstructionKind::forward || i.kind == StepInstructionKind::backward;
+  };
+  for (const StepSchedule schedule : {StepSchedule::one_at_a_time, StepSchedule::all_forward_first}) {
+    for (int micro_batches : {1, 2}) {
+      INFO(step_schedule_name(schedule) << ", " << micro_batches << " micro-batches");
+      const StepProgram p = compile_step_program(plan, model->ops(), micro_batches, schedule);
+      const auto& ins = p.instructions;
+      std::size_t runs = 0, computes = 0;
+      for (std::size_t i = 0; i < ins.size();) {
+        if (!is_compute(ins[i])) {
+          CHECK_THROWS_AS(compute_run_end(p, i), std::invalid_argument);
+          ++i;
+          continue;
+        }
+        const std::size_t end = compute_run_end(p, i);
+        REQUIRE(end > i);
+        for (std::size_t k = i; k < end; ++k) {
+          CHECK(is_compute(ins[k]));
+          CHECK_FALSE((k > i && ins[k].kind == StepInstructionKind::forward && ins[k].op == 0));
+        }
+        // Maximal: what follows is not a compute, or is a forward of op 0.
+        CHECK((end == ins.size() || !is_compute(ins[end]) ||
+               (ins[end].kind == StepInstructionKind::forward && ins[end].op == 0)));
+        computes += end - i;
+        ++runs;
+        i = end;
+      }
+      CHECK(computes == 2 * p.ops.size() * static_cast<std::size_t>(micro_batches));
+      if (micro_batches == 1) {
+        // Counted by hand from `atoll-plan --graph` (beam-tiny-moe, 4 MoE layers of 5 ops, 22 ops):
+        // forward: embed, then each layer's 5 ops (a release and a gather split the layers);
+        // forward + backward of the head; per layer backward combine..router, then (after the
+        // router's grads) attention; backward embed. 5 + 1 + 4 * 2 + 1 = 15 jobs for 44 ops.
+        CHECK(computes == 44);
+        CHECK(runs == 15);
+      }
+    }
+  }
+}
+
+TEST_CASE("A step's compute spans are the program's forwards and backwards, one per op, in program order",
+          "[actors][program]") {
+  // Compute runs go to the compute actor as one job; each op still has its own span (and error text).
+  const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::bf16, {2, 1}, 4, 1);
+  std::unique_ptr<TrainingEngine> engine;
+  run_engine(config, make_actor_engine, 2, false, &engine);
+  auto& actors = dynamic_cast<ActorEngine&>(*engine);
+  const auto model = make_model(config.model, config.source_file);
+  const StepProgram program = compile_step_program(actors.plan(), model->ops(), 2);
+  std::vector<std::string> expected;
+  for (const StepInstruction& i : program.instructions) {
+    if (i.kind == StepInstructionKind::forward || i.kind == StepInstructionKind::backward) {
+      expected.push_back(std::string(step_instruction_name(i.kind)) + " " + program.ops[static_cast<std::size_t>(i.op)].name);
+    }
+  }
+  REQUIRE(expected.size() == 2 * 2 * program.ops.size());
+  for (int rank = 0; rank < 2; ++rank) {
+    for (std::int64_t step : {1, 2}) {
+      INFO("rank " << rank << " step " << step);
+      std::vector<std::string> names;
+      double last_end = 0;
+      for (const Span& s : actors.spans()) {
+        if (s.rank != rank || s.step != step || s.category != "compute") continue;
+        CHECK(s.start_us >= last_end);  // one compute actor per rank: spans never overlap
+        last_end = s.end_us;
+        names.push_back(s.name);
+      }
+      CHECK(names == expected);
+    }
   }
 }
