@@ -173,7 +173,7 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
                                 std::to_string(world));
   }
   im.recorder = im.backend->recorder();
-  im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch());
+  im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch(), in.trace);
   im.system_config = std::make_unique<caf::actor_system_config>();
   im.system = std::make_unique<caf::actor_system>(*im.system_config);
   im.steps = in.start_step;
@@ -307,7 +307,10 @@ double ActorEngine::gather_round_trip_us(std::size_t unit, int iterations) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iterations;
 }
 
-std::optional<std::string> ActorEngine::chrome_trace() const { return impl_->tracer->chrome_trace_json(); }
+std::optional<std::string> ActorEngine::chrome_trace() const {
+  if (!impl_->tracer->recording()) return std::nullopt;  // EngineInputs::trace was off
+  return impl_->tracer->chrome_trace_json();
+}
 const Plan& ActorEngine::plan() const { return *impl_->plan; }
 std::vector<CollectiveRecord> ActorEngine::collective_records() const { return impl_->recorder->records(); }
 std::vector<Span> ActorEngine::spans() const { return impl_->tracer->spans(); }

@@ -48,7 +48,7 @@ class ActorEngine : public TrainingEngine {
   // (request, all-gather through the comm actors, params back, reshard), between steps. For bench/.
   double gather_round_trip_us(std::size_t unit, int iterations);
   std::vector<CollectiveRecord> collective_records() const;
-  std::vector<Span> spans() const;
+  std::vector<Span> spans() const;  // empty unless EngineInputs::trace
 
  private:
   // Spawns every rank's actors and the trainer (the constructor abandons the system if it throws).

@@ -12,6 +12,7 @@ void SpanTracer::set_step(std::int64_t step) {
 }
 
 void SpanTracer::add(Span span) {
+  if (!recording_) return;
   std::lock_guard lock(mutex_);
   span.step = step_;
   spans_.push_back(std::move(span));

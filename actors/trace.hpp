@@ -22,7 +22,9 @@ struct Span {
 class SpanTracer {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit SpanTracer(Clock::time_point epoch) : epoch_(epoch) {}
+  // Not `recording`: add() keeps nothing (spans() and the trace are empty).
+  SpanTracer(Clock::time_point epoch, bool recording) : epoch_(epoch), recording_(recording) {}
+  bool recording() const { return recording_; }
   double now_us() const { return std::chrono::duration<double, std::micro>(Clock::now() - epoch_).count(); }
   void set_step(std::int64_t step);
   void add(Span span);
@@ -32,6 +34,7 @@ class SpanTracer {
 
  private:
   Clock::time_point epoch_;
+  bool recording_;
   mutable std::mutex mutex_;
   std::vector<Span> spans_;
   std::int64_t step_ = -1;

@@ -93,10 +93,11 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   progress->remaining = st.setup.stages.size();
   for (const auto& stage : st.setup.stages) {
     self->request(stage, caf::infinite, optimize_atom::value, msg)
-        .then([=](done_atom) {
-          if (--progress->remaining == 0) progress->promise.deliver(progress->result);
-        },
-              [=](caf::error& e) { progress->promise.deliver(std::move(e)); });
+        .then(
+            [=](done_atom) {
+              if (--progress->remaining == 0) progress->promise.deliver(progress->result);
+            },
+            [=](caf::error& e) { progress->promise.deliver(std::move(e)); });
   }
 }
 
@@ -119,8 +120,8 @@ void watch(trainer_pointer self, std::vector<WatchedActor> actors) {
     if (!st.failure) {
       const auto it = st.watched.find(down.source);
       const std::string who = it == st.watched.end() ? "an actor of this process" : it->second;
-      st.failure = caf::make_error(caf::sec::runtime_error,
-                                   who + " stopped: " + error_text(self->system(), down.reason));
+      st.failure =
+          caf::make_error(caf::sec::runtime_error, who + " stopped: " + error_text(self->system(), down.reason));
     }
     if (st.fail_in_flight) std::exchange(st.fail_in_flight, nullptr)(st.failure);
   });
@@ -162,10 +163,10 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
         const std::int64_t micro = st.setup.micro_batch;
         const std::int64_t dp = mesh.dp_size();
         if (batch.rows() % (micro * dp) != 0) {
-          return caf::make_error(caf::sec::runtime_error,
-                                 "global batch of " + std::to_string(batch.rows()) + " rows does not split into " +
-                                     std::to_string(dp) + " data-parallel ranks of micro-batches of " +
-                                     std::to_string(micro) + " rows");
+          return caf::make_error(caf::sec::runtime_error, "global batch of " + std::to_string(batch.rows()) +
+                                                              " rows does not split into " + std::to_string(dp) +
+                                                              " data-parallel ranks of micro-batches of " +
+                                                              std::to_string(micro) + " rows");
         }
         auto progress = std::make_shared<StepProgress>();
         StepResult& r = progress->result;

@@ -278,7 +278,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   const std::int64_t first_step = begin.state.step + 1;
   std::unique_ptr<TrainingEngine> engine =
       make_engine(EngineInputs{config, model, std::move(begin.state.master), optimizer_settings(t),
-                               std::move(begin.state.exp_avg), std::move(begin.state.exp_avg_sq), first_step - 1});
+                               std::move(begin.state.exp_avg), std::move(begin.state.exp_avg_sq), first_step - 1,
+                               !options.trace_path.empty()});
 
   // The first batch is read before anything is written, so a bad data file leaves run_dir alone.
   std::optional<Batch> first_batch = data->next(t.global_batch, t.seq_len);

@@ -53,6 +53,9 @@ struct EngineInputs {
   // Resuming: AdamW moments (empty = zeros) and the steps already taken.
   TensorMap initial_exp_avg{}, initial_exp_avg_sq{};
   std::int64_t start_step = 0;
+  // Record trace spans for chrome_trace() (--trace). Off by default: every step adds a span per
+  // op, gather and reduction of every rank, which a long run would hold in memory to the end.
+  bool trace = false;
 };
 // Builds the engine a config asks for; throws ConfigError when it cannot run the config.
 using EngineFactory = std::function<std::unique_ptr<TrainingEngine>(EngineInputs)>;

@@ -125,7 +125,11 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch posts a 
   const RunConfig plain = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 8, 4);
   const RunConfig slow = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 8, 4, ", sim_delay_ms: {all_gather: 20}");
   std::unique_ptr<TrainingEngine> engine;
-  RunOutput a = run_engine(plain, make_actor_engine, 2), b = run_engine(slow, make_actor_engine, 2, false, &engine);
+  const EngineFactory traced = [](EngineInputs in) {
+    in.trace = true;
+    return make_actor_engine(std::move(in));
+  };
+  RunOutput a = run_engine(plain, make_actor_engine, 2), b = run_engine(slow, traced, 2, false, &engine);
   for (std::size_t s = 0; s < a.steps.size(); ++s) CHECK(a.steps[s].loss == b.steps[s].loss);
   CHECK(bitwise_equal(a.master, b.master));
 

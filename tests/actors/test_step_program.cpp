@@ -232,11 +232,21 @@ TEST_CASE("A step's compute spans are the program's forwards and backwards, one 
           "[actors][program]") {
   // Compute runs go to the compute actor as one job; each op still has its own span (and error text).
   const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::bf16, {2, 1}, 4, 1);
-  std::unique_ptr<TrainingEngine> engine;
-  run_engine(config, make_actor_engine, 2, false, &engine);
+  std::unique_ptr<TrainingEngine> engine, untraced;
+  run_engine(
+      config,
+      [](EngineInputs in) {
+        in.trace = true;
+        return make_actor_engine(std::move(in));
+      },
+      2, false, &engine);
   auto& actors = dynamic_cast<ActorEngine&>(*engine);
   const auto model = make_model(config.model, config.source_file);
   const StepProgram program = compile_step_program(actors.plan(), model->ops(), 2);
+  // Without EngineInputs::trace nothing is kept (a long run would hold every span).
+  run_engine(config, make_actor_engine, 1, false, &untraced);
+  CHECK(dynamic_cast<ActorEngine&>(*untraced).spans().empty());
+  CHECK_FALSE(untraced->chrome_trace().has_value());
   std::vector<std::string> expected;
   for (const StepInstruction& i : program.instructions) {
     if (i.kind == StepInstructionKind::forward || i.kind == StepInstructionKind::backward) {

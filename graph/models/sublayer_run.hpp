@@ -1,0 +1,200 @@
+// The staged micro-batch run and the plain forward of every family, written once. Ops
+// (graph/training/staged_model.hpp sublayer_ops): embedding; per layer its attention sublayer,
+// then its dense MLP or the MoE steps router -> dispatch -> experts -> combine
+// (graph/models/moe_mlp.hpp); the head. What flows between ops is the family's M::State (Beam,
+// Flint: the hidden tensor [T, H]; Inkling2: its residual depth state) and, backward, M::StateGrad.
+// A family M provides:
+//   types State, StateGrad, EmbedCache, BlockCache (members `mlp_in`: the MLP input, set by
+//   mlp_input_forward; `moe`: MoeMlpCache; `dense`: DenseMlpCache), HeadCache;
+//   embed_forward(w, input_ids, ctx, shared_ptr<EmbedCache>*) -> State, embed_backward(w, cache, d, grads);
+//   attention_sublayer_forward(l, w, State, ctx, BlockCache&) -> State (the mid state),
+//   attention_sublayer_backward(l, w, cache, d_mid, ctx, grads) -> StateGrad;
+//   the MLP's surroundings mlp_input_forward(l, w, mid, ctx, k) -> Tensor (the MLP input) and
+//   mlp_output_forward(l, w, m, ctx, k) -> State (the MLP output m back into the state), with
+//   mlp_output_backward(l, w, k, d_out, ctx, grads) -> MlpOutputGrads<StateGrad> and
+//   mlp_input_backward(l, w, k, d_x, d_residual, grads) -> StateGrad;
+//   head_forward(w, State, targets, ctx, shared_ptr<HeadCache>*, logits*) -> LossSum,
+//   head_backward(w, cache, grad_scale, grads) -> StateGrad;
+//   moe_spec(), layer_prefix(l), static routing_indices(cache), config().num_hidden_layers and
+//   config().is_sparse(l).
+#pragma once
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "graph/models/dense_mlp.hpp"
+#include "graph/models/moe_mlp.hpp"
+#include "graph/models/token_context.hpp"
+#include "graph/training/staged_model.hpp"
+#include "kernels/ops/attention.hpp"
+#include "kernels/ops/embedding.hpp"
+
+namespace atl {
+
+// The MLP output's backward hands on two gradients: at the MLP output, and the residual's share
+// of the mid state's gradient (added to by the MLP input's backward).
+template <class StateGrad>
+struct MlpOutputGrads {
+  Tensor d_m;
+  StateGrad d_residual;
+};
+
+// The embedding of a family whose embedding is a plain table lookup (a bf16 lookup is exact),
+// and what its backward needs.
+struct TokenIdsCache {
+  Tensor input_ids;  // i64 [T]
+};
+inline Tensor token_embedding_forward(const Tensor& table, const Tensor& input_ids,
+                                      std::shared_ptr<TokenIdsCache>* cache) {
+  Tensor ids = input_ids.reshape({input_ids.numel()});
+  if (cache) *cache = std::make_shared<TokenIdsCache>(TokenIdsCache{ids});
+  return embedding_forward(table, ids);
+}
+inline void token_embedding_backward(const TokenIdsCache& cache, const Tensor& d_hidden, const Tensor& d_table) {
+  embedding_backward(d_hidden, cache.input_ids, d_table);
+}
+
+// The whole MLP sublayer, mid state -> block output (the plain forward and a dense layer's op).
+template <class M>
+typename M::State mlp_sublayer_forward(const M& model, std::int64_t l, const TensorMap& w,
+                                       const typename M::State& h_mid, const TokenContext& ctx,
+                                       typename M::BlockCache& k) {
+  const Tensor x = model.mlp_input_forward(l, w, h_mid, ctx, k);
+  const Tensor m = model.config().is_sparse(l)
+                       ? moe_mlp_forward(model.layer_prefix(l), w, x, ctx.valid.reshape({ctx.tokens()}),
+                                         model.moe_spec(), ctx.precision, k.moe)
+                       : dense_mlp_forward(model.layer_prefix(l), w, x, ctx.precision, k.dense);
+  return model.mlp_output_forward(l, w, m, ctx, k);
+}
+
+// The backward of a dense MLP sublayer (an MoE layer's backward runs as its four ops).
+template <class M>
+typename M::StateGrad dense_mlp_sublayer_backward(const M& model, std::int64_t l, const TensorMap& w,
+                                                  const typename M::BlockCache& k, const typename M::StateGrad& d_out,
+                                                  const TokenContext& ctx, const TensorMap& grads) {
+  const auto g = model.mlp_output_backward(l, w, k, d_out, ctx, grads);
+  const Tensor d_x = dense_mlp_backward(model.layer_prefix(l), w, k.mlp_in, g.d_m, ctx.precision, k.dense, grads);
+  return model.mlp_input_backward(l, w, k, d_x, g.d_residual, grads);
+}
+
+template <class M>
+class SublayerRun final : public MicroBatchRun {
+ public:
+  SublayerRun(const M& model, const Batch& batch, Precision precision, float grad_scale)
+      : model_(model),
+        batch_(batch),
+        ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
+        grad_scale_(grad_scale),
+        blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)),
+        moe_backward_(blocks_.size()) {
+    validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
+  }
+
+  void forward(int op, const TensorMap& w) override {
+    const std::int64_t l = model_.op_layer(op);
+    const Precision prec = ctx_.precision;
+    switch (model_.op_kind(op)) {
+      case OpKind::embedding: hidden_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_); break;
+      case OpKind::attention:
+        block(l) = std::make_shared<typename M::BlockCache>();
+        hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
+        break;
+      case OpKind::mlp: hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l)); break;
+      case OpKind::router: {
+        const Tensor x = model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
+        moe_route_forward(model_.layer_prefix(l), w, x, ctx_.valid.reshape({ctx_.tokens()}), model_.moe_spec(), prec,
+                          block(l)->moe);
+        routing_.push_back({l, M::routing_indices(*block(l))});
+        break;
+      }
+      case OpKind::dispatch: moe_dispatch_forward(block(l)->moe); break;
+      case OpKind::experts: moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe); break;
+      case OpKind::combine: {
+        const Tensor m = moe_combine_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
+        hidden_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
+        break;
+      }
+      case OpKind::final: loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_); break;
+      case OpKind::layer: throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
+    }
+  }
+
+  void backward(int op, const TensorMap& w, const TensorMap& grads) override {
+    const std::int64_t l = model_.op_layer(op);
+    const Precision prec = ctx_.precision;
+    switch (model_.op_kind(op)) {
+      case OpKind::final:
+        grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
+        head_.reset();
+        hidden_ = {};
+        break;
+      case OpKind::mlp: grad_ = dense_mlp_sublayer_backward(model_, l, w, *block(l), grad_, ctx_, grads); break;
+      case OpKind::combine: {
+        auto g = model_.mlp_output_backward(l, w, *block(l), grad_, ctx_, grads);
+        residual_grad_ = std::move(g.d_residual);
+        moe_combine_backward(model_.layer_prefix(l), w, g.d_m, model_.moe_spec(), prec, block(l)->moe, moe_grad(l),
+                             grads);
+        break;
+      }
+      case OpKind::experts:
+        moe_experts_backward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe, moe_grad(l), grads);
+        break;
+      case OpKind::dispatch: moe_dispatch_backward(model_.moe_spec(), prec, block(l)->moe, moe_grad(l)); break;
+      case OpKind::router: {
+        const Tensor d_x = moe_route_backward(model_.layer_prefix(l), w, model_.moe_spec(), block(l)->moe, moe_grad(l),
+                                              grads);
+        grad_ = model_.mlp_input_backward(l, w, *block(l), d_x, residual_grad_, grads);
+        residual_grad_ = {};
+        moe_grad(l) = {};
+        break;
+      }
+      case OpKind::attention:
+        grad_ = model_.attention_sublayer_backward(l, w, *block(l), grad_, ctx_, grads);
+        block(l).reset();  // free activations as soon as their backward is done
+        break;
+      case OpKind::embedding:
+        model_.embed_backward(w, *embed_, grad_, grads);
+        embed_.reset();
+        break;
+      case OpKind::layer: throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
+    }
+  }
+
+  double loss_sum() const override { return loss_.loss_sum; }
+  std::int64_t targets() const override { return loss_.targets; }
+  std::vector<RoutingRecord> routing() const override { return routing_; }
+
+ private:
+  std::shared_ptr<typename M::BlockCache>& block(std::int64_t l) { return blocks_[static_cast<std::size_t>(l)]; }
+  MoeMlpBackward& moe_grad(std::int64_t l) { return moe_backward_[static_cast<std::size_t>(l)]; }
+
+  const M& model_;
+  Batch batch_;
+  TokenContext ctx_;
+  float grad_scale_;
+  typename M::State hidden_;
+  typename M::StateGrad grad_;
+  typename M::StateGrad residual_grad_;  // an MoE layer's residual share of d mid, from combine to router
+  std::shared_ptr<typename M::EmbedCache> embed_;
+  std::vector<std::shared_ptr<typename M::BlockCache>> blocks_;
+  std::vector<MoeMlpBackward> moe_backward_;
+  std::shared_ptr<typename M::HeadCache> head_;
+  LossSum loss_;
+  std::vector<RoutingRecord> routing_;
+};
+
+// Forward only, keeping no caches.
+template <class M>
+LossSum sublayer_forward(const M& model, const TensorMap& w, const Batch& batch, Precision precision,
+                         Tensor* logits_out) {
+  validate_positions(batch.positions);
+  TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
+  typename M::State h = model.embed_forward(w, batch.input_ids, ctx, nullptr);
+  for (std::int64_t l = 0; l < model.config().num_hidden_layers; ++l) {
+    typename M::BlockCache cache;  // dropped after the layer
+    h = mlp_sublayer_forward(model, l, w, model.attention_sublayer_forward(l, w, h, ctx, cache), ctx, cache);
+  }
+  return model.head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
+}
+
+}  // namespace atl
