@@ -94,12 +94,16 @@ class SublayerRun final : public MicroBatchRun {
     const std::int64_t l = model_.op_layer(op);
     const Precision prec = ctx_.precision;
     switch (model_.op_kind(op)) {
-      case OpKind::embedding: hidden_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_); break;
+      case OpKind::embedding:
+        hidden_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
+        break;
       case OpKind::attention:
         block(l) = std::make_shared<typename M::BlockCache>();
         hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
         break;
-      case OpKind::mlp: hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l)); break;
+      case OpKind::mlp:
+        hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l));
+        break;
       case OpKind::router: {
         const Tensor x = model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
         moe_route_forward(model_.layer_prefix(l), w, x, ctx_.valid.reshape({ctx_.tokens()}), model_.moe_spec(), prec,
@@ -107,15 +111,22 @@ class SublayerRun final : public MicroBatchRun {
         routing_.push_back({l, M::routing_indices(*block(l))});
         break;
       }
-      case OpKind::dispatch: moe_dispatch_forward(block(l)->moe); break;
-      case OpKind::experts: moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe); break;
+      case OpKind::dispatch:
+        moe_dispatch_forward(block(l)->moe);
+        break;
+      case OpKind::experts:
+        moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
+        break;
       case OpKind::combine: {
         const Tensor m = moe_combine_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
         hidden_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
         break;
       }
-      case OpKind::final: loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_); break;
-      case OpKind::layer: throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
+      case OpKind::final:
+        loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_);
+        break;
+      case OpKind::layer:
+        throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
     }
   }
 
@@ -128,7 +139,9 @@ class SublayerRun final : public MicroBatchRun {
         head_.reset();
         hidden_ = {};
         break;
-      case OpKind::mlp: grad_ = dense_mlp_sublayer_backward(model_, l, w, *block(l), grad_, ctx_, grads); break;
+      case OpKind::mlp:
+        grad_ = dense_mlp_sublayer_backward(model_, l, w, *block(l), grad_, ctx_, grads);
+        break;
       case OpKind::combine: {
         auto g = model_.mlp_output_backward(l, w, *block(l), grad_, ctx_, grads);
         residual_grad_ = std::move(g.d_residual);
@@ -139,10 +152,12 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::experts:
         moe_experts_backward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe, moe_grad(l), grads);
         break;
-      case OpKind::dispatch: moe_dispatch_backward(model_.moe_spec(), prec, block(l)->moe, moe_grad(l)); break;
+      case OpKind::dispatch:
+        moe_dispatch_backward(model_.moe_spec(), prec, block(l)->moe, moe_grad(l));
+        break;
       case OpKind::router: {
-        const Tensor d_x = moe_route_backward(model_.layer_prefix(l), w, model_.moe_spec(), block(l)->moe, moe_grad(l),
-                                              grads);
+        const Tensor d_x =
+            moe_route_backward(model_.layer_prefix(l), w, model_.moe_spec(), block(l)->moe, moe_grad(l), grads);
         grad_ = model_.mlp_input_backward(l, w, *block(l), d_x, residual_grad_, grads);
         residual_grad_ = {};
         moe_grad(l) = {};
@@ -156,7 +171,8 @@ class SublayerRun final : public MicroBatchRun {
         model_.embed_backward(w, *embed_, grad_, grads);
         embed_.reset();
         break;
-      case OpKind::layer: throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
+      case OpKind::layer:
+        throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
     }
   }
 

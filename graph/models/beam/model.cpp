@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "graph/models/gqa_attention.hpp"
-#include "graph/models/hidden_state_run.hpp"
+#include "graph/models/sublayer_run.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
 #include "graph/models/dense_mlp.hpp"
@@ -123,13 +123,14 @@ BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
 
 std::string BeamModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
 
-Tensor BeamModel::embed_forward(const TensorMap& w, const Tensor& input_ids) const {
-  Tensor ids = input_ids.reshape({input_ids.numel()});
-  return embedding_forward(w.at("model.embed_tokens.weight"), ids);  // a bf16 table lookup is exact
+Tensor BeamModel::embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& /*ctx*/,
+                              std::shared_ptr<TokenIdsCache>* cache) const {
+  return token_embedding_forward(w.at("model.embed_tokens.weight"), input_ids, cache);
 }
 
-void BeamModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const {
-  embedding_backward(d_hidden, input_ids.reshape({input_ids.numel()}), grads.at("model.embed_tokens.weight"));
+void BeamModel::embed_backward(const TensorMap& /*w*/, const TokenIdsCache& cache, const Tensor& d_hidden,
+                               const TensorMap& grads) const {
+  token_embedding_backward(cache, d_hidden, grads.at("model.embed_tokens.weight"));
 }
 
 Tensor BeamModel::attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
@@ -170,12 +171,13 @@ Tensor BeamModel::mlp_output_forward(std::int64_t layer, const TensorMap& w, con
   return scaled_add(k.ln_post_ff.y, cs2, k.h_mid, cr2, prec);
 }
 
-MlpOutputGrads BeamModel::mlp_output_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
-                                              const Tensor& d_out, const TensorMap& grads) const {
+MlpOutputGrads<Tensor> BeamModel::mlp_output_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
+                                                      const Tensor& d_out, const TokenContext& /*ctx*/,
+                                                      const TensorMap& grads) const {
   // out = cs2 * norm(m) + cr2 * h_mid.
   const std::string p = layer_prefix(layer);
   auto [cs2, cr2] = residual_coefficients(config_.depth_scaled_residual, 2 * layer + 3);
-  MlpOutputGrads out;
+  MlpOutputGrads<Tensor> out;
   out.d_residual = scaled(d_out, cr2);
   Tensor gn = grads.at(p + "post_feedforward_layernorm.weight");
   out.d_m = rmsnorm_backward(scaled(d_out, cs2), k.m_lin, w.at(p + "post_feedforward_layernorm.weight"),
@@ -261,11 +263,11 @@ LmHeadSpec BeamModel::head_spec() const {
 }
 
 std::unique_ptr<MicroBatchRun> BeamModel::start(const Batch& micro_batch, Precision precision, float grad_scale) const {
-  return std::make_unique<HiddenStateRun<BeamModel>>(*this, micro_batch, precision, grad_scale);
+  return std::make_unique<SublayerRun<BeamModel>>(*this, micro_batch, precision, grad_scale);
 }
 
 LossSum BeamModel::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
-  return hidden_state_forward(*this, w, batch, precision, logits_out);
+  return sublayer_forward(*this, w, batch, precision, logits_out);
 }
 
 }  // namespace atl

@@ -13,23 +13,25 @@
 #include "graph/data/batch.hpp"
 #include "graph/models/beam/config.hpp"
 #include "graph/models/beam/parallelize.hpp"
-#include "graph/models/hidden_state_run.hpp"
-#include "graph/models/moe_mlp.hpp"
-#include "graph/param.hpp"
 #include "graph/models/gqa_attention.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
+#include "graph/models/moe_mlp.hpp"
+#include "graph/models/sublayer_run.hpp"
 #include "graph/models/token_context.hpp"
+#include "graph/param.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
-
 
 struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
 using BeamHeadCache = LmHeadCache;
 
 class BeamModel : public Model {
  public:
+  using State = Tensor;  // the hidden state [T, H] between ops
+  using StateGrad = Tensor;
+  using EmbedCache = TokenIdsCache;
   using BlockCache = BeamBlockCache;
   using HeadCache = BeamHeadCache;
 
@@ -51,8 +53,10 @@ class BeamModel : public Model {
   }
 
   // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
-  Tensor embed_forward(const TensorMap& w, const Tensor& input_ids) const;
-  void embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const;
+  Tensor embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& ctx,
+                       std::shared_ptr<TokenIdsCache>* cache) const;
+  void embed_backward(const TensorMap& w, const TokenIdsCache& cache, const Tensor& d_hidden,
+                      const TensorMap& grads) const;
 
   // A block is two sublayers (two ops of the runtime): the attention sublayer maps the block input
   // to h_mid, the MLP sublayer h_mid to the block output; both keep what backward needs in `cache`.
@@ -60,15 +64,16 @@ class BeamModel : public Model {
                                     const TokenContext& ctx, BeamBlockCache& cache) const;
   Tensor attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache,
                                      const Tensor& d_h_mid, const TokenContext& ctx, const TensorMap& grads) const;
-  // The MLP sublayer around its MLP (MoE or dense; hidden_state_run.hpp runs the whole): the
+  // The MLP sublayer around its MLP (MoE or dense; sublayer_run.hpp runs the whole): the
   // input maps h_mid to the MLP input (pre-feedforward norm), the output the MLP output m to the
   // block output (post-feedforward norm, depth-scaled residual with h_mid).
   Tensor mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid, const TokenContext& ctx,
                            BeamBlockCache& cache) const;
   Tensor mlp_output_forward(std::int64_t layer, const TensorMap& w, const Tensor& m, const TokenContext& ctx,
                             BeamBlockCache& cache) const;
-  MlpOutputGrads mlp_output_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache,
-                                     const Tensor& d_out, const TensorMap& grads) const;
+  MlpOutputGrads<Tensor> mlp_output_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache,
+                                             const Tensor& d_out, const TokenContext& ctx,
+                                             const TensorMap& grads) const;
   Tensor mlp_input_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache, const Tensor& d_x2,
                             const Tensor& d_residual, const TensorMap& grads) const;
   MoeMlpSpec moe_spec() const;
@@ -80,8 +85,7 @@ class BeamModel : public Model {
   LossSum head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets, const TokenContext& ctx,
                        std::shared_ptr<BeamHeadCache>* cache, Tensor* logits_out = nullptr) const;
   // Gradient of grad_scale * loss_sum.
-  Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale,
-                       const TensorMap& grads) const;
+  Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale, const TensorMap& grads) const;
 
   nlohmann::json hf_config() const override;
   TensorMap to_hf(const TensorMap& native) const override;
@@ -93,8 +97,7 @@ class BeamModel : public Model {
 
   // --- StagedModel: ops() = embed, per layer attention + (mlp | router, dispatch, experts, combine), head ---
   std::int64_t num_layers() const override { return config_.num_hidden_layers; }
-  std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
-                                       float grad_scale) const override;
+  std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
  private:
   GqaAttentionSpec attention_spec(std::int64_t layer) const;

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "graph/models/gqa_attention.hpp"
-#include "graph/models/hidden_state_run.hpp"
+#include "graph/models/sublayer_run.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
 #include "graph/models/dense_mlp.hpp"
@@ -101,13 +101,14 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
 
 std::string FlintModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
 
-Tensor FlintModel::embed_forward(const TensorMap& w, const Tensor& input_ids) const {
-  Tensor ids = input_ids.reshape({input_ids.numel()});
-  return embedding_forward(w.at("model.embed_tokens.weight"), ids);  // a bf16 table lookup is exact
+Tensor FlintModel::embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& /*ctx*/,
+                              std::shared_ptr<TokenIdsCache>* cache) const {
+  return token_embedding_forward(w.at("model.embed_tokens.weight"), input_ids, cache);
 }
 
-void FlintModel::embed_backward(const Tensor& input_ids, const Tensor& d_hidden, const TensorMap& grads) const {
-  embedding_backward(d_hidden, input_ids.reshape({input_ids.numel()}), grads.at("model.embed_tokens.weight"));
+void FlintModel::embed_backward(const TensorMap& /*w*/, const TokenIdsCache& cache, const Tensor& d_hidden,
+                               const TensorMap& grads) const {
+  token_embedding_backward(cache, d_hidden, grads.at("model.embed_tokens.weight"));
 }
 
 Tensor FlintModel::attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
@@ -141,9 +142,9 @@ Tensor FlintModel::mlp_output_forward(std::int64_t /*layer*/, const TensorMap& /
   return scaled_add(m, 1.0f, k.h_mid, 1.0f, ctx.precision);
 }
 
-MlpOutputGrads FlintModel::mlp_output_backward(std::int64_t /*layer*/, const TensorMap& /*w*/,
-                                               const FlintBlockCache& /*k*/, const Tensor& d_out,
-                                               const TensorMap& /*grads*/) const {
+MlpOutputGrads<Tensor> FlintModel::mlp_output_backward(std::int64_t /*layer*/, const TensorMap& /*w*/,
+                                                       const FlintBlockCache& /*k*/, const Tensor& d_out,
+                                                       const TokenContext& /*ctx*/, const TensorMap& /*grads*/) const {
   return {d_out, d_out};  // out = h_mid + m
 }
 
@@ -213,11 +214,11 @@ LmHeadSpec FlintModel::head_spec() const {
 
 std::unique_ptr<MicroBatchRun> FlintModel::start(const Batch& micro_batch, Precision precision,
                                                  float grad_scale) const {
-  return std::make_unique<HiddenStateRun<FlintModel>>(*this, micro_batch, precision, grad_scale);
+  return std::make_unique<SublayerRun<FlintModel>>(*this, micro_batch, precision, grad_scale);
 }
 
 LossSum FlintModel::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
-  return hidden_state_forward(*this, w, batch, precision, logits_out);
+  return sublayer_forward(*this, w, batch, precision, logits_out);
 }
 
 }  // namespace atl

@@ -46,6 +46,7 @@ struct Inkling2Config {
 
   bool is_local(std::int64_t layer) const;
   bool is_boundary(std::int64_t layer) const { return layer % n_layers_per_attnres_block == 0; }
+  bool is_sparse(std::int64_t /*layer*/) const { return true; }  // every layer's MLP is an MoE
   // Completed blocks before layer l: ceil(l / n).
   std::int64_t completed_blocks_before(std::int64_t layer) const {
     return (layer + n_layers_per_attnres_block - 1) / n_layers_per_attnres_block;

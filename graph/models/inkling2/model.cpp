@@ -2,6 +2,7 @@
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model_parts.hpp"
 #include "graph/models/moe_mlp.hpp"
+#include "graph/models/dense_mlp.hpp"
 
 #include <cmath>
 #include <stdexcept>
@@ -47,14 +48,17 @@ struct Inkling2AttnCache {
 
 struct Inkling2LayerCache {
   Inkling2ResidualState in;
+  Inkling2ResidualState mid;  // after the attention sublayer: the MLP's input state and residual
   std::vector<ResidualMixForward> attn_mix;  // 1 (local) or 3 (full: q, k, v inputs)
   std::vector<RmsNormForward> attn_norm;
   Inkling2AttnCache attn;
   std::vector<Tensor> mlp_sources;
   ResidualMixForward mlp_mix;
   RmsNormForward mlp_norm;
+  Tensor mlp_in;  // the MoE input (mlp_norm's output)
   MoeMlpCache moe;
-  Tensor experts_out;  // the MoE output, input of mlp_sconv
+  DenseMlpCache dense;  // unused: every Inkling2 layer is sparse (the shared run has a dense path)
+  Tensor experts_out;   // the MoE output, input of mlp_sconv
 };
 
 struct Inkling2HeadCache {
@@ -102,7 +106,7 @@ RouterConfig router_config(const Inkling2Config& c) {
   return r;
 }
 
-MoeMlpSpec moe_spec(const Inkling2Config& c) {
+MoeMlpSpec inkling2_moe_spec(const Inkling2Config& c) {
   MoeMlpSpec m;
   m.router = router_config(c);
   m.experts.activation = GluActivation::situ;
@@ -197,7 +201,10 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config))
   specs_.push_back(out_query);
   specs_.push_back(make_param("norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
-  ops_ = whole_layer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state");
+  // The attention sublayer reads the depth mixes and attention; the router op the MLP mix and
+  // norm before the router; the combine op mlp_sconv and the residual add.
+  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state",
+                      {{"mlp_query.weight", "mlp_norm.weight"}, {"mlp_sconv.weight"}, [](std::int64_t) { return true; }});
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -246,9 +253,9 @@ AttnWeights attn_weights(const Tensor& qkvr, const QkvrBlocks& b, bool local) {
 
 }  // namespace
 
-Inkling2ResidualState Inkling2Model::layer_forward(std::int64_t layer, const TensorMap& w,
-                                                   const Inkling2ResidualState& state, const TokenContext& ctx,
-                                                   std::shared_ptr<Inkling2LayerCache>* cache_out) const {
+Inkling2ResidualState Inkling2Model::attention_sublayer_forward(std::int64_t layer, const TensorMap& w,
+                                                                const Inkling2ResidualState& state,
+                                                                const TokenContext& ctx, Inkling2LayerCache& k) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -263,8 +270,6 @@ Inkling2ResidualState Inkling2Model::layer_forward(std::int64_t layer, const Ten
                            std::to_string(c.completed_blocks_before(layer)) + " completed blocks and a partial, got " +
                            std::to_string(state.completed.size()));
   }
-  auto cache = std::make_shared<Inkling2LayerCache>();
-  Inkling2LayerCache& k = *cache;
   k.in = state;
   Inkling2AttnCache& a = k.attn;
 
@@ -363,22 +368,87 @@ Inkling2ResidualState Inkling2Model::layer_forward(std::int64_t layer, const Ten
   Tensor attn_out = short_conv_forward(a.a_lin, w.at(p + "attn_sconv.weight"), ctx.positions, ctx.valid, prec);
   partial = partial.defined() ? scaled_add(partial, 1.0f, attn_out, 1.0f, prec) : attn_out;
 
-  // 4. MoE on the MLP mix.
-  k.mlp_sources = out.completed;
-  k.mlp_sources.push_back(partial);
-  k.mlp_mix = residual_mix_forward(k.mlp_sources, query_row(w.at(p + "mlp_query.weight"), 0), eps, prec);
-  k.mlp_norm = rmsnorm_forward(k.mlp_mix.out, w.at(p + "mlp_norm.weight"), eps, prec);
-  const Tensor& x2 = k.mlp_norm.y;
-  k.experts_out = moe_mlp_forward(p, w, x2, ctx.valid.reshape({T}), moe_spec(c), prec, k.moe);
-  Tensor m = short_conv_forward(k.experts_out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, prec);
-  out.partial = scaled_add(partial, 1.0f, m, 1.0f, prec);
+  out.partial = partial;
+  k.mid = out;
+  return out;
+}
+
+Tensor Inkling2Model::mlp_input_forward(std::int64_t layer, const TensorMap& w, const Inkling2ResidualState& mid,
+                                        const TokenContext& ctx, Inkling2LayerCache& k) const {
+  // The MoE reads the MLP mix of the mid state's sources, normed.
+  const std::string p = layer_prefix(layer);
+  k.mlp_sources = mid.sources();
+  k.mlp_mix = residual_mix_forward(k.mlp_sources, query_row(w.at(p + "mlp_query.weight"), 0), config_.rms_norm_eps,
+                                   ctx.precision);
+  k.mlp_norm = rmsnorm_forward(k.mlp_mix.out, w.at(p + "mlp_norm.weight"), config_.rms_norm_eps, ctx.precision);
+  k.mlp_in = k.mlp_norm.y;
+  return k.mlp_in;
+}
+
+Inkling2ResidualState Inkling2Model::mlp_output_forward(std::int64_t layer, const TensorMap& w, const Tensor& m,
+                                                        const TokenContext& ctx, Inkling2LayerCache& k) const {
+  // partial_out = partial_mid + mlp_sconv(m); the completed blocks pass through.
+  k.experts_out = m;
+  const Tensor conv =
+      short_conv_forward(m, w.at(layer_prefix(layer) + "mlp_sconv.weight"), ctx.positions, ctx.valid, ctx.precision);
+  Inkling2ResidualState out;
+  out.completed = k.mid.completed;
+  out.partial = scaled_add(k.mid.partial, 1.0f, conv, 1.0f, ctx.precision);
+  return out;
+}
+
+Inkling2ResidualState Inkling2Model::layer_forward(std::int64_t layer, const TensorMap& w,
+                                                   const Inkling2ResidualState& state, const TokenContext& ctx,
+                                                   std::shared_ptr<Inkling2LayerCache>* cache_out) const {
+  auto cache = std::make_shared<Inkling2LayerCache>();
+  Inkling2ResidualState out =
+      mlp_sublayer_forward(*this, layer, w, attention_sublayer_forward(layer, w, state, ctx, *cache), ctx, *cache);
   if (cache_out) *cache_out = std::move(cache);
   return out;
 }
 
-Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& k,
-                                                const Inkling2StateGrad& d_out, const TokenContext& ctx,
-                                                const TensorMap& grads) const {
+MlpOutputGrads<Inkling2StateGrad> Inkling2Model::mlp_output_backward(std::int64_t layer, const TensorMap& w,
+                                                                     const Inkling2LayerCache& k,
+                                                                     const Inkling2StateGrad& d_out,
+                                                                     const TokenContext& ctx,
+                                                                     const TensorMap& grads) const {
+  // partial_out = partial_mid + mlp_sconv(m): the residual's share is d_out itself (private copies,
+  // which the MLP input's backward adds to).
+  const std::string p = layer_prefix(layer);
+  if (d_out.completed.size() != k.mid.completed.size()) {
+    throw std::logic_error("inkling2 layer " + std::to_string(layer) + ": output gradient has " +
+                           std::to_string(d_out.completed.size()) + " completed blocks, the layer " +
+                           std::to_string(k.mid.completed.size()));
+  }
+  MlpOutputGrads<Inkling2StateGrad> g;
+  g.d_residual.completed.resize(d_out.completed.size());
+  for (std::size_t i = 0; i < d_out.completed.size(); ++i) accumulate(g.d_residual.completed[i], d_out.completed[i]);
+  accumulate(g.d_residual.partial, d_out.partial);
+  Tensor gms = grads.at(p + "mlp_sconv.weight");
+  g.d_m = short_conv_backward(d_out.partial, k.experts_out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid,
+                              &gms);
+  return g;
+}
+
+Inkling2StateGrad Inkling2Model::mlp_input_backward(std::int64_t layer, const TensorMap& w,
+                                                    const Inkling2LayerCache& k, const Tensor& d_x,
+                                                    const Inkling2StateGrad& d_residual, const TensorMap& grads) const {
+  // x = mlp_norm(mix(sources of the mid state)).
+  const std::string p = layer_prefix(layer);
+  Inkling2StateGrad d_mid = d_residual;  // its tensors are private (mlp_output_backward): added to in place
+  Tensor gmn = grads.at(p + "mlp_norm.weight");
+  Tensor d_mix = rmsnorm_backward(d_x, k.mlp_mix.out, w.at(p + "mlp_norm.weight"), k.mlp_norm.rstd, &gmn);
+  Tensor gmq = query_row(grads.at(p + "mlp_query.weight"), 0);
+  std::vector<Tensor> d_msrc =
+      residual_mix_backward(d_mix, k.mlp_sources, query_row(w.at(p + "mlp_query.weight"), 0), k.mlp_mix, &gmq);
+  accumulate(d_mid.partial, d_msrc.back());
+  for (std::size_t i = 0; i + 1 < d_msrc.size(); ++i) accumulate(d_mid.completed[i], d_msrc[i]);
+  return d_mid;
+}
+
+Inkling2StateGrad Inkling2Model::attention_sublayer_backward(std::int64_t layer, const TensorMap& w,
+                                                             const Inkling2LayerCache& k, const Inkling2StateGrad& d_mid,
+                                                             const TokenContext& ctx, const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -390,27 +460,12 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   const Inkling2AttnCache& a = k.attn;
   auto g = [&](const std::string& name) { return grads.at(p + name); };
 
-  std::vector<Tensor> d_completed(d_out.completed.size());  // private copies: gradients are accumulated
-  for (std::size_t i = 0; i < d_completed.size(); ++i) accumulate(d_completed[i], d_out.completed[i]);
+  const std::vector<Tensor>& d_completed = d_mid.completed;
   if (d_completed.size() != nb + (boundary ? 1 : 0)) {
-    throw std::logic_error("inkling2 layer " + std::to_string(layer) + ": output gradient has " +
+    throw std::logic_error("inkling2 layer " + std::to_string(layer) + ": mid gradient has " +
                            std::to_string(d_completed.size()) + " completed blocks");
   }
-
-  // MoE: partial_out = p1 + mlp_sconv(experts(mlp_norm(mix(completed' + [p1])))).
-  Tensor d_p1;
-  accumulate(d_p1, d_out.partial);
-  Tensor gms = g("mlp_sconv.weight");
-  Tensor d_ex =
-      short_conv_backward(d_out.partial, k.experts_out, w.at(p + "mlp_sconv.weight"), ctx.positions, ctx.valid, &gms);
-  Tensor d_x2 = moe_mlp_backward(p, w, d_ex, moe_spec(c), prec, k.moe, grads);
-  Tensor gmn = g("mlp_norm.weight");
-  Tensor d_mix = rmsnorm_backward(d_x2, k.mlp_mix.out, w.at(p + "mlp_norm.weight"), k.mlp_norm.rstd, &gmn);
-  Tensor gmq = query_row(g("mlp_query.weight"), 0);
-  std::vector<Tensor> d_msrc =
-      residual_mix_backward(d_mix, k.mlp_sources, query_row(w.at(p + "mlp_query.weight"), 0), k.mlp_mix, &gmq);
-  accumulate(d_p1, d_msrc.back());
-  for (std::size_t i = 0; i + 1 < d_msrc.size(); ++i) accumulate(d_completed[i], d_msrc[i]);
+  const Tensor& d_p1 = d_mid.partial;
 
   // p1 = (boundary ? 0 : partial_in) + attn_sconv(attention(...)).
   Inkling2StateGrad d_in;
@@ -544,6 +599,8 @@ Inkling2StateGrad Inkling2Model::layer_backward(std::int64_t layer, const Tensor
   return d_in;
 }
 
+MoeMlpSpec Inkling2Model::moe_spec() const { return inkling2_moe_spec(config_); }
+
 Tensor Inkling2Model::routing_indices(const Inkling2LayerCache& cache) { return cache.moe.routing.indices; }
 
 std::vector<Tensor> Inkling2Model::attn_mix_weights(const Inkling2LayerCache& cache) {
@@ -589,104 +646,15 @@ Inkling2StateGrad Inkling2Model::head_backward(const TensorMap& w, const Inkling
 }
 
 // ------------------------------------------------------------------------------------------------
-// Staged execution
-
-namespace {
-
-class Inkling2MicroBatchRun final : public MicroBatchRun {
- public:
-  Inkling2MicroBatchRun(const Inkling2Model& model, const Batch& batch, Precision precision, float grad_scale)
-      : model_(model),
-        batch_(batch),
-        ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
-        grad_scale_(grad_scale),
-        layers_(static_cast<std::size_t>(model.config().num_hidden_layers)) {
-    validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
-  }
-
-  void forward(int op, const TensorMap& w) override {
-    switch (model_.op_kind(op)) {
-      case OpKind::embedding:
-        state_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
-        break;
-      case OpKind::layer: {
-        const std::int64_t l = model_.op_layer(op);
-        auto& cache = layers_[static_cast<std::size_t>(l)];
-        state_ = model_.layer_forward(l, w, state_, ctx_, &cache);
-        routing_.push_back({l, Inkling2Model::routing_indices(*cache)});
-        break;
-      }
-      case OpKind::final:
-        loss_ = model_.head_forward(w, state_, batch_.targets, ctx_, &head_);
-        break;
-      case OpKind::attention:
-      case OpKind::mlp:
-      case OpKind::router:
-      case OpKind::dispatch:
-      case OpKind::experts:
-      case OpKind::combine:
-        throw std::logic_error("inkling2 run: layers run whole (no sublayer ops yet)");
-    }
-  }
-
-  void backward(int op, const TensorMap& w, const TensorMap& grads) override {
-    switch (model_.op_kind(op)) {
-      case OpKind::final:
-        grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
-        head_.reset();
-        state_ = {};
-        break;
-      case OpKind::layer: {
-        auto& cache = layers_[static_cast<std::size_t>(model_.op_layer(op))];
-        grad_ = model_.layer_backward(model_.op_layer(op), w, *cache, grad_, ctx_, grads);
-        cache.reset();  // free activations as soon as their backward is done
-        break;
-      }
-      case OpKind::embedding:
-        model_.embed_backward(w, *embed_, grad_, grads);
-        embed_.reset();
-        break;
-      case OpKind::attention:
-      case OpKind::mlp:
-      case OpKind::router:
-      case OpKind::dispatch:
-      case OpKind::experts:
-      case OpKind::combine:
-        throw std::logic_error("inkling2 run: layers run whole (no sublayer ops yet)");
-    }
-  }
-
-  double loss_sum() const override { return loss_.loss_sum; }
-  std::int64_t targets() const override { return loss_.targets; }
-  std::vector<RoutingRecord> routing() const override { return routing_; }
-
- private:
-  const Inkling2Model& model_;
-  Batch batch_;
-  TokenContext ctx_;
-  float grad_scale_;
-  Inkling2ResidualState state_;
-  Inkling2StateGrad grad_;
-  std::shared_ptr<Inkling2EmbedCache> embed_;
-  std::vector<std::shared_ptr<Inkling2LayerCache>> layers_;
-  std::shared_ptr<Inkling2HeadCache> head_;
-  LossSum loss_;
-  std::vector<RoutingRecord> routing_;
-};
-
-}  // namespace
+// Staged execution (graph/models/sublayer_run.hpp)
 
 std::unique_ptr<MicroBatchRun> Inkling2Model::start(const Batch& micro_batch, Precision precision,
                                                     float grad_scale) const {
-  return std::make_unique<Inkling2MicroBatchRun>(*this, micro_batch, precision, grad_scale);
+  return std::make_unique<SublayerRun<Inkling2Model>>(*this, micro_batch, precision, grad_scale);
 }
 
 LossSum Inkling2Model::forward(const TensorMap& w, const Batch& batch, Precision precision, Tensor* logits_out) const {
-  validate_positions(batch.positions);
-  TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision};
-  Inkling2ResidualState state = embed_forward(w, batch.input_ids, ctx, nullptr);
-  for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l) state = layer_forward(l, w, state, ctx, nullptr);
-  return head_forward(w, state, batch.targets, ctx, nullptr, logits_out);
+  return sublayer_forward(*this, w, batch, precision, logits_out);
 }
 
 }  // namespace atl

@@ -3,9 +3,10 @@
 // and a query-conditioned sink, no RoPE; an MoE with an fp32 sigmoid router and interleaved capped
 // SwiGLU experts; fp32 softcapped logits with an unused-vocabulary mask.
 //
-// Like Beam, the model is split into the pieces the actor runtime's ops run (embedding + embed_norm,
-// one decoder layer per op, the final output_query mix + norm + head + loss); each piece's forward
-// returns what its backward needs, so the reference trainer and the actor runtime share the math.
+// Like Beam, the model is split into the pieces the actor runtime's ops run (embedding + embed_norm;
+// per layer the attention sublayer, then the MoE as router, dispatch, experts, combine; the final
+// output_query mix + norm + head + loss); each piece's forward returns what its backward needs, so
+// the reference trainer and the actor runtime share the math (graph/models/sublayer_run.hpp).
 // Native names have no `model.` prefix (MODELS.md §10.2.10).
 #pragma once
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "graph/models/inkling2/parallelize.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
+#include "graph/models/sublayer_run.hpp"
 #include "graph/models/token_context.hpp"
 #include "graph/param.hpp"
 #include "kernels/precision.hpp"
@@ -47,6 +49,12 @@ struct Inkling2HeadCache;
 
 class Inkling2Model : public Model {
  public:
+  using State = Inkling2ResidualState;
+  using StateGrad = Inkling2StateGrad;
+  using EmbedCache = Inkling2EmbedCache;
+  using BlockCache = Inkling2LayerCache;
+  using HeadCache = Inkling2HeadCache;
+
   explicit Inkling2Model(Inkling2Config config);
   const Inkling2Config& config() const { return config_; }
 
@@ -71,12 +79,30 @@ class Inkling2Model : public Model {
   void embed_backward(const TensorMap& w, const Inkling2EmbedCache& cache, const Inkling2StateGrad& d_state,
                       const TensorMap& grads) const;
 
+  // A layer is two sublayers: attention (the depth mixes, norms, boundary commit and attention:
+  // the input state to the mid state), then the MoE around its MLP: the input maps the mid state
+  // to the MoE input (MLP mix, mlp_norm), the output the MoE output m back into the state
+  // (mlp_sconv, residual add). Each keeps what its backward needs in `cache`.
+  Inkling2ResidualState attention_sublayer_forward(std::int64_t layer, const TensorMap& w,
+                                                   const Inkling2ResidualState& state, const TokenContext& ctx,
+                                                   Inkling2LayerCache& cache) const;
+  Inkling2StateGrad attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& cache,
+                                                const Inkling2StateGrad& d_mid, const TokenContext& ctx,
+                                                const TensorMap& grads) const;
+  Tensor mlp_input_forward(std::int64_t layer, const TensorMap& w, const Inkling2ResidualState& mid,
+                           const TokenContext& ctx, Inkling2LayerCache& cache) const;
+  Inkling2ResidualState mlp_output_forward(std::int64_t layer, const TensorMap& w, const Tensor& m,
+                                           const TokenContext& ctx, Inkling2LayerCache& cache) const;
+  MlpOutputGrads<Inkling2StateGrad> mlp_output_backward(std::int64_t layer, const TensorMap& w,
+                                                        const Inkling2LayerCache& cache, const Inkling2StateGrad& d_out,
+                                                        const TokenContext& ctx, const TensorMap& grads) const;
+  Inkling2StateGrad mlp_input_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& cache,
+                                       const Tensor& d_x, const Inkling2StateGrad& d_residual,
+                                       const TensorMap& grads) const;
+  MoeMlpSpec moe_spec() const;
+  // The whole layer (both sublayers, the MoE in one piece), for tests of the architecture.
   Inkling2ResidualState layer_forward(std::int64_t layer, const TensorMap& w, const Inkling2ResidualState& state,
                                       const TokenContext& ctx, std::shared_ptr<Inkling2LayerCache>* cache) const;
-  // d_out: gradient of the layer's output state; returns the gradient of its input state.
-  Inkling2StateGrad layer_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& cache,
-                                   const Inkling2StateGrad& d_out, const TokenContext& ctx,
-                                   const TensorMap& grads) const;
   static Tensor routing_indices(const Inkling2LayerCache& cache);
   // The mixture weights of a layer's attention mixes (one [T, N] tensor per query; undefined at
   // layer 0) and of its MLP mix: for AttnRes invariants in tests.
@@ -100,7 +126,7 @@ class Inkling2Model : public Model {
   LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
                   Tensor* logits_out = nullptr) const override;
 
-  // --- StagedModel: ops() = embed, one op per layer, head (final mix, norm, head and loss) ---
+  // --- StagedModel: ops() = embed, per layer attention, router, dispatch, experts, combine, head ---
   std::int64_t num_layers() const override { return config_.num_hidden_layers; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
