@@ -125,8 +125,6 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::final:
         loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_);
         break;
-      case OpKind::layer:
-        throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
     }
   }
 
@@ -171,8 +169,6 @@ class SublayerRun final : public MicroBatchRun {
         model_.embed_backward(w, *embed_, grad_, grads);
         embed_.reset();
         break;
-      case OpKind::layer:
-        throw std::logic_error("sublayer run: whole-layer ops are split into sublayers");
     }
   }
 

@@ -8,7 +8,6 @@ namespace atl {
 const char* op_kind_name(OpKind kind) {
   switch (kind) {
     case OpKind::embedding: return "embedding";
-    case OpKind::layer: return "layer";
     case OpKind::attention: return "attention";
     case OpKind::mlp: return "mlp";
     case OpKind::router: return "router";

@@ -12,7 +12,6 @@ namespace atl {
 
 enum class OpKind {
   embedding,  // token ids -> hidden state
-  layer,      // one whole decoder layer
   attention,  // a layer's attention sublayer, residual included
   mlp,        // a layer's dense MLP sublayer, norms and residual included
   router,     // an MoE sublayer's input norm and router: the routing and the dispatch plan
@@ -25,7 +24,7 @@ const char* op_kind_name(OpKind kind);
 
 struct OpSpec {
   std::string name;  // "embed", "layers.3.attention", "head"
-  OpKind kind = OpKind::layer;
+  OpKind kind = OpKind::embedding;
   std::int64_t layer = -1;           // decoder layer, -1 if none
   std::vector<std::string> inputs;   // named activations read (forward)
   std::vector<std::string> outputs;  // named activations written (forward)

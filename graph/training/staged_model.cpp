@@ -6,40 +6,36 @@
 
 namespace atl {
 
-std::vector<OpSpec> whole_layer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
-                                    std::int64_t layers, const std::string& state) {
+namespace {
+
+// Every parameter in one place: the embedding (the rules' embedding modules), a decoder layer
+// (under "<layer_prefix><l>"), or the head (every other: root, head, model-level islands).
+struct ParamGroups {
+  std::vector<std::string> embed, head;
+  std::vector<std::vector<std::string>> layers;
+};
+
+ParamGroups group_params(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, std::int64_t layers) {
   auto under = [](const std::string& name, const std::string& module) {
     return name.size() > module.size() && name.compare(0, module.size(), module) == 0 && name[module.size()] == '.';
   };
-  auto act = [&](std::int64_t l) { return state + "." + std::to_string(l); };
-  std::vector<OpSpec> ops;
-  OpSpec embed{"embed", OpKind::embedding, -1, {"input_ids"}, {act(0)}, {}};
-  std::vector<OpSpec> layer_ops;
-  for (std::int64_t l = 0; l < layers; ++l) {
-    layer_ops.push_back({rules.layer_prefix + std::to_string(l), OpKind::layer, l, {act(l)}, {act(l + 1)}, {}});
-  }
-  OpSpec head{"head", OpKind::final, -1, {act(layers), "targets"}, {"loss"}, {}};
+  ParamGroups g;
+  g.layers.resize(static_cast<std::size_t>(layers));
   for (const auto& s : specs) {
-    bool placed = false;
-    for (const auto& m : rules.embedding_modules) {
-      if (!placed && under(s.name, m)) {
-        embed.params.push_back(s.name);
-        placed = true;
-      }
+    const bool embedding = std::any_of(rules.embedding_modules.begin(), rules.embedding_modules.end(),
+                                       [&](const std::string& m) { return under(s.name, m); });
+    if (embedding) {
+      g.embed.push_back(s.name);
+      continue;
     }
-    for (std::int64_t l = 0; l < layers && !placed; ++l) {
-      if (under(s.name, rules.layer_prefix + std::to_string(l))) {
-        layer_ops[static_cast<std::size_t>(l)].params.push_back(s.name);
-        placed = true;
-      }
-    }
-    if (!placed) head.params.push_back(s.name);
+    std::int64_t layer = 0;
+    while (layer < layers && !under(s.name, rules.layer_prefix + std::to_string(layer))) ++layer;
+    (layer < layers ? g.layers[static_cast<std::size_t>(layer)] : g.head).push_back(s.name);
   }
-  ops.push_back(std::move(embed));
-  for (auto& op : layer_ops) ops.push_back(std::move(op));
-  ops.push_back(std::move(head));
-  return ops;
+  return g;
 }
+
+}  // namespace
 
 std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
                                  std::int64_t layers, const std::string& state, const SublayerSplit& split) {
@@ -47,26 +43,25 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
     return std::find(list.begin(), list.end(), name) != list.end();
   };
   auto starts = [](const std::string& name, const char* prefix) { return name.rfind(prefix, 0) == 0; };
+  const ParamGroups groups = group_params(specs, rules, layers);
+  auto act = [&](std::int64_t l) { return state + "." + std::to_string(l); };
   std::vector<OpSpec> out;
-  for (OpSpec& op : whole_layer_ops(specs, rules, layers, state)) {
-    if (op.kind != OpKind::layer) {
-      out.push_back(std::move(op));
-      continue;
-    }
-    const std::string l = std::to_string(op.layer);
+  out.push_back({"embed", OpKind::embedding, -1, {"input_ids"}, {act(0)}, groups.embed});
+  for (std::int64_t layer = 0; layer < layers; ++layer) {
+    const std::string name = rules.layer_prefix + std::to_string(layer), l = std::to_string(layer);
     const std::string mid = state + "_mid." + l, x = "x." + l, routing = "routing." + l;
-    OpSpec attention{op.name + ".attention", OpKind::attention, op.layer, op.inputs, {mid}, {}};
+    OpSpec attention{name + ".attention", OpKind::attention, layer, {act(layer)}, {mid}, {}};
     std::vector<OpSpec> mlp;
-    if (split.sparse && split.sparse(op.layer)) {
-      mlp = {{op.name + ".router", OpKind::router, op.layer, {mid}, {x, routing}, {}},
-             {op.name + ".dispatch", OpKind::dispatch, op.layer, {x, routing}, {"rows." + l}, {}},
-             {op.name + ".experts", OpKind::experts, op.layer, {"rows." + l}, {"expert_out." + l}, {}},
-             {op.name + ".combine", OpKind::combine, op.layer, {"expert_out." + l, routing, x, mid}, op.outputs, {}}};
+    if (split.sparse && split.sparse(layer)) {
+      mlp = {{name + ".router", OpKind::router, layer, {mid}, {x, routing}, {}},
+             {name + ".dispatch", OpKind::dispatch, layer, {x, routing}, {"rows." + l}, {}},
+             {name + ".experts", OpKind::experts, layer, {"rows." + l}, {"expert_out." + l}, {}},
+             {name + ".combine", OpKind::combine, layer, {"expert_out." + l, routing, x, mid}, {act(layer + 1)}, {}}};
     } else {
-      mlp = {{op.name + ".mlp", OpKind::mlp, op.layer, {mid}, op.outputs, {}}};
+      mlp = {{name + ".mlp", OpKind::mlp, layer, {mid}, {act(layer + 1)}, {}}};
     }
-    const std::size_t prefix = op.name.size() + 1;  // "<layer>."
-    for (auto& param : op.params) {
+    const std::size_t prefix = name.size() + 1;  // "<layer>."
+    for (const auto& param : groups.layers[static_cast<std::size_t>(layer)]) {
       const std::string rel = param.substr(prefix);
       const bool input = listed(split.mlp_input_norm, rel), output = listed(split.mlp_output_norm, rel);
       if (!input && !output && !starts(rel, "mlp.")) {
@@ -84,6 +79,7 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
     out.push_back(std::move(attention));
     for (auto& m : mlp) out.push_back(std::move(m));
   }
+  out.push_back({"head", OpKind::final, -1, {act(layers), "targets"}, {"loss"}, groups.head});
   return out;
 }
 

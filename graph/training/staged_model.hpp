@@ -53,12 +53,6 @@ class StagedModel {
                                                float grad_scale) const = 0;
 };
 
-// The ops of a model whose layers run whole: "embed" (the rules' embedding modules), one op per
-// decoder layer ("<layer_prefix><l>": every param under it), "head" (every other param: root,
-// head, model-level islands). Activations: input_ids -> <state>.0 -> ... -> <state>.L -> loss.
-std::vector<OpSpec> whole_layer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
-                                    std::int64_t layers, const std::string& state);
-
 // How a family's layer splits into ops. Layer parameters (names below the layer) under "mlp." and
 // the MLP's norms belong to the MLP side, the rest to attention.
 struct SublayerSplit {
@@ -67,7 +61,9 @@ struct SublayerSplit {
   std::function<bool(std::int64_t)> sparse;  // layers whose MLP is an MoE
 };
 
-// The same with every layer split into sublayer ops: "<layer>.attention" (<state>.l ->
+// The ops of a model: "embed" (the rules' embedding modules: input_ids -> <state>.0), per decoder
+// layer its sublayer ops (parameters under "<layer_prefix><l>"), "head" (every other parameter:
+// root, head, model-level islands; <state>.L, targets -> loss). A layer: "<layer>.attention" (<state>.l ->
 // <state>_mid.l), then for a dense layer "<layer>.mlp" (-> <state>.l+1), for an MoE layer
 // "<layer>.router" (input norm, mlp.gate: -> x.l, routing.l), "<layer>.dispatch" (-> rows.l),
 // "<layer>.experts" (mlp.experts: -> expert_out.l), "<layer>.combine" (mlp.shared_experts and the
