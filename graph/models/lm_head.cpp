@@ -4,24 +4,32 @@
 
 namespace atl {
 
-LossSum lm_head_forward(const TensorMap& w, const LmHeadSpec& s, const Tensor& hidden, const Tensor& targets,
-                        const TokenContext& ctx, LmHeadCache& k, Tensor* logits_out) {
+Tensor lm_head_forward(const TensorMap& w, const LmHeadSpec& s, const Tensor& hidden, const TokenContext& ctx,
+                       LmHeadCache& k) {
   k.hidden = hidden;
   k.norm = rmsnorm_forward(hidden, w.at(s.norm), s.norm_eps, ctx.precision);
   Tensor logits = linear_forward(k.norm.y, w.at(s.head));
   if (s.round_logits) round_activation(ctx.precision, logits);
+  return logits;
+}
+
+Tensor lm_head_backward(const TensorMap& w, const LmHeadSpec& s, const LmHeadCache& k, const Tensor& d_logits,
+                        const TensorMap& grads) {
+  Tensor gh = grads.at(s.head), gn = grads.at(s.norm);
+  Tensor d_norm = linear_backward(k.norm.y, w.at(s.head), d_logits, &gh);
+  return rmsnorm_backward(d_norm, k.hidden, w.at(s.norm), k.norm.rstd, &gn);
+}
+
+LossSum lm_loss_forward(const LmHeadSpec& s, const Tensor& logits, const Tensor& targets, const TokenContext& ctx,
+                        LmLossCache& k, Tensor* logits_out) {
   k.targets = targets.reshape({targets.numel()});
   k.loss = logit_loss_forward(logits, k.targets, s.usable_vocab, s.softcap);
   if (logits_out) *logits_out = k.loss.capped.reshape({ctx.rows, ctx.seq, s.vocab_size});
   return {k.loss.loss_sum, k.loss.count};
 }
 
-Tensor lm_head_backward(const TensorMap& w, const LmHeadSpec& s, const LmHeadCache& k, float grad_scale,
-                        const TensorMap& grads) {
-  Tensor d_logits = logit_loss_backward(k.loss, k.targets, s.usable_vocab, s.softcap, grad_scale);
-  Tensor gh = grads.at(s.head), gn = grads.at(s.norm);
-  Tensor d_norm = linear_backward(k.norm.y, w.at(s.head), d_logits, &gh);
-  return rmsnorm_backward(d_norm, k.hidden, w.at(s.norm), k.norm.rstd, &gn);
+Tensor lm_loss_backward(const LmHeadSpec& s, const LmLossCache& k, float grad_scale) {
+  return logit_loss_backward(k.loss, k.targets, s.usable_vocab, s.softcap, grad_scale);
 }
 
 }  // namespace atl

@@ -1,6 +1,6 @@
-// The end of every family's model: final RMSNorm, lm_head (untied, fp32 accumulation), the
-// family's logit rounding and softcap, the unused-vocabulary mask and the cross entropy
-// (MODELS.md §0.4, §10.1.5–6).
+// The end of every family's model, as two ops: the head (final RMSNorm, lm_head: untied, fp32
+// accumulation, the family's logit rounding) and the loss (softcap, the unused-vocabulary mask and
+// the cross entropy) (MODELS.md §0.4, §10.1.5–6).
 #pragma once
 #include <string>
 
@@ -24,15 +24,25 @@ struct LmHeadSpec {
 struct LmHeadCache {
   Tensor hidden;
   RmsNormForward norm;
+};
+
+struct LmLossCache {
   LogitLossForward loss;
   Tensor targets;  // flattened [T]
 };
 
-// hidden [T, H]; targets i64 [B, S]. logits_out gets [B, S, V] after softcap and mask.
-LossSum lm_head_forward(const TensorMap& w, const LmHeadSpec& spec, const Tensor& hidden, const Tensor& targets,
-                        const TokenContext& ctx, LmHeadCache& cache, Tensor* logits_out);
-// Gradient of grad_scale * loss_sum wrt hidden; norm and head gradients accumulate into grads.
-Tensor lm_head_backward(const TensorMap& w, const LmHeadSpec& spec, const LmHeadCache& cache, float grad_scale,
+// hidden [T, H] -> logits f32 [T, V] (never rounded unless spec.round_logits).
+Tensor lm_head_forward(const TensorMap& w, const LmHeadSpec& spec, const Tensor& hidden, const TokenContext& ctx,
+                       LmHeadCache& cache);
+// d_logits -> d_hidden; norm and head gradients accumulate into grads.
+Tensor lm_head_backward(const TensorMap& w, const LmHeadSpec& spec, const LmHeadCache& cache, const Tensor& d_logits,
                         const TensorMap& grads);
+
+// logits f32 [T, V], targets i64 [B, S]: the summed cross entropy. logits_out gets [B, S, V] after
+// softcap and mask.
+LossSum lm_loss_forward(const LmHeadSpec& spec, const Tensor& logits, const Tensor& targets, const TokenContext& ctx,
+                        LmLossCache& cache, Tensor* logits_out = nullptr);
+// The gradient of grad_scale * loss_sum wrt the logits.
+Tensor lm_loss_backward(const LmHeadSpec& spec, const LmLossCache& cache, float grad_scale);
 
 }  // namespace atl

@@ -13,8 +13,9 @@
 //   mlp_output_forward(l, w, m, ctx, k) -> State (the MLP output m back into the state), with
 //   mlp_output_backward(l, w, k, d_out, ctx, grads) -> MlpOutputGrads<StateGrad> and
 //   mlp_input_backward(l, w, k, d_x, d_residual, grads) -> StateGrad;
-//   head_forward(w, State, targets, ctx, shared_ptr<HeadCache>*, logits*) -> LossSum,
-//   head_backward(w, cache, grad_scale, grads) -> StateGrad;
+//   head_forward(w, State, ctx, shared_ptr<HeadCache>*) -> the logits f32 [T, V],
+//   head_backward(w, cache, d_logits, grads) -> StateGrad, and head_spec() (the loss op's
+//   softcap, vocabulary and mask: graph/models/lm_head.hpp);
 //   moe_spec(), layer_prefix(l), static routing_indices(cache), config().num_hidden_layers and
 //   config().is_sparse(l).
 #pragma once
@@ -122,8 +123,14 @@ class SublayerRun final : public MicroBatchRun {
         hidden_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
         break;
       }
-      case OpKind::final:
-        loss_ = model_.head_forward(w, hidden_, batch_.targets, ctx_, &head_);
+      case OpKind::head:
+        logits_ = model_.head_forward(w, hidden_, ctx_, &head_);
+        hidden_ = {};
+        break;
+      case OpKind::loss:
+        loss_cache_ = std::make_shared<LmLossCache>();
+        loss_ = lm_loss_forward(model_.head_spec(), logits_, batch_.targets, ctx_, *loss_cache_);
+        logits_ = {};  // the loss keeps what its backward needs
         break;
     }
   }
@@ -132,10 +139,14 @@ class SublayerRun final : public MicroBatchRun {
     const std::int64_t l = model_.op_layer(op);
     const Precision prec = ctx_.precision;
     switch (model_.op_kind(op)) {
-      case OpKind::final:
-        grad_ = model_.head_backward(w, *head_, grad_scale_, grads);
+      case OpKind::loss:
+        d_logits_ = lm_loss_backward(model_.head_spec(), *loss_cache_, grad_scale_);
+        loss_cache_.reset();
+        break;
+      case OpKind::head:
+        grad_ = model_.head_backward(w, *head_, d_logits_, grads);
         head_.reset();
-        hidden_ = {};
+        d_logits_ = {};
         break;
       case OpKind::mlp:
         grad_ = dense_mlp_sublayer_backward(model_, l, w, *block(l), grad_, ctx_, grads);
@@ -191,6 +202,8 @@ class SublayerRun final : public MicroBatchRun {
   std::vector<std::shared_ptr<typename M::BlockCache>> blocks_;
   std::vector<MoeMlpBackward> moe_backward_;
   std::shared_ptr<typename M::HeadCache> head_;
+  Tensor logits_, d_logits_;  // between the head and loss ops
+  std::shared_ptr<LmLossCache> loss_cache_;
   LossSum loss_;
   std::vector<RoutingRecord> routing_;
 };
@@ -206,7 +219,9 @@ LossSum sublayer_forward(const M& model, const TensorMap& w, const Batch& batch,
     typename M::BlockCache cache;  // dropped after the layer
     h = mlp_sublayer_forward(model, l, w, model.attention_sublayer_forward(l, w, h, ctx, cache), ctx, cache);
   }
-  return model.head_forward(w, h, batch.targets, ctx, nullptr, logits_out);
+  LmLossCache loss;
+  return lm_loss_forward(model.head_spec(), model.head_forward(w, h, ctx, nullptr), batch.targets, ctx, loss,
+                         logits_out);
 }
 
 }  // namespace atl

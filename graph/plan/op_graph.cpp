@@ -14,7 +14,8 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::dispatch: return "dispatch";
     case OpKind::experts: return "experts";
     case OpKind::combine: return "combine";
-    case OpKind::final: return "final";
+    case OpKind::head: return "head";
+    case OpKind::loss: return "loss";
   }
   return "?";
 }

@@ -18,7 +18,8 @@ enum class OpKind {
   dispatch,   // token rows in expert order (where expert parallelism's all-to-all goes)
   experts,    // the grouped expert MLPs on their rows (on the experts' owner under EP)
   combine,    // weighted sum over K back on the tokens (+ shared expert), output norm and residual
-  final,      // final norm, head, loss
+  head,       // the final mix/norm and lm_head: the state -> logits
+  loss,       // softcap, vocabulary mask, cross entropy: logits, targets -> loss
 };
 const char* op_kind_name(OpKind kind);
 

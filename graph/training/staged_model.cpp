@@ -79,7 +79,8 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
     out.push_back(std::move(attention));
     for (auto& m : mlp) out.push_back(std::move(m));
   }
-  out.push_back({"head", OpKind::final, -1, {act(layers), "targets"}, {"loss"}, groups.head});
+  out.push_back({"head", OpKind::head, -1, {act(layers)}, {"logits"}, groups.head});
+  out.push_back({"loss", OpKind::loss, -1, {"logits", "targets"}, {"loss"}, {}});
   return out;
 }
 

@@ -63,7 +63,7 @@ struct SublayerSplit {
 
 // The ops of a model: "embed" (the rules' embedding modules: input_ids -> <state>.0), per decoder
 // layer its sublayer ops (parameters under "<layer_prefix><l>"), "head" (every other parameter:
-// root, head, model-level islands; <state>.L, targets -> loss). A layer: "<layer>.attention" (<state>.l ->
+// root, head, model-level islands; <state>.L -> logits), "loss" (logits, targets -> loss). A layer: "<layer>.attention" (<state>.l ->
 // <state>_mid.l), then for a dense layer "<layer>.mlp" (-> <state>.l+1), for an MoE layer
 // "<layer>.router" (input norm, mlp.gate: -> x.l, routing.l), "<layer>.dispatch" (-> rows.l),
 // "<layer>.experts" (mlp.experts: -> expert_out.l), "<layer>.combine" (mlp.shared_experts and the

@@ -241,18 +241,17 @@ GqaAttentionSpec BeamModel::attention_spec(std::int64_t layer) const {
   return s;
 }
 
-LossSum BeamModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
-                                const TokenContext& ctx, std::shared_ptr<BeamHeadCache>* cache_out,
-                                Tensor* logits_out) const {
+Tensor BeamModel::head_forward(const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
+                               std::shared_ptr<BeamHeadCache>* cache_out) const {
   auto cache = std::make_shared<BeamHeadCache>();
-  LossSum out = lm_head_forward(w, head_spec(), hidden, targets, ctx, *cache, logits_out);
+  Tensor logits = lm_head_forward(w, head_spec(), hidden, ctx, *cache);
   if (cache_out) *cache_out = std::move(cache);
-  return out;
+  return logits;
 }
 
-Tensor BeamModel::head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale,
+Tensor BeamModel::head_backward(const TensorMap& w, const BeamHeadCache& cache, const Tensor& d_logits,
                                 const TensorMap& grads) const {
-  return lm_head_backward(w, head_spec(), cache, grad_scale, grads);
+  return lm_head_backward(w, head_spec(), cache, d_logits, grads);
 }
 
 LmHeadSpec BeamModel::head_spec() const {

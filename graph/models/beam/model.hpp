@@ -81,11 +81,13 @@ class BeamModel : public Model {
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const BeamBlockCache& cache);
 
-  // Final norm, lm_head, softcap and vocab mask, cross entropy against targets i64 [B, S].
-  LossSum head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets, const TokenContext& ctx,
-                       std::shared_ptr<BeamHeadCache>* cache, Tensor* logits_out = nullptr) const;
-  // Gradient of grad_scale * loss_sum.
-  Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, float grad_scale, const TensorMap& grads) const;
+  // Final norm and lm_head: the logits f32 [T, V] (the loss op: lm_loss_forward with head_spec()).
+  Tensor head_forward(const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
+                      std::shared_ptr<BeamHeadCache>* cache) const;
+  // d_logits -> d_hidden.
+  Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, const Tensor& d_logits,
+                       const TensorMap& grads) const;
+  LmHeadSpec head_spec() const;
 
   nlohmann::json hf_config() const override;
   TensorMap to_hf(const TensorMap& native) const override;
@@ -101,7 +103,6 @@ class BeamModel : public Model {
 
  private:
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
-  LmHeadSpec head_spec() const;
   BeamConfig config_;
   std::vector<ParamSpec> specs_;
   std::vector<OpSpec> ops_;

@@ -191,18 +191,17 @@ GqaAttentionSpec FlintModel::attention_spec(std::int64_t layer) const {
   return s;
 }
 
-LossSum FlintModel::head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets,
-                                 const TokenContext& ctx, std::shared_ptr<FlintHeadCache>* cache_out,
-                                 Tensor* logits_out) const {
+Tensor FlintModel::head_forward(const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
+                               std::shared_ptr<FlintHeadCache>* cache_out) const {
   auto cache = std::make_shared<FlintHeadCache>();
-  LossSum out = lm_head_forward(w, head_spec(), hidden, targets, ctx, *cache, logits_out);
+  Tensor logits = lm_head_forward(w, head_spec(), hidden, ctx, *cache);
   if (cache_out) *cache_out = std::move(cache);
-  return out;
+  return logits;
 }
 
-Tensor FlintModel::head_backward(const TensorMap& w, const FlintHeadCache& cache, float grad_scale,
-                                 const TensorMap& grads) const {
-  return lm_head_backward(w, head_spec(), cache, grad_scale, grads);
+Tensor FlintModel::head_backward(const TensorMap& w, const FlintHeadCache& cache, const Tensor& d_logits,
+                                const TensorMap& grads) const {
+  return lm_head_backward(w, head_spec(), cache, d_logits, grads);
 }
 
 LmHeadSpec FlintModel::head_spec() const {

@@ -87,11 +87,14 @@ class FlintModel : public Model {
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const FlintBlockCache& cache);
 
-  // Final norm, fp32 lm_head, vocab mask (no softcap), cross entropy against targets i64 [B, S].
-  LossSum head_forward(const TensorMap& w, const Tensor& hidden, const Tensor& targets, const TokenContext& ctx,
-                       std::shared_ptr<FlintHeadCache>* cache, Tensor* logits_out = nullptr) const;
-  // Gradient of grad_scale * loss_sum.
-  Tensor head_backward(const TensorMap& w, const FlintHeadCache& cache, float grad_scale, const TensorMap& grads) const;
+  // Final norm and the fp32 lm_head: the logits f32 [T, V] (the loss op, lm_loss_forward with
+  // head_spec(): vocab mask, no softcap, cross entropy).
+  Tensor head_forward(const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
+                      std::shared_ptr<FlintHeadCache>* cache) const;
+  // d_logits -> d_hidden.
+  Tensor head_backward(const TensorMap& w, const FlintHeadCache& cache, const Tensor& d_logits,
+                       const TensorMap& grads) const;
+  LmHeadSpec head_spec() const;
 
   // HF layout (MODELS.md §10.3, state_dict_adapter.cpp): sinks are `self_attn.softmax_offset`,
   // the shared expert is `mlp.shared_expert.*`, experts are per expert; all else keeps its name.
@@ -109,7 +112,6 @@ class FlintModel : public Model {
 
  private:
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
-  LmHeadSpec head_spec() const;
   FlintConfig config_;
   std::vector<ParamSpec> specs_;
   std::vector<OpSpec> ops_;

@@ -614,17 +614,15 @@ Tensor Inkling2Model::mlp_mix_weights(const Inkling2LayerCache& cache) { return 
 // ------------------------------------------------------------------------------------------------
 // Final mix, norm, head, loss
 
-LossSum Inkling2Model::head_forward(const TensorMap& w, const Inkling2ResidualState& state, const Tensor& targets,
-                                    const TokenContext& ctx, std::shared_ptr<Inkling2HeadCache>* cache_out,
-                                    Tensor* logits_out) const {
-  const auto& c = config_;
+Tensor Inkling2Model::head_forward(const TensorMap& w, const Inkling2ResidualState& state, const TokenContext& ctx,
+                                   std::shared_ptr<Inkling2HeadCache>* cache_out) const {
   auto cache = std::make_shared<Inkling2HeadCache>();
   cache->sources = state.sources();
-  cache->mix = residual_mix_forward(cache->sources, w.at("output_query.weight"), c.rms_norm_eps, ctx.precision);
+  cache->mix = residual_mix_forward(cache->sources, w.at("output_query.weight"), config_.rms_norm_eps, ctx.precision);
   // lm_head is bulk (bf16 weight values in bf16), accumulates in fp32; the logits are never rounded.
-  LossSum out = lm_head_forward(w, head_spec(), cache->mix.out, targets, ctx, cache->head, logits_out);
+  Tensor logits = lm_head_forward(w, head_spec(), cache->mix.out, ctx, cache->head);
   if (cache_out) *cache_out = std::move(cache);
-  return out;
+  return logits;
 }
 
 LmHeadSpec Inkling2Model::head_spec() const {
@@ -633,9 +631,9 @@ LmHeadSpec Inkling2Model::head_spec() const {
           c.final_logit_softcapping, /*round_logits=*/false};
 }
 
-Inkling2StateGrad Inkling2Model::head_backward(const TensorMap& w, const Inkling2HeadCache& cache, float grad_scale,
-                                               const TensorMap& grads) const {
-  Tensor d_mix = lm_head_backward(w, head_spec(), cache.head, grad_scale, grads);
+Inkling2StateGrad Inkling2Model::head_backward(const TensorMap& w, const Inkling2HeadCache& cache,
+                                               const Tensor& d_logits, const TensorMap& grads) const {
+  Tensor d_mix = lm_head_backward(w, head_spec(), cache.head, d_logits, grads);
   Tensor gq = grads.at("output_query.weight");
   std::vector<Tensor> ds = residual_mix_backward(d_mix, cache.sources, w.at("output_query.weight"), cache.mix, &gq);
   Inkling2StateGrad d;

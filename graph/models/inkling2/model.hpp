@@ -109,14 +109,15 @@ class Inkling2Model : public Model {
   static std::vector<Tensor> attn_mix_weights(const Inkling2LayerCache& cache);
   static Tensor mlp_mix_weights(const Inkling2LayerCache& cache);
 
-  // output_query mix, final norm, lm_head (fp32 accumulation, logits never rounded), softcap and
-  // vocab mask, cross entropy against targets i64 [B, S].
-  LossSum head_forward(const TensorMap& w, const Inkling2ResidualState& state, const Tensor& targets,
-                       const TokenContext& ctx, std::shared_ptr<Inkling2HeadCache>* cache,
-                       Tensor* logits_out = nullptr) const;
-  // Gradient of grad_scale * loss_sum with respect to the final state.
-  Inkling2StateGrad head_backward(const TensorMap& w, const Inkling2HeadCache& cache, float grad_scale,
+  // output_query mix, final norm, lm_head (fp32 accumulation, logits never rounded): the logits
+  // f32 [T, V]. The loss op (lm_loss_forward with head_spec()) softcaps, masks the unused
+  // vocabulary and takes the cross entropy.
+  Tensor head_forward(const TensorMap& w, const Inkling2ResidualState& state, const TokenContext& ctx,
+                      std::shared_ptr<Inkling2HeadCache>* cache) const;
+  // d_logits -> the gradient of the final state.
+  Inkling2StateGrad head_backward(const TensorMap& w, const Inkling2HeadCache& cache, const Tensor& d_logits,
                                   const TensorMap& grads) const;
+  LmHeadSpec head_spec() const;
 
   nlohmann::json hf_config() const override;
   TensorMap to_hf(const TensorMap& native) const override;
@@ -133,7 +134,6 @@ class Inkling2Model : public Model {
   static std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
 
  private:
-  LmHeadSpec head_spec() const;
   Inkling2Config config_;
   std::vector<ParamSpec> specs_;
   std::vector<OpSpec> ops_;
