@@ -252,12 +252,34 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
 
 ActorEngine::~ActorEngine() = default;
 
-StepResult ActorEngine::step(const Batch& global_batch, bool record_routing) {
+std::vector<RowRange> ActorEngine::rows_read(std::int64_t global_rows) const {
+  const Mesh& mesh = impl_->plan->mesh;
+  if (global_rows % mesh.dp_size() != 0) {
+    throw std::invalid_argument("actor runtime: a global batch of " + std::to_string(global_rows) +
+                                " rows does not split into " + std::to_string(mesh.dp_size()) + " data-parallel ranks");
+  }
+  const std::int64_t block = global_rows / mesh.dp_size();
+  std::vector<int> dps;
+  for (int rank : impl_->ranks) dps.push_back(mesh.dp_index(rank));
+  std::sort(dps.begin(), dps.end());
+  std::vector<RowRange> out;
+  for (int dp : dps) {
+    const RowRange mine{dp * block, (dp + 1) * block};
+    if (!out.empty() && out.back().end >= mine.begin) {
+      out.back().end = std::max(out.back().end, mine.end);  // contiguous, or a rank sharing the block
+    } else {
+      out.push_back(mine);
+    }
+  }
+  return out;
+}
+
+StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   auto& im = *impl_;
   im.check_usable();
   const std::size_t records_before = im.recorder->size();
   im.recorder->set_step(++im.steps);
-  StepResult result = Impl::TrainerLine(im).ask<StepResult>(step_atom::value, GlobalStep{global_batch, record_routing});
+  StepResult result = Impl::TrainerLine(im).ask<StepResult>(step_atom::value, ProcessStep{rows, record_routing});
   const auto records = im.recorder->records();
   for (std::size_t i = records_before; i < records.size(); ++i) {
     const auto& rec = records[i];

@@ -37,7 +37,9 @@ class ActorEngine : public TrainingEngine {
   ActorEngine& operator=(const ActorEngine&) = delete;
 
   const char* name() const override { return "actors"; }
-  StepResult step(const Batch& global_batch, bool record_routing = false) override;
+  // The blocks of this process's data-parallel ranks.
+  std::vector<RowRange> rows_read(std::int64_t global_rows) const override;
+  StepResult step(const Batch& rows, bool record_routing = false) override;
   // The whole model and optimizer state, all-gathered through collectives over every shard group
   // (so every process of a job must call it, as with step()).
   TrainingState state() const override;

@@ -54,17 +54,18 @@ struct ComputeJob {
   std::vector<ComputeTask> tasks;
 };
 
-// A rank's share of one step: its micro-batches in global order.
+// A rank's share of one step: its micro-batches in global order. The loss scale (1 / the step's
+// targets) comes from the program's count collective.
 struct StageStep {
   std::int64_t step = 0;
   std::vector<Batch> micro_batches;
-  float grad_scale = 0;
   bool record_routing = false;
 };
 
 // The end of a rank's step: what every rank reported, all-gathered over the world by the step
 // program's report collective (so every process holds the same numbers), and this rank's routing.
 struct StageReport {
+  std::int64_t targets = 0, tokens = 0;               // the step's, over every rank (the count collective)
   std::vector<std::vector<double>> loss_sums;         // [rank][micro-batch], micro-batches in order
   std::vector<std::vector<double>> unit_sum_squares;  // [rank][unit]: each rank's gradient shard
   std::vector<std::vector<RoutingRecord>> routing;    // this rank's, per micro-batch, when asked
@@ -88,7 +89,8 @@ struct GatheredState {
   std::vector<UnitShards> units;
 };
 
-struct GlobalStep {
+// A step of this process: its rows of the global batch (ActorEngine::rows_read), concatenated.
+struct ProcessStep {
   Batch batch;
   bool record_routing = false;
 };
@@ -103,7 +105,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StageStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StageReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::OptimizerStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::UnitShards)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GlobalStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::ProcessStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GatheredState)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::StepResult)
 
@@ -156,7 +158,7 @@ using stage_actor = caf::typed_actor<caf::replies_to<step_atom, StageStep>::with
 // computes the global gradient norm in one fixed order and triggers the optimizer step. Export
 // and probe go to every stage of the process (export: the first rank's copy comes back). It
 // monitors every actor of the process: one that stops fails the request in flight and all later.
-using trainer_actor = caf::typed_actor<caf::replies_to<step_atom, GlobalStep>::with<StepResult>,
+using trainer_actor = caf::typed_actor<caf::replies_to<step_atom, ProcessStep>::with<StepResult>,
                                        caf::replies_to<export_atom>::with<GatheredState>,
                                        caf::replies_to<probe_atom, std::uint64_t>::with<done_atom>>;
 

@@ -33,6 +33,8 @@ struct StageState {
   // op that reads the unit, added to by the others, handed over by the grads instruction.
   std::vector<std::shared_ptr<TensorMap>> unit_grads;
   std::vector<double> loss_sums;
+  std::int64_t targets = 0, tokens = 0;  // the step's totals (count), once known
+  float grad_scale = 0;                  // 1 / targets (0 without targets)
   std::vector<std::vector<RoutingRecord>> routing;
   caf::typed_response_promise<StageReport> done;
 };
@@ -87,7 +89,7 @@ std::optional<ComputePart> forward_part(stage_pointer self, const StepInstructio
     }
     try {
       st.runs[mb] = st.setup.model->start(st.step.micro_batches[static_cast<std::size_t>(mb)],
-                                          st.setup.plan->precision, st.step.grad_scale);
+                                          st.setup.plan->precision, st.grad_scale);
     } catch (const std::exception& e) {
       fail(self, caf::make_error(caf::sec::runtime_error, "rank " + std::to_string(st.setup.rank) + ": " + e.what()));
       return std::nullopt;
@@ -203,6 +205,8 @@ void report(stage_pointer self, const StepInstruction& ins) {
                       [=](done_atom) {
                         auto& s2 = self->state;
                         StageReport out;
+                        out.targets = s2.targets;
+                        out.tokens = s2.tokens;
                         const std::size_t micro = s2.loss_sums.size(), per_rank = micro + n;
                         const auto* all = recv.data<std::int64_t>();
                         for (int r = 0; r < world; ++r) {
@@ -222,7 +226,37 @@ void report(stage_pointer self, const StepInstruction& ins) {
   }
 }
 
-// Walks instructions until one must wait (a compute run) or the program ends.
+// The count instruction: all-gather this rank's target and token counts over the world, then
+// (every rank in the same rank order) the step's totals and the loss scale; the program goes on.
+void count(stage_pointer self, const StepInstruction& ins) {
+  auto& st = self->state;
+  const Tensor send = Tensor::empty({2}, DType::i64);
+  send.data<std::int64_t>()[0] = send.data<std::int64_t>()[1] = 0;
+  for (const Batch& b : st.step.micro_batches) {
+    send.data<std::int64_t>()[0] += b.target_count();
+    send.data<std::int64_t>()[1] += b.valid_count();
+  }
+  const int world = st.setup.plan->mesh.world_size();
+  const Tensor recv = Tensor::empty({2 * world}, DType::i64);
+  self->request(st.setup.comm, caf::infinite, collect_atom::value,
+                CollectiveRequest{st.seq_base + ins.collective, "world", CollectiveKind::all_gather, send, recv, "count"})
+      .then(
+          [=](done_atom) {
+            auto& s = self->state;
+            if (!s.active) return;
+            s.targets = s.tokens = 0;
+            for (int r = 0; r < world; ++r) {
+              s.targets += recv.data<std::int64_t>()[2 * r];
+              s.tokens += recv.data<std::int64_t>()[2 * r + 1];
+            }
+            s.grad_scale = s.targets > 0 ? static_cast<float>(1.0 / static_cast<double>(s.targets)) : 0.0f;
+            ++s.pc;
+            advance(self);
+          },
+          [=](caf::error& e) { fail(self, e); });
+}
+
+// Walks instructions until one must wait (a compute run, the count) or the program ends.
 void advance(stage_pointer self) {
   auto& st = self->state;
   const auto& instructions = st.program->instructions;
@@ -241,6 +275,8 @@ void advance(stage_pointer self) {
       case StepInstructionKind::forward:
       case StepInstructionKind::backward:
         return run_compute(self);
+      case StepInstructionKind::count:
+        return count(self, ins);  // waits for the step's totals
       case StepInstructionKind::report:
         ++st.pc;
         return report(self, ins);  // the last instruction: it answers the step

@@ -1,4 +1,5 @@
-// The trainer actor of one process: hands each of its ranks its block of micro-batches, then
+// The trainer actor of one process: hands each of its ranks its block of micro-batches (the
+// process reads only its ranks' rows: ActorEngine::rows_read), then
 // combines what every rank of the job reported (all-gathered over the world by the step
 // program, so each process combines the same numbers) in one fixed order — loss sums over the
 // pairwise tree of global micro-batch indices (exactly the reference trainer's order), the
@@ -59,6 +60,8 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   std::vector<int> rank_of_dp(static_cast<std::size_t>(mesh.dp_size()), -1);
   for (int rank = 0; rank < mesh.world_size(); ++rank) rank_of_dp[static_cast<std::size_t>(mesh.dp_index(rank))] = rank;
   const StageReport& all = progress->reports.front();  // every rank's numbers, the same in each
+  r.targets = all.targets;
+  r.tokens = all.tokens;
   auto loss_tree = make_tree_sum<double>([](double& a, const double& b) { a += b; });
   for (int rank : rank_of_dp) {
     for (double l : all.loss_sums[static_cast<std::size_t>(rank)]) loss_tree.push(l);
@@ -155,34 +158,36 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
   watch(self, std::move(setup.watched));
   self->state.setup = std::move(setup);
   return {
-      [=](step_atom, const GlobalStep& msg) -> caf::result<StepResult> {
+      [=](step_atom, const ProcessStep& msg) -> caf::result<StepResult> {
         auto& st = self->state;
         if (st.failure) return st.failure;
         const Mesh& mesh = st.setup.plan->mesh;
-        const Batch& batch = msg.batch;
+        const Batch& batch = msg.batch;  // this process's rows: its data-parallel indices' blocks, in order
         const std::int64_t micro = st.setup.micro_batch;
-        const std::int64_t dp = mesh.dp_size();
-        if (batch.rows() % (micro * dp) != 0) {
-          return caf::make_error(caf::sec::runtime_error, "global batch of " + std::to_string(batch.rows()) +
-                                                              " rows does not split into " + std::to_string(dp) +
+        std::vector<int> dps;  // the process's data-parallel indices, increasing
+        for (int rank : st.setup.ranks) dps.push_back(mesh.dp_index(rank));
+        std::sort(dps.begin(), dps.end());
+        dps.erase(std::unique(dps.begin(), dps.end()), dps.end());
+        const auto blocks = static_cast<std::int64_t>(dps.size());
+        if (batch.rows() % (micro * blocks) != 0) {
+          return caf::make_error(caf::sec::runtime_error, "this process's " + std::to_string(batch.rows()) +
+                                                              " rows do not split into " + std::to_string(blocks) +
                                                               " data-parallel ranks of micro-batches of " +
                                                               std::to_string(micro) + " rows");
         }
         auto progress = std::make_shared<StepProgress>();
         StepResult& r = progress->result;
         r.step = ++st.step;
-        r.targets = batch.target_count();
-        r.tokens = batch.valid_count();
         st.setup.tracer->set_step(r.step);
-        const float grad_scale = r.targets > 0 ? static_cast<float>(1.0 / static_cast<double>(r.targets)) : 0.0f;
-        const std::int64_t per_rank = batch.rows() / micro / dp;
+        const std::int64_t per_rank = batch.rows() / micro / blocks;
         progress->reports.resize(st.setup.stages.size());
         progress->remaining = st.setup.stages.size();
         progress->promise = self->make_response_promise<StepResult>();
         in_flight(self, progress->promise);
         for (std::size_t local = 0; local < st.setup.stages.size(); ++local) {
-          StageStep stage_step{r.step, {}, grad_scale, msg.record_routing};
-          const std::int64_t first = mesh.dp_index(st.setup.ranks[local]) * per_rank;
+          StageStep stage_step{r.step, {}, msg.record_routing};
+          const auto dp = mesh.dp_index(st.setup.ranks[local]);
+          const std::int64_t first = (std::lower_bound(dps.begin(), dps.end(), dp) - dps.begin()) * per_rank;
           for (std::int64_t m = first; m < first + per_rank; ++m) {
             stage_step.micro_batches.push_back(batch.slice_rows(m * micro, (m + 1) * micro));
           }

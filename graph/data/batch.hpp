@@ -2,6 +2,7 @@
 // the model's output at (b, t) must predict, or kIgnoreTarget.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels/tensor.hpp"
 
@@ -9,6 +10,12 @@ namespace atl {
 
 // Target value that the loss skips (PyTorch's ignore_index).
 inline constexpr std::int64_t kIgnoreTarget = -100;
+
+// Rows [begin, end) of a batch.
+struct RowRange {
+  std::int64_t begin = 0, end = 0;
+  bool operator==(const RowRange&) const = default;
+};
 
 struct Batch {
   Tensor input_ids;  // i64 [B, S]
@@ -23,6 +30,8 @@ struct Batch {
   std::int64_t seq_len() const { return input_ids.size(1); }
   // Rows [begin, end), sharing storage with this batch.
   Batch slice_rows(std::int64_t begin, std::int64_t end) const;
+  // The parts' rows in order (one part: that batch itself); every part has the same seq_len.
+  static Batch concat_rows(const std::vector<Batch>& parts);
   // Number of targets the loss scores (not kIgnoreTarget).
   std::int64_t target_count() const;
   // Number of real (non-padding) tokens.

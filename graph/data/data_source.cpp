@@ -37,6 +37,30 @@ Batch PackedSource::next(std::int64_t rows, std::int64_t seq) {
   return batch;
 }
 
+void PackedSource::skip(std::int64_t rows, std::int64_t seq) {
+  if (rows < 0 || seq < 1) {
+    throw std::invalid_argument(fmt::format("DataSource::skip: expected rows >= 0 and seq >= 1, got {} and {}", rows, seq));
+  }
+  for (std::int64_t i = 0; i < rows * seq; ++i) advance();
+}
+
+Batch read_rows(DataSource& data, std::int64_t rows, std::int64_t seq, const std::vector<RowRange>& ranges) {
+  std::vector<Batch> parts;
+  std::int64_t at = 0;
+  for (const RowRange& r : ranges) {
+    if (r.begin < at || r.end <= r.begin || r.end > rows) {
+      throw std::invalid_argument(fmt::format("read_rows: range [{}, {}) of {} rows is empty, out of order or out of "
+                                              "range",
+                                              r.begin, r.end, rows));
+    }
+    data.skip(r.begin - at, seq);
+    parts.push_back(data.next(r.end - r.begin, seq));
+    at = r.end;
+  }
+  data.skip(rows - at, seq);
+  return Batch::concat_rows(parts);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 std::int64_t cursor_integer(const nlohmann::json& cursor, const char* field, std::int64_t min, std::int64_t max,

@@ -37,6 +37,9 @@ class DataSource {
   virtual ~DataSource() = default;
   // The next `rows` rows of `seq` tokens each.
   virtual Batch next(std::int64_t rows, std::int64_t seq) = 0;
+  // Moves past `rows` rows of `seq` tokens as next() would, without building them (the rows other
+  // processes of a job read). Afterwards cursor() is what it would be after next(rows, seq).
+  virtual void skip(std::int64_t rows, std::int64_t seq) { (void)next(rows, seq); }
   // Where the next row starts; JSON so that it goes into checkpoints as is.
   virtual nlohmann::json cursor() const = 0;
   // Inverse of cursor(); throws DataError naming the field when the cursor does not fit this source.
@@ -47,6 +50,10 @@ class DataSource {
   virtual bool exhausted() const { return false; }
   virtual std::string describe() const = 0;
 };
+
+// The `ranges` (increasing, disjoint) of the next `rows` rows, concatenated; the source moves past
+// all `rows` (what a process of a job reads: its ranks' rows; every process's cursor stays the same).
+Batch read_rows(DataSource& data, std::int64_t rows, std::int64_t seq, const std::vector<RowRange>& ranges);
 
 // One token of the stream: its id, its offset in its document, and whether it is real.
 struct StreamToken {
@@ -59,6 +66,7 @@ struct StreamToken {
 class PackedSource : public DataSource {
  public:
   Batch next(std::int64_t rows, std::int64_t seq) final;
+  void skip(std::int64_t rows, std::int64_t seq) final;  // a row moves `seq` tokens on
 
  protected:
   // The token at the stream position, without moving.

@@ -25,6 +25,7 @@ const char* step_instruction_name(StepInstructionKind kind) {
     case StepInstructionKind::forward: return "forward";
     case StepInstructionKind::backward: return "backward";
     case StepInstructionKind::grads: return "grads";
+    case StepInstructionKind::count: return "count";
     case StepInstructionKind::report: return "report";
   }
   return "?";
@@ -63,10 +64,11 @@ class ProgramBuilder {
     }
     emit({StepInstructionKind::grads, -1, micro_batch, u, last, first});
   }
-  void report() {
+  // The step's world all-gathers: `count` before the first forward, `report` at the end.
+  void world_gather(StepInstructionKind kind) {
     const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
-    program_.collectives.push_back({seq, CollectiveOp::all_gather, "world", "report"});
-    emit({StepInstructionKind::report, -1, -1, 0, false, seq});
+    program_.collectives.push_back({seq, CollectiveOp::all_gather, "world", step_instruction_name(kind)});
+    emit({kind, -1, -1, 0, false, seq});
   }
   StepProgram finish(int micro_batches) {
     program_.micro_batches = micro_batches;
@@ -120,6 +122,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
       const auto& units = op_units[static_cast<std::size_t>(op)];
       for (std::size_t u : units) b.gather(u);
       for (std::size_t u : units) b.gather_named(plan.units[u].forward_prefetch_units);
+      if (m == 0 && op == 0) b.world_gather(StepInstructionKind::count);  // its gathers are in flight
       b.run(StepInstructionKind::forward, op, m);
       for (std::size_t u : units) {
         if (last_reader[u] == op && plan.units[u].schedule.reshard_after_forward) b.release(u);
@@ -150,7 +153,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
     for (int m = 0; m < micro_batches; ++m) forward(m);
     for (int m = 0; m < micro_batches; ++m) backward(m);
   }
-  b.report();
+  b.world_gather(StepInstructionKind::report);
   StepProgram program = b.finish(micro_batches);
   program.schedule = schedule;
   program.ops = op_specs;

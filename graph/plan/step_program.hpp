@@ -41,7 +41,7 @@ struct CollectiveNode {
   std::uint64_t seq = 0;  // position in the rank's stream (0-based within the step)
   CollectiveOp op = CollectiveOp::all_gather;
   std::string axis;       // the group: "dp_shard" (a unit's shard group), "dp_replicate" or "world"
-  std::string tag;        // who posts it: the unit's name, or "report"
+  std::string tag;        // who posts it: the unit's name, "count" or "report"
 };
 
 enum class StepInstructionKind {
@@ -51,6 +51,9 @@ enum class StepInstructionKind {
   backward,  // run op's backward for micro_batch
   grads,     // hand unit its gradient of this micro-batch; `last`: it reduces (collectives
              // `collective` and, with HSDP, `collective + 1`)
+  count,     // before the first forward: all-gather the rank's target and token counts over the
+             // world (`collective`) and wait: every rank then knows the step's totals, the loss
+             // scale its backward needs (a process reads only its own ranks' rows)
   report,    // after every unit reduced: all-gather the rank's report over the world (`collective`)
 };
 const char* step_instruction_name(StepInstructionKind kind);
@@ -61,7 +64,7 @@ struct StepInstruction {
   int micro_batch = -1;         // forward, backward, grads
   std::size_t unit = 0;         // gather, release, grads
   bool last = false;            // grads: the step's last micro-batch
-  std::uint64_t collective = 0;  // gather, grads with last, report: index into StepProgram::collectives
+  std::uint64_t collective = 0;  // gather, grads with last, count, report: index into StepProgram::collectives
 };
 
 // The order of a step's micro-batches. one_at_a_time: each micro-batch's forward then its

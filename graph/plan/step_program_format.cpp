@@ -11,7 +11,10 @@ namespace {
 
 // The collectives an instruction posts: a gather one, a last grads one or two (HSDP).
 std::vector<std::uint64_t> posted_by(const Plan& plan, const StepInstruction& i) {
-  if (i.kind == StepInstructionKind::gather || i.kind == StepInstructionKind::report) return {i.collective};
+  if (i.kind == StepInstructionKind::gather || i.kind == StepInstructionKind::count ||
+      i.kind == StepInstructionKind::report) {
+    return {i.collective};
+  }
   if (i.kind != StepInstructionKind::grads || !i.last) return {};
   if (plan.mesh.dp_replicate() > 1) return {i.collective, i.collective + 1};
   return {i.collective};
@@ -51,6 +54,9 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
         break;
       case StepInstructionKind::release:
         out += fmt::format("  release   {}\n", unit);
+        break;
+      case StepInstructionKind::count:
+        out += fmt::format("  count     {:<28} {}\n", "(targets, tokens)", describe(program, i.collective));
         break;
       case StepInstructionKind::report:
         out += fmt::format("  report    {:<28} {}\n", "(loss, gradient norm parts)", describe(program, i.collective));

@@ -57,8 +57,13 @@ class TrainingEngine {
  public:
   virtual ~TrainingEngine() = default;
   virtual const char* name() const = 0;
-  // One optimizer step on a global batch (rows a multiple of micro_batch × data-parallel ranks).
-  virtual StepResult step(const Batch& global_batch, bool record_routing = false) = 0;
+  // The rows of a global batch of `global_rows` that this process reads, as increasing disjoint
+  // [begin, end) ranges: its data-parallel ranks' blocks (a single-process engine: all of them).
+  virtual std::vector<RowRange> rows_read(std::int64_t global_rows) const { return {{0, global_rows}}; }
+  // One optimizer step on the global batch, of which `rows` holds the rows_read ranges concatenated
+  // (global rows a multiple of micro_batch × data-parallel ranks). Loss and token counts are the
+  // global batch's.
+  virtual StepResult step(const Batch& rows, bool record_routing = false) = 0;
   // Masters, AdamW moments and step, full (gathered from shards where sharded), spec order.
   virtual TrainingState state() const = 0;
   TensorMap master_weights() const { return state().master; }

@@ -29,6 +29,7 @@ namespace atl {
 
 namespace {
 
+
 // The reference engine runs one rank.
 void check_reference_supports(const RunConfig& c) {
   const auto& m = c.topology.mesh;
@@ -282,7 +283,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                                !options.trace_path.empty()});
 
   // The first batch is read before anything is written, so a bad data file leaves run_dir alone.
-  std::optional<Batch> first_batch = data->next(t.global_batch, t.seq_len);
+  // A process reads only its ranks' rows of each global batch and skips the others'.
+  const std::vector<RowRange> ranges = engine->rows_read(t.global_batch);
+  std::optional<Batch> first_batch = read_rows(*data, t.global_batch, t.seq_len, ranges);
   check_outputs(config, options);
 
   namespace fs = std::filesystem;
@@ -381,7 +384,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", name, done, t.steps, saved));
     }
     const auto step_start = clock::now();
-    Batch batch = first_batch ? std::move(*first_batch) : data->next(t.global_batch, t.seq_len);
+    Batch batch = first_batch ? std::move(*first_batch) : read_rows(*data, t.global_batch, t.seq_len, ranges);
     first_batch.reset();
     StepResult r = engine->step(batch);
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();

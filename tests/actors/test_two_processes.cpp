@@ -1,5 +1,6 @@
 // One sim job run as two "processes": two engines in this test binary, each owning half the
-// ranks, sharing nothing but the sim backend. They must produce the single-engine result bit for
+// ranks and reading only its ranks' rows from its own data source, sharing nothing but the sim
+// backend. They must produce the single-engine result bit for
 // bit: the proof that nothing crosses a process boundary except through a Communicator (loss and
 // gradient norm included: they travel in the step program's report collective).
 #include <catch2/catch.hpp>
@@ -49,17 +50,27 @@ TEST_CASE("Two engines on one sim backend, each with half the ranks, match one e
     data.synthetic_min_doc = 5;
     data.synthetic_max_doc = 40;
     const auto model = make_model(config.model, config.source_file);
-    auto source = make_data_source(data, model->unpadded_vocab_size(), 99);  // run_engine's batches
+    // run_engine's batches; each process reads its rows from a source of its own.
+    auto first_source = make_data_source(data, model->unpadded_vocab_size(), 99);
+    auto second_source = make_data_source(data, model->unpadded_vocab_size(), 99);
+    const std::int64_t rows = config.train.global_batch, seq = config.train.seq_len;
+    CHECK(first->rows_read(rows) == std::vector<RowRange>{{0, 4}});  // ranks 0, 1: data-parallel indices 0, 1
+    CHECK(second->rows_read(rows) == std::vector<RowRange>{{4, 8}});
     for (int s = 0; s < kSteps; ++s) {
       INFO("step " << s + 1);
-      const Batch batch = source->next(config.train.global_batch, config.train.seq_len);
+      const Batch mine = read_rows(*first_source, rows, seq, first->rows_read(rows));
+      const Batch theirs = read_rows(*second_source, rows, seq, second->rows_read(rows));
+      CHECK(mine.rows() == 4);
+      CHECK(first_source->cursor() == second_source->cursor());
       StepResult a, b;
-      std::thread other([&] { b = second->step(batch, s == 0); });
-      a = first->step(batch, s == 0);
+      std::thread other([&] { b = second->step(theirs, s == 0); });
+      a = first->step(mine, s == 0);
       other.join();
       for (const StepResult* r : {&a, &b}) {
         CHECK(r->loss == single.steps[static_cast<std::size_t>(s)].loss);
         CHECK(r->grad_norm == single.steps[static_cast<std::size_t>(s)].grad_norm);
+        CHECK(r->targets == single.steps[static_cast<std::size_t>(s)].targets);  // the count collective's totals
+        CHECK(r->tokens == single.steps[static_cast<std::size_t>(s)].tokens);
       }
       if (s == 0) {
         // Routing stays with its ranks: together the two processes report the single engine's.

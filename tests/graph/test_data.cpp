@@ -388,3 +388,37 @@ TEST_CASE("make_data_source builds the configured source", "[data]") {
   CHECK_FALSE(parse_data_source_spec("text:").has_value());
   CHECK_FALSE(parse_data_source_spec("wiki").has_value());
 }
+
+TEST_CASE("read_rows: a process's ranges of a global batch are those rows of it, and every reader ends at one cursor",
+          "[data]") {
+  // A non-looping document list that runs out inside the second batch (its padding included).
+  auto documents = [] {
+    return std::make_unique<DocumentListSource>(
+        std::vector<std::vector<std::int64_t>>{{1, 2, 3, 4, 5}, {6, 7}, {8, 9, 10, 11, 12, 13, 14}, {15, 16, 17}},
+        /*loop=*/false);
+  };
+  auto synthetic = [] { return std::make_unique<SyntheticSource>(5, 250); };
+  const std::vector<std::vector<RowRange>> cases = {
+      {{0, 8}}, {{0, 2}}, {{2, 4}}, {{6, 8}}, {{0, 2}, {4, 6}}, {{1, 2}, {3, 5}, {7, 8}}};
+  for (int kind = 0; kind < 2; ++kind) {
+    for (const auto& ranges : cases) {
+      INFO((kind == 0 ? "documents" : "synthetic") << ", " << ranges.size() << " range(s) from row "
+                                                   << ranges.front().begin);
+      std::unique_ptr<DataSource> whole = kind == 0 ? std::unique_ptr<DataSource>(documents())
+                                                    : std::unique_ptr<DataSource>(synthetic());
+      std::unique_ptr<DataSource> part = kind == 0 ? std::unique_ptr<DataSource>(documents())
+                                                   : std::unique_ptr<DataSource>(synthetic());
+      for (int step = 0; step < 2; ++step) {
+        const Batch all = whole->next(8, 3);
+        CHECK(same_batch(Batch::concat_rows({all.slice_rows(0, 3), all.slice_rows(3, 8)}), all));
+        std::vector<Batch> expected;
+        for (const RowRange& r : ranges) expected.push_back(all.slice_rows(r.begin, r.end));
+        CHECK(same_batch(read_rows(*part, 8, 3, ranges), Batch::concat_rows(expected)));
+        CHECK(part->cursor() == whole->cursor());
+      }
+    }
+  }
+  DocumentListSource source({{1, 2, 3}});
+  CHECK_THROWS_AS(read_rows(source, 4, 2, {{2, 3}, {1, 2}}), std::invalid_argument);  // out of order
+  CHECK_THROWS_AS(read_rows(source, 4, 2, {{3, 5}}), std::invalid_argument);          // past the batch
+}
