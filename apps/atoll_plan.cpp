@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
       std::cout << (graph_format == "json"  ? atl::step_program_json(plan, program)
                     : graph_format == "dot" ? atl::step_program_dot(plan, program)
                                             : atl::format_step_program(plan, program));
+      if (graph_format == "text") {
+        const std::int64_t rows = config.train.micro_batch, seq = config.train.seq_len;
+        std::cout << fmt::format("activations per micro-batch ({} rows x {} tokens):\n", rows, seq)
+                  << atl::format_activations(model->ops(), model->activation_metas(rows, seq));
+      }
       return 0;
     }
     std::cout << fmt::format("atoll-plan: {}: {} {} ({} parameters)\n", config.source_file, model->family(),

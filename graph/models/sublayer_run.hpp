@@ -40,6 +40,20 @@ struct MlpOutputGrads {
   StateGrad d_residual;
 };
 
+// The tensors of a hidden-tensor state (Beam, Flint), as the op graph's metas list them.
+inline std::vector<Tensor> state_tensors(const Tensor& hidden) { return {hidden}; }
+// The activation shapes of a hidden-tensor family: the state is hidden f32 [T, H] everywhere.
+inline ActivationShapes hidden_state_shapes(std::int64_t hidden, std::int64_t vocab, std::int64_t top_k) {
+  ActivationShapes a;
+  a.hidden = hidden;
+  a.vocab = vocab;
+  a.top_k = [top_k](std::int64_t) { return top_k; };
+  a.state = [hidden](std::int64_t, bool, std::int64_t tokens) {
+    return std::vector<TensorMeta>{{"hidden", {tokens, hidden}, DType::f32}};
+  };
+  return a;
+}
+
 // The embedding of a family whose embedding is a plain table lookup (a bf16 lookup is exact),
 // and what its backward needs.
 struct TokenIdsCache {
@@ -87,52 +101,14 @@ class SublayerRun final : public MicroBatchRun {
         ctx_{batch.positions, batch.valid, batch.rows(), batch.seq_len(), precision},
         grad_scale_(grad_scale),
         blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)),
-        moe_backward_(blocks_.size()) {
+        moe_backward_(blocks_.size()),
+        metas_(model.activation_metas(batch.rows(), batch.seq_len())) {
     validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
   }
 
   void forward(int op, const TensorMap& w) override {
-    const std::int64_t l = model_.op_layer(op);
-    const Precision prec = ctx_.precision;
-    switch (model_.op_kind(op)) {
-      case OpKind::embedding:
-        hidden_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
-        break;
-      case OpKind::attention:
-        block(l) = std::make_shared<typename M::BlockCache>();
-        hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
-        break;
-      case OpKind::mlp:
-        hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l));
-        break;
-      case OpKind::router: {
-        const Tensor x = model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
-        moe_route_forward(model_.layer_prefix(l), w, x, ctx_.valid.reshape({ctx_.tokens()}), model_.moe_spec(), prec,
-                          block(l)->moe);
-        routing_.push_back({l, M::routing_indices(*block(l))});
-        break;
-      }
-      case OpKind::dispatch:
-        moe_dispatch_forward(block(l)->moe);
-        break;
-      case OpKind::experts:
-        moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
-        break;
-      case OpKind::combine: {
-        const Tensor m = moe_combine_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
-        hidden_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
-        break;
-      }
-      case OpKind::head:
-        logits_ = model_.head_forward(w, hidden_, ctx_, &head_);
-        hidden_ = {};
-        break;
-      case OpKind::loss:
-        loss_cache_ = std::make_shared<LmLossCache>();
-        loss_ = lm_loss_forward(model_.head_spec(), logits_, batch_.targets, ctx_, *loss_cache_);
-        logits_ = {};  // the loss keeps what its backward needs
-        break;
-    }
+    run_forward(op, w);
+    check_outputs(op);
   }
 
   void backward(int op, const TensorMap& w, const TensorMap& grads) override {
@@ -188,6 +164,85 @@ class SublayerRun final : public MicroBatchRun {
   std::vector<RoutingRecord> routing() const override { return routing_; }
 
  private:
+  void run_forward(int op, const TensorMap& w) {
+    const std::int64_t l = model_.op_layer(op);
+    const Precision prec = ctx_.precision;
+    switch (model_.op_kind(op)) {
+      case OpKind::embedding:
+        hidden_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
+        break;
+      case OpKind::attention:
+        block(l) = std::make_shared<typename M::BlockCache>();
+        hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
+        break;
+      case OpKind::mlp:
+        hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l));
+        break;
+      case OpKind::router: {
+        const Tensor x = model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
+        moe_route_forward(model_.layer_prefix(l), w, x, ctx_.valid.reshape({ctx_.tokens()}), model_.moe_spec(), prec,
+                          block(l)->moe);
+        routing_.push_back({l, M::routing_indices(*block(l))});
+        break;
+      }
+      case OpKind::dispatch:
+        moe_dispatch_forward(block(l)->moe);
+        break;
+      case OpKind::experts:
+        moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
+        break;
+      case OpKind::combine: {
+        const Tensor m = moe_combine_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
+        hidden_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
+        break;
+      }
+      case OpKind::head:
+        logits_ = model_.head_forward(w, hidden_, ctx_, &head_);
+        hidden_ = {};
+        break;
+      case OpKind::loss:
+        loss_cache_ = std::make_shared<LmLossCache>();
+        loss_ = lm_loss_forward(model_.head_spec(), logits_, batch_.targets, ctx_, *loss_cache_);
+        logits_ = {};  // the loss keeps what its backward needs
+        break;
+    }
+  }
+
+  // What op's forward wrote, per output (OpSpec order), checked against the op graph's metas.
+  std::vector<std::vector<Tensor>> outputs(int op) const {
+    const std::int64_t l = model_.op_layer(op);
+    switch (model_.op_kind(op)) {
+      case OpKind::embedding:
+      case OpKind::attention:
+      case OpKind::mlp:
+      case OpKind::combine:
+        return {state_tensors(hidden_)};
+      case OpKind::router: {
+        const MoeMlpCache& k = blocks_[static_cast<std::size_t>(l)]->moe;
+        return {{k.x}, {k.routing.indices, k.routing.weights}};
+      }
+      case OpKind::dispatch: {
+        const MoeMlpCache& k = blocks_[static_cast<std::size_t>(l)]->moe;
+        return {{k.rows.x_rows, k.rows.w_rows}};
+      }
+      case OpKind::experts: return {{blocks_[static_cast<std::size_t>(l)]->moe.experts.down_out}};
+      case OpKind::head: return {{logits_}};
+      case OpKind::loss: return {{}};
+    }
+    return {};
+  }
+
+  void check_outputs(int op) const {
+    const OpSpec& spec = model_.ops()[static_cast<std::size_t>(op)];
+    const std::vector<std::vector<Tensor>> produced = outputs(op);
+    for (std::size_t i = 0; i < spec.outputs.size(); ++i) {
+      const std::string mismatch = meta_mismatch(produced.at(i), metas_.at(spec.outputs[i]));
+      if (!mismatch.empty()) {
+        throw std::logic_error("op " + spec.name + ": output '" + spec.outputs[i] + "': " + mismatch);
+      }
+    }
+  }
+
   std::shared_ptr<typename M::BlockCache>& block(std::int64_t l) { return blocks_[static_cast<std::size_t>(l)]; }
   MoeMlpBackward& moe_grad(std::int64_t l) { return moe_backward_[static_cast<std::size_t>(l)]; }
 
@@ -206,6 +261,7 @@ class SublayerRun final : public MicroBatchRun {
   std::shared_ptr<LmLossCache> loss_cache_;
   LossSum loss_;
   std::vector<RoutingRecord> routing_;
+  std::map<std::string, std::vector<TensorMeta>> metas_;  // the op graph's activations for this micro-batch
 };
 
 // Forward only, keeping no caches.

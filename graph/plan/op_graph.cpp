@@ -1,7 +1,11 @@
 #include "graph/plan/op_graph.hpp"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace atl {
 
@@ -49,6 +53,34 @@ std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const std::
       throw std::logic_error("op graph: unit '" + plan.units[u].name + "' (" + unit_role_name(plan.units[u].role) +
                              ") is read by no op");
     }
+  }
+  return out;
+}
+
+std::string format_activations(const std::vector<OpSpec>& ops,
+                               const std::map<std::string, std::vector<TensorMeta>>& metas) {
+  std::vector<std::string> order;
+  for (const OpSpec& op : ops) {
+    for (const auto* list : {&op.inputs, &op.outputs}) {
+      for (const std::string& a : *list) {
+        if (std::find(order.begin(), order.end(), a) == order.end()) order.push_back(a);
+      }
+    }
+  }
+  std::string out;
+  for (const std::string& a : order) {
+    const auto it = metas.find(a);
+    if (it == metas.end()) throw std::logic_error("format_activations: no metas for activation '" + a + "'");
+    std::vector<std::string> tensors;
+    std::int64_t bytes = 0;
+    for (const TensorMeta& t : it->second) {
+      tensors.push_back(t.describe());
+      bytes += t.bytes();
+    }
+    out += fmt::format("  {:<14} {} ({} bytes{})\n", a, tensors.empty() ? "(no tensors)" : fmt::format("{}", fmt::join(tensors, ", ")),
+                       bytes, std::any_of(it->second.begin(), it->second.end(), [](const TensorMeta& t) { return t.upper_bound; })
+                                  ? " at most"
+                                  : "");
   }
   return out;
 }

@@ -3,10 +3,12 @@
 // plan derives the FSDP units each op needs.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "graph/plan/plan.hpp"
+#include "graph/tensor_meta.hpp"
 
 namespace atl {
 
@@ -37,5 +39,10 @@ struct OpSpec {
 // unit is read by no op (it would never be gathered or reduce, and a step would wait on it
 // forever) or an op names a parameter no unit owns.
 std::vector<std::vector<std::size_t>> units_per_op(const Plan& plan, const std::vector<OpSpec>& ops);
+
+// One line per activation, in the order the ops first name them: its tensors (dtype, shape; "<="
+// for a bound) and bytes. `metas`: the model's activation_metas for one micro-batch.
+std::string format_activations(const std::vector<OpSpec>& ops,
+                               const std::map<std::string, std::vector<TensorMeta>>& metas);
 
 }  // namespace atl

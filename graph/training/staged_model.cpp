@@ -84,4 +84,29 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
   return out;
 }
 
+std::map<std::string, std::vector<TensorMeta>> sublayer_activation_metas(const ActivationShapes& a,
+                                                                         std::int64_t layers, const std::string& state,
+                                                                         const SublayerSplit& split, std::int64_t rows,
+                                                                         std::int64_t seq) {
+  const std::int64_t T = rows * seq, H = a.hidden;
+  std::map<std::string, std::vector<TensorMeta>> out;
+  out["input_ids"] = {{"input_ids", {rows, seq}, DType::i64}};
+  out["targets"] = {{"targets", {rows, seq}, DType::i64}};
+  for (std::int64_t layer = 0; layer <= layers; ++layer) {
+    const std::string l = std::to_string(layer);
+    out[state + "." + l] = a.state(layer, false, T);
+    if (layer == layers) break;
+    out[state + "_mid." + l] = a.state(layer, true, T);
+    if (!split.sparse || !split.sparse(layer)) continue;
+    const std::int64_t K = a.top_k(layer);
+    out["x." + l] = {{"x", {T, H}, DType::f32}};
+    out["routing." + l] = {{"indices", {T, K}, DType::i32}, {"weights", {T, K}, DType::f32}};
+    out["rows." + l] = {{"x_rows", {T * K, H}, DType::f32, true}, {"w_rows", {T * K}, DType::f32, true}};
+    out["expert_out." + l] = {{"down_out", {T * K, H}, DType::f32, true}};
+  }
+  out["logits"] = {{"logits", {T, a.vocab}, DType::f32}};
+  out["loss"] = {};
+  return out;
+}
+
 }  // namespace atl

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "graph/param.hpp"
 #include "graph/plan/op_graph.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/tensor_meta.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
@@ -51,6 +53,11 @@ class StagedModel {
   std::int64_t op_layer(int op) const { return ops()[static_cast<std::size_t>(op)].layer; }
   virtual std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision,
                                                float grad_scale) const = 0;
+  // Every activation the ops read or write (OpSpec inputs and outputs), as the tensors a
+  // micro-batch of rows x seq tokens holds (sublayer_activation_metas); the run checks each op's
+  // outputs against them.
+  virtual std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows,
+                                                                          std::int64_t seq) const = 0;
 };
 
 // How a family's layer splits into ops. Layer parameters (names below the layer) under "mlp." and
@@ -70,5 +77,24 @@ struct SublayerSplit {
 // output norm: -> <state>.l+1).
 std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
                                  std::int64_t layers, const std::string& state, const SublayerSplit& split);
+
+// What the activations of sublayer_ops are made of, per family.
+struct ActivationShapes {
+  std::int64_t hidden = 0, vocab = 0;
+  std::function<std::int64_t(std::int64_t)> top_k;  // experts per token of a sparse layer
+  // The family's state tensors (T tokens) before layer l (l = layers: the head's input) or after
+  // its attention sublayer (mid).
+  std::function<std::vector<TensorMeta>(std::int64_t layer, bool mid, std::int64_t tokens)> state;
+};
+
+// Every activation of sublayer_ops(..., layers, state, split) for a micro-batch of rows x seq
+// tokens (T = rows * seq), as the tensors the runtime holds: input_ids, targets i64 [rows, seq];
+// the states; x.l f32 [T, H]; routing.l i32 [T, K] indices and f32 [T, K] weights; rows.l the
+// dispatched rows f32 [<= T*K, H] and their weights f32 [<= T*K]; expert_out.l f32 [<= T*K, H];
+// logits f32 [T, V]; loss none (two numbers, reported out of band).
+std::map<std::string, std::vector<TensorMeta>> sublayer_activation_metas(const ActivationShapes& shapes,
+                                                                         std::int64_t layers, const std::string& state,
+                                                                         const SublayerSplit& split, std::int64_t rows,
+                                                                         std::int64_t seq);
 
 }  // namespace atl

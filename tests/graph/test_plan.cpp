@@ -718,3 +718,48 @@ TEST_CASE("format_plan: one row per unit, each router island its own fp32 row, m
   CHECK(format_bytes(1536) == "1.5 KiB");
   CHECK(format_bytes(3 * 1024 * 1024) == "3.0 MiB");
 }
+
+TEST_CASE("op graph metas: every activation an op reads or writes has its tensors, and nothing else does",
+          "[plan][ops]") {
+  for (const auto& [family, preset] : std::vector<std::pair<std::string, std::string>>{
+           {"beam", "beam-tiny-moe"}, {"beam", "beam-tiny-dense"}, {"flint", "flint-tiny"}, {"inkling2", "inkling2-tiny"}}) {
+    INFO(preset);
+    ModelSection section;
+    section.family = family;
+    section.preset = preset;
+    const auto model = make_model(section, "test.yaml");
+    const auto metas = model->activation_metas(2, 16);
+    std::set<std::string> named;
+    for (const OpSpec& op : model->ops()) {
+      for (const auto* list : {&op.inputs, &op.outputs}) {
+        for (const std::string& a : *list) {
+          INFO(op.name << ": " << a);
+          CHECK(metas.count(a) == 1);
+          named.insert(a);
+        }
+      }
+    }
+    for (const auto& [name, tensors] : metas) {
+      INFO(name);
+      CHECK(named.count(name) == 1);
+      for (const TensorMeta& t : tensors) CHECK(shape_numel(t.shape) > 0);
+    }
+    CHECK(metas.at("input_ids") == std::vector<TensorMeta>{{"input_ids", {2, 16}, DType::i64}});
+    CHECK(metas.at("logits").at(0).shape == Shape{32, model->vocab_size()});
+  }
+}
+
+TEST_CASE("op graph metas: a tensor fits its meta by dtype and shape, dispatched rows up to their bound",
+          "[plan][ops]") {
+  const std::vector<TensorMeta> rows = {{"x_rows", {8, 4}, DType::f32, true}, {"w_rows", {8}, DType::f32, true}};
+  CHECK(meta_mismatch({Tensor::zeros({8, 4}), Tensor::zeros({8})}, rows).empty());
+  CHECK(meta_mismatch({Tensor::zeros({5, 4}), Tensor::zeros({5})}, rows).empty());  // masked tokens: fewer rows
+  CHECK(meta_mismatch({Tensor::zeros({9, 4}), Tensor::zeros({9})}, rows) ==
+        "tensor 0 is f32[9, 4] where the op graph says x_rows f32<=[8, 4]");
+  const std::vector<TensorMeta> hidden = {{"hidden", {6, 4}, DType::f32}};
+  CHECK(meta_mismatch({Tensor::zeros({5, 4})}, hidden) == "tensor 0 is f32[5, 4] where the op graph says hidden f32[6, 4]");
+  CHECK_FALSE(meta_mismatch({Tensor::zeros({6, 4}, DType::i64)}, hidden).empty());
+  CHECK_FALSE(meta_mismatch({Tensor::zeros({24})}, hidden).empty());  // same size, other rank
+  CHECK_FALSE(meta_mismatch({Tensor()}, hidden).empty());
+  CHECK(meta_mismatch({}, hidden) == "0 tensor(s) where the op graph says 1");
+}

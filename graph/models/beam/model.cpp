@@ -115,10 +115,16 @@ BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
   // The runtime runs each layer as sublayer ops: attention, then the dense MLP or the MoE steps.
-  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden",
-                      {{"pre_feedforward_layernorm.weight"},
+  split_ = SublayerSplit{{"pre_feedforward_layernorm.weight"},
                        {"post_feedforward_layernorm.weight"},
-                       [this](std::int64_t l) { return config_.is_sparse(l); }});
+                       [this](std::int64_t l) { return config_.is_sparse(l); }};
+  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", split_);
+}
+
+std::map<std::string, std::vector<TensorMeta>> BeamModel::activation_metas(std::int64_t rows, std::int64_t seq) const {
+  const ActivationShapes shapes =
+      hidden_state_shapes(config_.hidden_size, config_.vocab_size, config_.num_experts_per_tok);
+  return sublayer_activation_metas(shapes, config_.num_hidden_layers, "hidden", split_, rows, seq);
 }
 
 std::string BeamModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }

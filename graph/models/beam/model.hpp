@@ -99,9 +99,11 @@ class BeamModel : public Model {
 
   // --- StagedModel: ops() = embed, per layer attention + (mlp | router, dispatch, experts, combine), head ---
   std::int64_t num_layers() const override { return config_.num_hidden_layers; }
+  std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
  private:
+  SublayerSplit split_;  // how a layer splits into ops (sublayer_ops, activation_metas)
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
   BeamConfig config_;
   std::vector<ParamSpec> specs_;

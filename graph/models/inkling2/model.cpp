@@ -203,8 +203,28 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config))
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
   // The attention sublayer reads the depth mixes and attention; the router op the MLP mix and
   // norm before the router; the combine op mlp_sconv and the residual add.
-  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state",
-                      {{"mlp_query.weight", "mlp_norm.weight"}, {"mlp_sconv.weight"}, [](std::int64_t) { return true; }});
+  split_ = SublayerSplit{{"mlp_query.weight", "mlp_norm.weight"}, {"mlp_sconv.weight"}, [](std::int64_t) { return true; }};
+  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state", split_);
+}
+
+std::map<std::string, std::vector<TensorMeta>> Inkling2Model::activation_metas(std::int64_t rows, std::int64_t seq) const {
+  // The residual state: its completed blocks, then the partial (MODELS.md §1.3); a boundary
+  // layer's attention sublayer commits the incoming partial as one more block.
+  ActivationShapes a;
+  a.hidden = config_.hidden_size;
+  a.vocab = config_.vocab_size;
+  a.top_k = [this](std::int64_t) { return config_.num_experts_per_tok; };
+  a.state = [this](std::int64_t layer, bool mid, std::int64_t tokens) {
+    const std::int64_t completed =
+        config_.completed_blocks_before(layer) + (mid && config_.is_boundary(layer) ? 1 : 0);
+    std::vector<TensorMeta> out;
+    for (std::int64_t b = 0; b < completed; ++b) {
+      out.push_back({"completed." + std::to_string(b), {tokens, config_.hidden_size}, DType::f32});
+    }
+    out.push_back({"partial", {tokens, config_.hidden_size}, DType::f32});
+    return out;
+  };
+  return sublayer_activation_metas(a, config_.num_hidden_layers, "state", split_, rows, seq);
 }
 
 // ------------------------------------------------------------------------------------------------

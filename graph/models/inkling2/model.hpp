@@ -34,6 +34,9 @@ struct Inkling2ResidualState {
   std::vector<Tensor> sources() const;
 };
 
+// The tensors of a state, as the op graph's metas list them: completed blocks, then the partial.
+inline std::vector<Tensor> state_tensors(const Inkling2ResidualState& state) { return state.sources(); }
+
 // Gradient of the loss with respect to a residual state (same layout; undefined = zero).
 struct Inkling2StateGrad {
   std::vector<Tensor> completed;
@@ -129,11 +132,13 @@ class Inkling2Model : public Model {
 
   // --- StagedModel: ops() = embed, per layer attention, router, dispatch, experts, combine, head ---
   std::int64_t num_layers() const override { return config_.num_hidden_layers; }
+  std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
   static std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
 
  private:
+  SublayerSplit split_;  // how a layer splits into ops (sublayer_ops, activation_metas)
   Inkling2Config config_;
   std::vector<ParamSpec> specs_;
   std::vector<OpSpec> ops_;
