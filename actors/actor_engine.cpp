@@ -47,7 +47,7 @@ struct ActorEngine::Impl {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const Model> model;
   std::vector<int> ranks;  // this process's ranks, increasing
-  StepSchedule schedule = StepSchedule::one_at_a_time;
+  std::shared_ptr<const StepProgram> program;
   // A failed step or export leaves the ranks' collective streams with numbers nobody will post
   // (every later collective would wait forever): the engine refuses further work instead.
   std::string broken;
@@ -150,12 +150,13 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
   im.model = in.model;
   im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), in.model->sharding_rules(), mesh, config.precision));
   const Plan& plan = *im.plan;
-  units_per_op(plan, in.model->ops());  // throws (before anything is spawned) if a unit has no reader
+  // Compiled once (it throws before anything is spawned if a unit has no reader); every rank runs it.
+  im.program = std::make_shared<const StepProgram>(
+      compile_step_program(plan, in.model->ops(), micro_batches_per_rank(config, mesh), config.train.schedule));
   const int world = mesh.world_size();
   const int threads_per_rank = compute_threads(config);  // default: the ranks are the parallelism
 
   im.ranks = process.ranks;
-  im.schedule = process.schedule;
   if (im.ranks.empty()) {
     for (int r = 0; r < world; ++r) im.ranks.push_back(r);
   }
@@ -213,7 +214,6 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
       setup.rank = rank;
       setup.shard_index = shard_group.index_of(rank);
       setup.comm = comm;
-      setup.replicate_count = replicate_group.size();
       // A fresh model is generated shard by shard (no process builds the whole model); given
       // weights and moments (resume, warm start) are cut from the full tensors.
       setup.initial_shard =
@@ -233,7 +233,7 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
     compute_actor compute = spawn_compute_actor(sys, rank, threads_per_rank, im.tracer);
     im.computes.push_back(compute);
     im.stages.push_back(spawn_stage_actor(
-        sys, StageActorSetup{im.plan, im.model, rank, im.units[local], compute, comm, im.schedule, im.tracer}));
+        sys, StageActorSetup{im.plan, im.model, rank, im.units[local], compute, comm, im.program, im.tracer}));
   }
   std::vector<WatchedActor> watched;
   for (std::size_t local = 0; local < im.ranks.size(); ++local) {
@@ -334,6 +334,7 @@ std::optional<std::string> ActorEngine::chrome_trace() const {
   return impl_->tracer->chrome_trace_json();
 }
 const Plan& ActorEngine::plan() const { return *impl_->plan; }
+const StepProgram& ActorEngine::program() const { return *impl_->program; }
 std::vector<CollectiveRecord> ActorEngine::collective_records() const { return impl_->recorder->records(); }
 std::vector<Span> ActorEngine::spans() const { return impl_->tracer->spans(); }
 

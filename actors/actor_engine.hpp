@@ -17,14 +17,12 @@ namespace atl {
 struct Span;
 class CommBackend;
 
-// The ranks one process runs, the backend their collectives go through, and the order of a
-// step's micro-batches. Defaults: every rank of the mesh, on a fresh backend of the config's
-// kind, one micro-batch at a time. Two engines given the same sim backend and complementary
-// ranks behave as two processes of one job: they share nothing but the backend.
+// The ranks one process runs and the backend their collectives go through. Defaults: every rank
+// of the mesh, on a fresh backend of the config's kind. Two engines given the same sim backend
+// and complementary ranks behave as two processes of one job: they share nothing but the backend.
 struct ProcessOptions {
   std::vector<int> ranks;
   std::shared_ptr<CommBackend> backend;
-  StepSchedule schedule = StepSchedule::one_at_a_time;
 };
 
 class ActorEngine : public TrainingEngine {
@@ -46,6 +44,8 @@ class ActorEngine : public TrainingEngine {
   std::optional<std::string> chrome_trace() const override;
 
   const Plan& plan() const;
+  // The step program every rank runs (train.schedule, the config's micro-batches per rank).
+  const StepProgram& program() const;
   // Mean wall time of a unit gather requested through the trainer and every rank's stage
   // (request, all-gather through the comm actors, params back, reshard), between steps. For bench/.
   double gather_round_trip_us(std::size_t unit, int iterations);

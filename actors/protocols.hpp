@@ -13,6 +13,7 @@
 #include "comm/communicator.hpp"
 #include "graph/data/batch.hpp"
 #include "graph/param.hpp"
+#include "graph/plan/step_program.hpp"
 #include "graph/training/engine.hpp"
 
 namespace atl {
@@ -25,12 +26,12 @@ struct GatheredParams {
 };
 
 // One micro-batch's gradient for a unit's parameters. On the last micro-batch of a step the unit
-// reduces: reduce-scatter over its shard group (collective `seq` of the rank's stream), then,
-// with HSDP, all-reduce over its replicate group (collective seq + 1).
+// reduces through `reductions`, the step program's collectives with their numbers in the rank's
+// stream: a reduce-scatter over its shard group, then (HSDP) an all-reduce over its replicate group.
 struct UnitGrads {
   std::shared_ptr<const TensorMap> grads;
   bool last = false;
-  std::uint64_t seq = 0;
+  std::vector<CollectiveNode> reductions;
 };
 
 // A collective for the rank's comm actor. Requests run in sequence-number order (the step
@@ -98,6 +99,7 @@ struct ProcessStep {
 }  // namespace atl
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::GatheredParams)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::CollectiveNode)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::UnitGrads)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::CollectiveRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(atl::ComputeJob)
@@ -137,7 +139,7 @@ using comm_actor = caf::typed_actor<caf::replies_to<collect_atom, CollectiveRequ
 using compute_actor = caf::typed_actor<caf::replies_to<run_atom, ComputeJob>::with<done_atom>>;
 
 // One FSDP unit on one rank: fp32 master shard, gradient shard, AdamW state.
-using unit_actor = caf::typed_actor<caf::reacts_to<gather_atom, std::uint64_t>,        // start a gather
+using unit_actor = caf::typed_actor<caf::reacts_to<gather_atom, CollectiveNode>,      // start a gather
                                     caf::replies_to<params_atom>::with<GatheredParams>,  // when gathered
                                     caf::reacts_to<release_atom>,                        // reshard
                                     caf::reacts_to<grads_atom, UnitGrads>,               // accumulate / reduce

@@ -24,7 +24,6 @@ struct UnitActorSetup {
   int rank = 0;
   int shard_index = 0;            // this rank's position in the unit's shard group
   comm_actor comm;                // the rank's collective stream (dp_shard and dp_replicate groups)
-  int replicate_count = 1;        // > 1: HSDP, reductions all-reduce over dp_replicate too
   Tensor initial_shard;           // f32 [shard_numel]
   Tensor initial_exp_avg, initial_exp_avg_sq;  // f32 [shard_numel]
   std::vector<bool> weight_decay;  // per UnitParam
@@ -39,7 +38,7 @@ struct StageActorSetup {
   std::vector<unit_actor> units;  // plan order
   compute_actor compute;
   comm_actor comm;                // the rank's collective stream (the report)
-  StepSchedule schedule = StepSchedule::one_at_a_time;
+  std::shared_ptr<const StepProgram> program;  // compiled once per engine, the same on every rank
   std::shared_ptr<SpanTracer> tracer;
 };
 stage_actor spawn_stage_actor(caf::actor_system& system, StageActorSetup setup);

@@ -18,7 +18,6 @@ namespace {
 
 struct StageState {
   StageActorSetup setup;
-  std::map<int, std::shared_ptr<const StepProgram>> programs;  // by micro-batch count
   std::uint64_t next_seq = 0;  // the rank's collective stream position before the next step or probe
   // The step in flight.
   bool active = false;
@@ -42,6 +41,18 @@ struct StageState {
 using stage_pointer = stage_actor::stateful_pointer<StageState>;
 
 void advance(stage_pointer self);
+
+// The collectives `ins` posts, numbered in the rank's stream (the step's first number + the
+// program's).
+std::vector<CollectiveNode> scheduled(const StageState& st, const StepInstruction& ins) {
+  std::vector<CollectiveNode> out;
+  for (std::uint64_t c : posted_by(ins)) {
+    CollectiveNode node = st.program->collectives[c];
+    node.seq += st.seq_base;
+    out.push_back(std::move(node));
+  }
+  return out;
+}
 
 // Any failure during a step (a unit, a collective, a kernel) ends the step with that error, so
 // the trainer and the engine see it instead of waiting forever.
@@ -169,7 +180,7 @@ void send_grads(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   std::shared_ptr<const TensorMap> mine = std::move(st.unit_grads[ins.unit]);
   st.unit_grads[ins.unit].reset();
-  self->send(st.setup.units[ins.unit], grads_atom::value, UnitGrads{mine, ins.last, st.seq_base + ins.collective});
+  self->send(st.setup.units[ins.unit], grads_atom::value, UnitGrads{mine, ins.last, scheduled(st, ins)});
 }
 
 // Doubles travel bit for bit as i64 (a collective moves bytes; there is no f64 dtype).
@@ -200,7 +211,8 @@ void report(stage_pointer self, const StepInstruction& ins) {
               const int world = s.setup.plan->mesh.world_size();
               const Tensor recv = Tensor::empty({world * send.numel()}, DType::i64);
               self->request(s.setup.comm, caf::infinite, collect_atom::value,
-                            CollectiveRequest{seq, "world", CollectiveKind::all_gather, send, recv, "report"})
+                            CollectiveRequest{seq, s.program->collectives[ins.collective].axis,
+                                              CollectiveKind::all_gather, send, recv, "report"})
                   .then(
                       [=](done_atom) {
                         auto& s2 = self->state;
@@ -239,7 +251,8 @@ void count(stage_pointer self, const StepInstruction& ins) {
   const int world = st.setup.plan->mesh.world_size();
   const Tensor recv = Tensor::empty({2 * world}, DType::i64);
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{st.seq_base + ins.collective, "world", CollectiveKind::all_gather, send, recv, "count"})
+                CollectiveRequest{st.seq_base + ins.collective, st.program->collectives[ins.collective].axis,
+                                  CollectiveKind::all_gather, send, recv, "count"})
       .then(
           [=](done_atom) {
             auto& s = self->state;
@@ -264,7 +277,7 @@ void advance(stage_pointer self) {
     const StepInstruction& ins = instructions[st.pc];
     switch (ins.kind) {
       case StepInstructionKind::gather:
-        self->send(st.setup.units[ins.unit], gather_atom::value, st.seq_base + ins.collective);
+        self->send(st.setup.units[ins.unit], gather_atom::value, scheduled(st, ins).at(0));
         break;
       case StepInstructionKind::release:
         self->send(st.setup.units[ins.unit], release_atom::value);
@@ -308,7 +321,7 @@ void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::s
             auto remaining = std::make_shared<int>(3);
             for (int k = 0; k < 3; ++k) {
               self->request(s.setup.comm, caf::infinite, collect_atom::value,
-                            CollectiveRequest{s.next_seq++, "dp_shard", CollectiveKind::all_gather, sources[k],
+                            CollectiveRequest{s.next_seq++, kShardAxis, CollectiveKind::all_gather, sources[k],
                                               *targets[k], unit.name})
                   .then(
                       [=](done_atom) mutable {
@@ -326,15 +339,6 @@ void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::s
           });
 }
 
-std::shared_ptr<const StepProgram> program_for(StageState& st, int micro_batches) {
-  auto& slot = st.programs[micro_batches];
-  if (!slot) {
-    slot = std::make_shared<const StepProgram>(
-        compile_step_program(*st.setup.plan, st.setup.model->ops(), micro_batches, st.setup.schedule));
-  }
-  return slot;
-}
-
 stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup setup) {
   exit_with_exception_message(self);
   self->state.setup = std::move(setup);
@@ -343,7 +347,13 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         auto& s = self->state;
         if (step.micro_batches.empty()) return caf::make_error(caf::sec::runtime_error, "stage: no micro-batches");
         if (s.active) return caf::make_error(caf::sec::runtime_error, "stage: a step is already running");
-        s.program = program_for(s, static_cast<int>(step.micro_batches.size()));
+        if (static_cast<int>(step.micro_batches.size()) != s.setup.program->micro_batches) {
+          return caf::make_error(caf::sec::runtime_error,
+                                 "stage: " + std::to_string(step.micro_batches.size()) +
+                                     " micro-batches, the step program runs " +
+                                     std::to_string(s.setup.program->micro_batches) + " per rank");
+        }
+        s.program = s.setup.program;
         s.unit_grads.assign(s.setup.units.size(), nullptr);
         s.step = std::move(step);
         s.pc = 0;
@@ -362,7 +372,8 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         auto rp = self->make_response_promise<done_atom>();
         const auto u = static_cast<std::size_t>(unit);
         const unit_actor target = self->state.setup.units[u];
-        self->send(target, gather_atom::value, self->state.next_seq++);
+        self->send(target, gather_atom::value,
+                   CollectiveNode{self->state.next_seq++, CollectiveOp::all_gather, kShardAxis, "probe"});
         self->request(target, caf::infinite, params_atom::value)
             .then(
                 [=](const GatheredParams&) mutable {

@@ -1,8 +1,9 @@
 // The unit actor: one FSDP unit on one rank. It owns the unit's fp32 master shard, its
 // gradient shard and AdamW moments. gather: cast the shard to the policy's param dtype and
-// all-gather it over the shard group through the rank's comm actor; grads: add each micro-batch's
-// gradient over the fixed pairwise tree, and after the last one reduce-scatter in the reduce dtype
-// (then all-reduce over the replicate group for HSDP); optimize: AdamW on the shard.
+// all-gather it through the rank's comm actor as the step program's collective says (group axis,
+// number); grads: add each micro-batch's gradient over the fixed pairwise tree, and after the
+// last one run the program's reductions (a reduce-scatter in the reduce dtype, then for HSDP an
+// all-reduce); optimize: AdamW on the shard.
 #include "actors/spawn.hpp"
 #include "actors/supervision.hpp"
 #include "graph/plan/flat_shards.hpp"
@@ -66,9 +67,14 @@ std::shared_ptr<const TensorMap> unpack(UnitState& st, const Tensor& gathered) {
   return spare;
 }
 
-void start_gather(unit_pointer self, std::uint64_t seq) {
+void start_gather(unit_pointer self, const CollectiveNode& node) {
   auto& st = self->state;
   const UnitPlan& u = *st.unit;
+  if (node.op != CollectiveOp::all_gather) {
+    return fail(self, caf::make_error(caf::sec::runtime_error, st.actor_name + ": gather #" +
+                                                                   std::to_string(node.seq) + " is a " +
+                                                                   collective_op_name(node.op)));
+  }
   st.gather = GatherState::gathering;
   if (!st.gather_recv.defined()) {  // reused: a gather starts only when the last one completed
     st.gather_recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
@@ -83,7 +89,7 @@ void start_gather(unit_pointer self, std::uint64_t seq) {
   const Tensor recv = st.gather_recv;
   const double start = st.setup.tracer->now_us();
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{seq, "dp_shard", CollectiveKind::all_gather, send, recv, u.name})
+                CollectiveRequest{node.seq, node.axis, CollectiveKind::all_gather, send, recv, u.name})
       .then(
           [=](done_atom) {
             auto& s = self->state;
@@ -106,11 +112,31 @@ void finish_reduce(unit_pointer self, Tensor shard, double start) {
   st.waiting_reduced.clear();
 }
 
+// Runs reductions[k..] on the reduced buffer in place (all-reduces), then finishes.
+void reduce_further(unit_pointer self, std::vector<CollectiveNode> reductions, std::size_t k, Tensor recv,
+                    double start) {
+  if (k == reductions.size()) return finish_reduce(self, recv, start);
+  const CollectiveNode& node = reductions[k];
+  if (node.op != CollectiveOp::all_reduce) {
+    return fail(self, caf::make_error(caf::sec::runtime_error, self->state.actor_name + ": reduction #" +
+                                                                   std::to_string(node.seq) + " is a " +
+                                                                   collective_op_name(node.op)));
+  }
+  self->request(self->state.setup.comm, caf::infinite, collect_atom::value,
+                CollectiveRequest{node.seq, node.axis, CollectiveKind::all_reduce, Tensor(), recv, self->state.unit->name})
+      .then([=](done_atom) { reduce_further(self, reductions, k + 1, recv, start); },
+            [=](caf::error& e) { fail(self, e); });
+}
+
 void start_reduce(unit_pointer self, const UnitGrads& msg) {
   auto& st = self->state;
   const UnitPlan& u = *st.unit;
   TensorMap summed = st.grad_tree->finish();
   st.grad_tree.reset();
+  // The program's reductions: a reduce-scatter over the shard group first (HSDP: then all-reduces).
+  if (msg.reductions.empty() || msg.reductions.front().op != CollectiveOp::reduce_scatter) {
+    return fail(self, caf::make_error(caf::sec::runtime_error, u.name + ": a last gradient without a reduce-scatter"));
+  }
   Tensor send = pack_for_reduce_scatter(u, summed, u.shard_count);
   // Gradients are summed in the policy's reduce dtype; the planner chooses fp32 for every unit.
   if (u.policy.reduce_dtype != DType::f32) {
@@ -119,17 +145,11 @@ void start_reduce(unit_pointer self, const UnitGrads& msg) {
   if (!st.reduce_recv.defined()) st.reduce_recv = Tensor::empty({u.shard_numel}, u.policy.reduce_dtype);
   const Tensor recv = st.reduce_recv;
   const double start = st.setup.tracer->now_us();
+  const CollectiveNode& first = msg.reductions.front();
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{msg.seq, "dp_shard", CollectiveKind::reduce_scatter, send, recv, u.name})
-      .then(
-          [=](done_atom) {
-            if (self->state.setup.replicate_count == 1) return finish_reduce(self, recv, start);
-            self->request(self->state.setup.comm, caf::infinite, collect_atom::value,
-                          CollectiveRequest{msg.seq + 1, "dp_replicate", CollectiveKind::all_reduce, Tensor(), recv,
-                                            u.name})
-                .then([=](done_atom) { finish_reduce(self, recv, start); }, [=](caf::error& e) { fail(self, e); });
-          },
-          [=](caf::error& e) { fail(self, e); });
+                CollectiveRequest{first.seq, first.axis, CollectiveKind::reduce_scatter, send, recv, u.name})
+      .then([=, reductions = msg.reductions](done_atom) { reduce_further(self, reductions, 1, recv, start); },
+            [=](caf::error& e) { fail(self, e); });
 }
 
 void optimize(UnitState& st, const OptimizerStep& msg) {
@@ -164,15 +184,15 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
   st.exp_avg_sq = setup.initial_exp_avg_sq;
   st.setup = std::move(setup);
   return {
-      [=](gather_atom, std::uint64_t seq) {
-        // The step program gathers only sharded units; skipping would leave collective `seq`
+      [=](gather_atom, const CollectiveNode& node) {
+        // The step program gathers only sharded units; skipping would leave the collective
         // unissued and every rank's stream waiting on it, so a second gather is a bug, loudly.
         if (self->state.gather != GatherState::sharded) {
           return fail(self, caf::make_error(caf::sec::runtime_error,
-                                            self->state.actor_name + ": gather #" + std::to_string(seq) +
+                                            self->state.actor_name + ": gather #" + std::to_string(node.seq) +
                                                 " of a unit that is already gathered"));
         }
-        start_gather(self, seq);
+        start_gather(self, node);
       },
       [=](params_atom) -> caf::result<GatheredParams> {
         auto& s = self->state;

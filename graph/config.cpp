@@ -160,6 +160,10 @@ TrainConfig read_train(ConfigReader reader) {
   train.log_every = reader.get_positive("log_every", 10);
   train.skip_nonfinite_steps = reader.get_choice("on_nonfinite", "stop", {"stop", "skip_step"}) == "skip_step";
   train.max_skipped_steps = reader.get_non_negative("max_skipped_steps", 10);
+  train.schedule = reader.get_choice("schedule", "one_at_a_time", {"one_at_a_time", "all_forward_first"}) ==
+                           "all_forward_first"
+                       ? StepSchedule::all_forward_first
+                       : StepSchedule::one_at_a_time;
   reader.finish();
   return train;
 }
@@ -318,7 +322,8 @@ nlohmann::json to_json(const RunConfig& c) {
         {"grad_clip", t.grad_clip},
         {"log_every", t.log_every},
         {"on_nonfinite", t.skip_nonfinite_steps ? "skip_step" : "stop"},
-        {"max_skipped_steps", t.max_skipped_steps}}},
+        {"max_skipped_steps", t.max_skipped_steps},
+        {"schedule", step_schedule_name(t.schedule)}}},
       {"data",
        {{"source", data_source_spec(d)},
         {"synthetic_branching", d.synthetic_branching},

@@ -11,6 +11,7 @@
 
 #include "graph/config_reader.hpp"
 #include "graph/data/data_config.hpp"
+#include "graph/step_schedule.hpp"
 #include "kernels/precision.hpp"
 
 namespace atl {
@@ -63,6 +64,7 @@ struct TrainConfig {
   // more than max_skipped_steps steps were skipped.
   bool skip_nonfinite_steps = false;
   std::int64_t max_skipped_steps = 10;
+  StepSchedule schedule = StepSchedule::one_at_a_time;  // the order of a step's micro-batches (job-wide)
 };
 
 struct ModelSection {

@@ -31,9 +31,6 @@ const char* step_instruction_name(StepInstructionKind kind) {
   return "?";
 }
 
-const char* step_schedule_name(StepSchedule schedule) {
-  return schedule == StepSchedule::one_at_a_time ? "one_at_a_time" : "all_forward_first";
-}
 
 namespace {
 
@@ -45,7 +42,7 @@ class ProgramBuilder {
   void gather(std::size_t u) {
     if (gathered_[u]) return;
     gathered_[u] = true;
-    emit({StepInstructionKind::gather, -1, -1, u, false, collective(CollectiveOp::all_gather, "dp_shard", u)});
+    emit({StepInstructionKind::gather, -1, -1, u, false, collective(CollectiveOp::all_gather, kShardAxis, u), 1});
   }
   void gather_named(const std::vector<std::string>& names) {
     for (const auto& name : names) gather(plan_.unit_index(name));
@@ -53,22 +50,27 @@ class ProgramBuilder {
   void release(std::size_t u) {
     if (!gathered_[u]) return;
     gathered_[u] = false;
-    emit({StepInstructionKind::release, -1, -1, u, false, 0});
+    emit({StepInstructionKind::release, -1, -1, u, false, 0, 0});
   }
-  void run(StepInstructionKind kind, int op, int micro_batch) { emit({kind, op, micro_batch, 0, false, 0}); }
+  void run(StepInstructionKind kind, int op, int micro_batch) { emit({kind, op, micro_batch, 0, false, 0, 0}); }
   void grads(std::size_t u, int micro_batch, bool last) {
     std::uint64_t first = 0;
+    int count = 0;
     if (last) {
-      first = collective(CollectiveOp::reduce_scatter, "dp_shard", u);
-      if (plan_.mesh.dp_replicate() > 1) collective(CollectiveOp::all_reduce, "dp_replicate", u);
+      first = collective(CollectiveOp::reduce_scatter, kShardAxis, u);
+      ++count;
+      if (plan_.mesh.dp_replicate() > 1) {
+        collective(CollectiveOp::all_reduce, "dp_replicate", u);
+        ++count;
+      }
     }
-    emit({StepInstructionKind::grads, -1, micro_batch, u, last, first});
+    emit({StepInstructionKind::grads, -1, micro_batch, u, last, first, count});
   }
   // The step's world all-gathers: `count` before the first forward, `report` at the end.
   void world_gather(StepInstructionKind kind) {
     const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
     program_.collectives.push_back({seq, CollectiveOp::all_gather, "world", step_instruction_name(kind)});
-    emit({kind, -1, -1, 0, false, seq});
+    emit({kind, -1, -1, 0, false, seq, 1});
   }
   StepProgram finish(int micro_batches) {
     program_.micro_batches = micro_batches;
@@ -181,6 +183,12 @@ std::size_t compute_run_end(const StepProgram& program, std::size_t begin) {
     ++end;
   }
   return end;
+}
+
+std::vector<std::uint64_t> posted_by(const StepInstruction& i) {
+  std::vector<std::uint64_t> out;
+  for (int k = 0; k < i.collective_count; ++k) out.push_back(i.collective + static_cast<std::uint64_t>(k));
+  return out;
 }
 
 }  // namespace atl

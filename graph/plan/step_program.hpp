@@ -30,6 +30,7 @@
 
 #include "graph/plan/op_graph.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/step_schedule.hpp"
 
 namespace atl {
 
@@ -65,15 +66,15 @@ struct StepInstruction {
   std::size_t unit = 0;         // gather, release, grads
   bool last = false;            // grads: the step's last micro-batch
   std::uint64_t collective = 0;  // gather, grads with last, count, report: index into StepProgram::collectives
+  int collective_count = 0;      // the collectives it posts: collective, collective + 1, ... (HSDP grads: 2)
 };
 
-// The order of a step's micro-batches. one_at_a_time: each micro-batch's forward then its
-// backward (FSDP2 gradient accumulation; one micro-batch's activations alive at a time).
-// all_forward_first: every forward, then every backward in micro-batch order (GPipe's order: all
-// micro-batches' activations alive at once, what a pipeline stage needs to fill). Both give the
-// same numbers: each unit adds its micro-batch gradients in micro-batch order either way.
-enum class StepSchedule { one_at_a_time, all_forward_first };
-const char* step_schedule_name(StepSchedule schedule);
+// The collectives `i` posts, in order (indices into StepProgram::collectives).
+std::vector<std::uint64_t> posted_by(const StepInstruction& i);
+
+// The group axis of a unit's shard group: its gathers, reduce-scatters and the state export.
+inline constexpr const char* kShardAxis = "dp_shard";
+
 
 struct StepProgram {
   int micro_batches = 0;

@@ -9,17 +9,6 @@ namespace atl {
 
 namespace {
 
-// The collectives an instruction posts: a gather one, a last grads one or two (HSDP).
-std::vector<std::uint64_t> posted_by(const Plan& plan, const StepInstruction& i) {
-  if (i.kind == StepInstructionKind::gather || i.kind == StepInstructionKind::count ||
-      i.kind == StepInstructionKind::report) {
-    return {i.collective};
-  }
-  if (i.kind != StepInstructionKind::grads || !i.last) return {};
-  if (plan.mesh.dp_replicate() > 1) return {i.collective, i.collective + 1};
-  return {i.collective};
-}
-
 bool names_unit(const StepInstruction& i) {
   return i.kind == StepInstructionKind::gather || i.kind == StepInstructionKind::release ||
          i.kind == StepInstructionKind::grads;
@@ -68,7 +57,7 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
         break;
       case StepInstructionKind::grads: {
         std::vector<std::string> posted;
-        for (std::uint64_t c : posted_by(plan, i)) posted.push_back(describe(program, c));
+        for (std::uint64_t c : posted_by(i)) posted.push_back(describe(program, c));
         out += fmt::format("  grads     {:<28} {}\n", unit, fmt::join(posted, ", "));
         break;
       }
@@ -97,7 +86,7 @@ std::string step_program_json(const Plan& plan, const StepProgram& program) {
     if (i.micro_batch >= 0) j["micro_batch"] = i.micro_batch;
     if (names_unit(i)) j["unit"] = plan.units[i.unit].name;
     if (i.kind == StepInstructionKind::grads) j["last"] = i.last;
-    const auto posted = posted_by(plan, i);
+    const auto posted = posted_by(i);
     if (!posted.empty()) j["collectives"] = posted;
     instructions.push_back(std::move(j));
   }
@@ -119,7 +108,7 @@ std::string step_program_dot(const Plan& plan, const StepProgram& program) {
                                                                                                          : "plaintext";
     out += fmt::format("  i{} [label=\"{}\", shape={}];\n", k, label, shape);
     if (k > 0) out += fmt::format("  i{} -> i{};\n", k - 1, k);
-    for (std::uint64_t c : posted_by(plan, i)) {
+    for (std::uint64_t c : posted_by(i)) {
       out += fmt::format("  c{} [label=\"{}\", shape=box, style=filled, fillcolor=lightblue];\n  i{} -> c{} "
                          "[style=dashed];\n",
                          c, describe(program, c), k, c);

@@ -47,21 +47,19 @@ TEST_CASE("Every rank records exactly the step program's collectives in its orde
   for (const Case& c : cases) {
     INFO(c.family << " dp_shard " << c.layout.dp_shard << " dp_replicate " << c.layout.dp_replicate << " batch "
                   << c.global_batch << " " << step_schedule_name(c.schedule));
-    const RunConfig config = parity_config(c.family, c.preset, Precision::bf16, c.layout, c.global_batch, c.micro_batch);
+    RunConfig config = parity_config(c.family, c.preset, Precision::bf16, c.layout, c.global_batch, c.micro_batch);
+    config.train.schedule = c.schedule;
     std::unique_ptr<TrainingEngine> engine;
-    ProcessOptions options;
-    options.schedule = c.schedule;
-    run_engine(
-        config,
-        [&](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
-          return std::make_unique<ActorEngine>(std::move(in), options);
-        },
-        2, false, &engine);
+    run_engine(config, make_actor_engine, 2, false, &engine);
     auto& actors = dynamic_cast<ActorEngine&>(*engine);
     const Plan& plan = actors.plan();
     const auto model = make_model(config.model, config.source_file);
     const int per_rank = static_cast<int>(c.global_batch / c.micro_batch / (c.layout.dp_shard * c.layout.dp_replicate));
+    // The engine's program, compiled once, is the one compiled here from the plan.
     const StepProgram program = compile_step_program(plan, model->ops(), per_rank, c.schedule);
+    CHECK(actors.program().instructions.size() == program.instructions.size());
+    CHECK(actors.program().collectives.size() == program.collectives.size());
+    CHECK(actors.program().schedule == c.schedule);
     REQUIRE(!program.collectives.empty());
 
     // Per (step, rank, axis): the records in completion order (a group completes in issue order).
@@ -167,14 +165,9 @@ TEST_CASE("All forwards first (GPipe order) keeps every micro-batch in flight an
     CHECK(one.activation_buffers == 1);
     CHECK(all.activation_buffers == 4);
 
-    ProcessOptions options;
-    options.schedule = StepSchedule::all_forward_first;
-    const RunOutput gpipe = run_engine(
-        config,
-        [&](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
-          return std::make_unique<ActorEngine>(std::move(in), options);
-        },
-        2, true);
+    RunConfig gpipe_config = config;
+    gpipe_config.train.schedule = StepSchedule::all_forward_first;
+    const RunOutput gpipe = run_engine(gpipe_config, make_actor_engine, 2, true);
     check_same_steps(gpipe, plain, 0.0, true);
     CHECK(same_routing(gpipe.steps[0].routing, plain.steps[0].routing));
     CHECK(bitwise_equal(gpipe.master, plain.master));

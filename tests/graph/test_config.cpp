@@ -185,8 +185,10 @@ TEST_CASE("config: --set overrides values, creates sections, and is validated li
   std::string file = dir.write("base.yaml", kMinimal);
   RunConfig c = load_run_config(file, {"train.steps=7", "topology.mesh.dp_shard=2", "topology.backend=nccl",
                                        "precision=fp32", "model.hidden_size=128", "data.source=text:corpus.txt",
-                                       "train.lr=1e-3", "data.loop=false"});
+                                       "train.lr=1e-3", "data.loop=false", "train.schedule=all_forward_first"});
   CHECK(c.train.steps == 7);
+  CHECK(c.train.schedule == StepSchedule::all_forward_first);
+  CHECK(load_run_config(file, {}).train.schedule == StepSchedule::one_at_a_time);  // the default
   CHECK(c.topology.mesh.dp_shard == 2);
   CHECK(c.topology.mesh.pp == 1);
   CHECK(c.topology.backend == Backend::nccl);
@@ -243,6 +245,7 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
       {"missing_family", edited("  family: beam\n", ""), "model.family: required key is missing"},
       {"section_scalar", std::string(kMinimal) + "topology: 4\n", "topology: expected a mapping of keys, got 4"},
       {"bad_bool", std::string(kMinimal) + "data: {loop: maybe}\n", "data.loop: expected true or false, got 'maybe'"},
+      {"bad_schedule", edited("lr: 3.0e-3", "lr: 3.0e-3\n  schedule: 1f1b"), "train.schedule: expected one of"},
       {"negative_threads", std::string(kMinimal) + "compute: {threads: -2}\n",
        "compute.threads: expected a non-negative integer, got -2"},
       {"huge_threads", std::string(kMinimal) + "compute: {threads: 100000}\n",
