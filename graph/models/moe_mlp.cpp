@@ -39,21 +39,32 @@ void moe_experts_forward(const std::string& p, const TensorMap& w, const MoeMlpS
   k.rows = {};  // the experts keep what their backward needs
 }
 
-Tensor moe_combine_forward(const std::string& p, const TensorMap& w, const MoeMlpSpec& spec, Precision prec,
-                           MoeMlpCache& k) {
-  Tensor out = combine_forward(k.experts.down_out, k.dispatch, k.x.size(1), experts_config(spec, prec));
-  if (!spec.shared_expert) return out;
+void moe_shared_forward(const std::string& p, const TensorMap& w, Precision prec, MoeMlpCache& k) {
   k.sg = project(k.x, w.at(p + "mlp.shared_experts.gate_proj.weight"), prec);
   k.su = project(k.x, w.at(p + "mlp.shared_experts.up_proj.weight"), prec);
   k.sact = swiglu_forward(k.sg, k.su, prec);
-  const Tensor shared = project(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), prec);
-  return scaled_add(out, 1.0f, shared, 1.0f, prec);  // fp32 sum, rounded once
+  k.shared_out = project(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), prec);
 }
 
-void moe_combine_backward(const std::string& p, const TensorMap& w, const Tensor& d_out, const MoeMlpSpec& spec,
-                          Precision prec, const MoeMlpCache& k, MoeMlpBackward& b, const TensorMap& grads) {
+Tensor moe_combine_forward(const std::string& /*p*/, const TensorMap& /*w*/, const MoeMlpSpec& spec, Precision prec,
+                           MoeMlpCache& k) {
+  Tensor out = combine_forward(k.experts.down_out, k.dispatch, k.x.size(1), experts_config(spec, prec));
+  if (!spec.shared_expert) return out;
+  Tensor sum = scaled_add(out, 1.0f, k.shared_out, 1.0f, prec);  // fp32 sum, rounded once
+  k.shared_out = Tensor();
+  return sum;
+}
+
+void moe_combine_backward(const std::string& /*p*/, const TensorMap& /*w*/, const Tensor& d_out,
+                          const MoeMlpSpec& spec, Precision prec, const MoeMlpCache& k, MoeMlpBackward& b,
+                          const TensorMap& /*grads*/) {
   b.combined = combine_backward(d_out, k.experts.down_out, k.dispatch, experts_config(spec, prec));
-  if (!spec.shared_expert) return;
+  if (spec.shared_expert) b.d_out = d_out;  // the shared expert's backward reads it
+}
+
+void moe_shared_backward(const std::string& p, const TensorMap& w, Precision prec, const MoeMlpCache& k,
+                         MoeMlpBackward& b, const TensorMap& grads) {
+  const Tensor d_out = std::move(b.d_out);
   Tensor d_sd = grads.at(p + "mlp.shared_experts.down_proj.weight");
   const Tensor d_sact = project_backward(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), d_out, &d_sd, prec);
   const GluSplitGrads sg = swiglu_backward(d_sact, k.sg, k.su);
@@ -97,6 +108,7 @@ Tensor moe_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x
                        const MoeMlpSpec& spec, Precision prec, MoeMlpCache& k) {
   moe_route_forward(p, w, x, token_mask, spec, prec, k);
   moe_dispatch_forward(k);
+  if (spec.shared_expert) moe_shared_forward(p, w, prec, k);
   moe_experts_forward(p, w, spec, prec, k);
   return moe_combine_forward(p, w, spec, prec, k);
 }
@@ -106,6 +118,7 @@ Tensor moe_mlp_backward(const std::string& p, const TensorMap& w, const Tensor& 
   MoeMlpBackward b;
   moe_combine_backward(p, w, d_out, spec, prec, k, b, grads);
   moe_experts_backward(p, w, spec, prec, k, b, grads);
+  if (spec.shared_expert) moe_shared_backward(p, w, prec, k, b, grads);
   moe_dispatch_backward(spec, prec, k, b);
   return moe_route_backward(p, w, spec, k, b, grads);
 }

@@ -31,6 +31,7 @@ struct MoeMlpCache {
   DispatchedRows rows;  // the dispatched token rows (what an all-to-all would send to the owners)
   GroupedExpertsSaved experts;
   Tensor sg, su, sact;  // shared expert: gate, up, activation
+  Tensor shared_out;    // f32 [T,H] the shared expert's output (added in combine)
 };
 
 // What the backward steps hand each other.
@@ -38,6 +39,7 @@ struct MoeMlpBackward {
   CombineGrads combined;       // d rows at the experts' output, d routing weights (weight after down)
   GroupedExpertsGrads d_rows;  // d rows at the experts' input, d row weights (weight before down)
   Tensor d_x;                  // f32 [T,H]
+  Tensor d_out;                // the MLP output's gradient, for the shared expert's backward
   Tensor d_shared_gate_x, d_shared_up_x;  // the shared expert's parts of d_x, added last
 };
 
@@ -50,13 +52,16 @@ Tensor moe_mlp_forward(const std::string& layer_prefix, const TensorMap& w, cons
 Tensor moe_mlp_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& d_out,
                         const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, const TensorMap& grads);
 
-// The same as four steps, the runtime's ops (forward in this order, backward in reverse); the
-// cache carries what one step hands the next. route: router on x, dispatch plan. dispatch: the
-// token rows in expert order. experts: the grouped expert MLPs on the rows. combine: the weighted
-// sum over K (and the shared expert), the MLP output. moe_mlp_forward/backward run all four.
+// The same as steps, the runtime's ops (forward in this order, backward in reverse); the cache
+// carries what one step hands the next. route: router on x, dispatch plan. dispatch: the token
+// rows in expert order. shared (only with a shared expert): the shared expert on every token (under
+// expert parallelism it runs while the dispatch's all-to-all is in flight). experts: the grouped
+// expert MLPs on the rows. combine: the weighted sum over K, plus the shared expert's output: the
+// MLP output. moe_mlp_forward/backward run them all.
 void moe_route_forward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
                        const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
 void moe_dispatch_forward(MoeMlpCache& cache);
+void moe_shared_forward(const std::string& layer_prefix, const TensorMap& w, Precision precision, MoeMlpCache& cache);
 void moe_experts_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
                          Precision precision, MoeMlpCache& cache);
 Tensor moe_combine_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
@@ -64,6 +69,8 @@ Tensor moe_combine_forward(const std::string& layer_prefix, const TensorMap& w, 
 void moe_combine_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& d_out,
                           const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, MoeMlpBackward& b,
                           const TensorMap& grads);
+void moe_shared_backward(const std::string& layer_prefix, const TensorMap& w, Precision precision,
+                         const MoeMlpCache& cache, MoeMlpBackward& b, const TensorMap& grads);
 void moe_experts_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
                           Precision precision, const MoeMlpCache& cache, MoeMlpBackward& b, const TensorMap& grads);
 void moe_dispatch_backward(const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, MoeMlpBackward& b);

@@ -137,6 +137,9 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::experts:
         moe_experts_backward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe, moe_grad(l), grads);
         break;
+      case OpKind::shared_expert:
+        moe_shared_backward(model_.layer_prefix(l), w, prec, block(l)->moe, moe_grad(l), grads);
+        break;
       case OpKind::dispatch:
         moe_dispatch_backward(model_.moe_spec(), prec, block(l)->moe, moe_grad(l));
         break;
@@ -188,6 +191,9 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::dispatch:
         moe_dispatch_forward(block(l)->moe);
         break;
+      case OpKind::shared_expert:
+        moe_shared_forward(model_.layer_prefix(l), w, prec, block(l)->moe);
+        break;
       case OpKind::experts:
         moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
         break;
@@ -225,6 +231,7 @@ class SublayerRun final : public MicroBatchRun {
         const MoeMlpCache& k = blocks_[static_cast<std::size_t>(l)]->moe;
         return {{k.rows.x_rows, k.rows.w_rows}};
       }
+      case OpKind::shared_expert: return {{blocks_[static_cast<std::size_t>(l)]->moe.shared_out}};
       case OpKind::experts: return {{blocks_[static_cast<std::size_t>(l)]->moe.experts.down_out}};
       case OpKind::head: return {{logits_}};
       case OpKind::loss: return {{}};

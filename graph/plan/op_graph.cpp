@@ -16,6 +16,7 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::mlp: return "mlp";
     case OpKind::router: return "router";
     case OpKind::dispatch: return "dispatch";
+    case OpKind::shared_expert: return "shared_expert";
     case OpKind::experts: return "experts";
     case OpKind::combine: return "combine";
     case OpKind::head: return "head";

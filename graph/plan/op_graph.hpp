@@ -18,8 +18,9 @@ enum class OpKind {
   mlp,        // a layer's dense MLP sublayer, norms and residual included
   router,     // an MoE sublayer's input norm and router: the routing and the dispatch plan
   dispatch,   // token rows in expert order (where expert parallelism's all-to-all goes)
+  shared_expert,  // an MoE's shared expert on every token (overlaps the dispatch under EP)
   experts,    // the grouped expert MLPs on their rows (on the experts' owner under EP)
-  combine,    // weighted sum over K back on the tokens (+ shared expert), output norm and residual
+  combine,    // weighted sum over K back on the tokens, + the shared expert's output, output norm, residual
   head,       // the final mix/norm and lm_head: the state -> logits
   loss,       // softcap, vocabulary mask, cross entropy: logits, targets -> loss
 };

@@ -52,28 +52,39 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
     const std::string mid = state + "_mid." + l, x = "x." + l, routing = "routing." + l;
     OpSpec attention{name + ".attention", OpKind::attention, layer, {act(layer)}, {mid}, {}};
     std::vector<OpSpec> mlp;
-    if (split.sparse && split.sparse(layer)) {
-      mlp = {{name + ".router", OpKind::router, layer, {mid}, {x, routing}, {}},
-             {name + ".dispatch", OpKind::dispatch, layer, {x, routing}, {"rows." + l}, {}},
-             {name + ".experts", OpKind::experts, layer, {"rows." + l}, {"expert_out." + l}, {}},
-             {name + ".combine", OpKind::combine, layer, {"expert_out." + l, routing, x, mid}, {act(layer + 1)}, {}}};
+    const bool sparse = split.sparse && split.sparse(layer);
+    const bool shared = sparse && split.shared_expert && split.shared_expert(layer);
+    if (sparse) {
+      mlp.push_back({name + ".router", OpKind::router, layer, {mid}, {x, routing}, {}});
+      mlp.push_back({name + ".dispatch", OpKind::dispatch, layer, {x, routing}, {"rows." + l}, {}});
+      if (shared) mlp.push_back({name + ".shared_expert", OpKind::shared_expert, layer, {x}, {"shared_out." + l}, {}});
+      mlp.push_back({name + ".experts", OpKind::experts, layer, {"rows." + l}, {"expert_out." + l}, {}});
+      std::vector<std::string> combined = {"expert_out." + l, routing, x, mid};
+      if (shared) combined.push_back("shared_out." + l);
+      mlp.push_back({name + ".combine", OpKind::combine, layer, combined, {act(layer + 1)}, {}});
     } else {
-      mlp = {{name + ".mlp", OpKind::mlp, layer, {mid}, {act(layer + 1)}, {}}};
+      mlp.push_back({name + ".mlp", OpKind::mlp, layer, {mid}, {act(layer + 1)}, {}});
     }
+    auto op_of = [&](OpKind kind) -> OpSpec& {
+      return *std::find_if(mlp.begin(), mlp.end(), [&](const OpSpec& o) { return o.kind == kind; });
+    };
     const std::size_t prefix = name.size() + 1;  // "<layer>."
     for (const auto& param : groups.layers[static_cast<std::size_t>(layer)]) {
       const std::string rel = param.substr(prefix);
       const bool input = listed(split.mlp_input_norm, rel), output = listed(split.mlp_output_norm, rel);
       if (!input && !output && !starts(rel, "mlp.")) {
         attention.params.push_back(param);
-      } else if (mlp.size() == 1) {
-        mlp[0].params.push_back(param);
+      } else if (!sparse) {
+        mlp.front().params.push_back(param);
       } else if (input || starts(rel, "mlp.gate.")) {
-        mlp[0].params.push_back(param);
+        op_of(OpKind::router).params.push_back(param);
       } else if (starts(rel, "mlp.experts.")) {
-        mlp[2].params.push_back(param);
+        op_of(OpKind::experts).params.push_back(param);
+      } else if (starts(rel, "mlp.shared_experts.")) {
+        if (!shared) throw std::logic_error("sublayer_ops: " + param + " in a layer the split gives no shared expert");
+        op_of(OpKind::shared_expert).params.push_back(param);
       } else {
-        mlp[3].params.push_back(param);  // shared experts, output norm
+        op_of(OpKind::combine).params.push_back(param);  // the output norm
       }
     }
     out.push_back(std::move(attention));
@@ -103,6 +114,7 @@ std::map<std::string, std::vector<TensorMeta>> sublayer_activation_metas(const A
     out["routing." + l] = {{"indices", {T, K}, DType::i32}, {"weights", {T, K}, DType::f32}};
     out["rows." + l] = {{"x_rows", {T * K, H}, DType::f32, true}, {"w_rows", {T * K}, DType::f32, true}};
     out["expert_out." + l] = {{"down_out", {T * K, H}, DType::f32, true}};
+    if (split.shared_expert && split.shared_expert(layer)) out["shared_out." + l] = {{"shared_out", {T, H}, DType::f32}};
   }
   out["logits"] = {{"logits", {T, a.vocab}, DType::f32}};
   out["loss"] = {};

@@ -66,15 +66,17 @@ struct SublayerSplit {
   std::vector<std::string> mlp_input_norm;   // e.g. "pre_feedforward_layernorm.weight"
   std::vector<std::string> mlp_output_norm;  // e.g. "post_feedforward_layernorm.weight" (none: plain residual)
   std::function<bool(std::int64_t)> sparse;  // layers whose MLP is an MoE
+  std::function<bool(std::int64_t)> shared_expert;  // MoE layers with a shared expert (empty: none)
 };
 
 // The ops of a model: "embed" (the rules' embedding modules: input_ids -> <state>.0), per decoder
 // layer its sublayer ops (parameters under "<layer_prefix><l>"), "head" (every other parameter:
-// root, head, model-level islands; <state>.L -> logits), "loss" (logits, targets -> loss). A layer: "<layer>.attention" (<state>.l ->
-// <state>_mid.l), then for a dense layer "<layer>.mlp" (-> <state>.l+1), for an MoE layer
-// "<layer>.router" (input norm, mlp.gate: -> x.l, routing.l), "<layer>.dispatch" (-> rows.l),
-// "<layer>.experts" (mlp.experts: -> expert_out.l), "<layer>.combine" (mlp.shared_experts and the
-// output norm: -> <state>.l+1).
+// root, head, model-level islands; <state>.L -> logits), "loss" (logits, targets -> loss). A
+// layer: "<layer>.attention" (<state>.l -> <state>_mid.l), then for a dense layer "<layer>.mlp"
+// (-> <state>.l+1), for an MoE layer "<layer>.router" (input norm, mlp.gate: -> x.l, routing.l),
+// "<layer>.dispatch" (-> rows.l), with a shared expert "<layer>.shared_expert"
+// (mlp.shared_experts: x.l -> shared_out.l), "<layer>.experts" (mlp.experts: -> expert_out.l),
+// "<layer>.combine" (the output norm: -> <state>.l+1).
 std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules,
                                  std::int64_t layers, const std::string& state, const SublayerSplit& split);
 

@@ -116,8 +116,9 @@ BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
   // The runtime runs each layer as sublayer ops: attention, then the dense MLP or the MoE steps.
   split_ = SublayerSplit{{"pre_feedforward_layernorm.weight"},
-                       {"post_feedforward_layernorm.weight"},
-                       [this](std::int64_t l) { return config_.is_sparse(l); }};
+                         {"post_feedforward_layernorm.weight"},
+                         [this](std::int64_t l) { return config_.is_sparse(l); },
+                         [this](std::int64_t) { return config_.n_shared_experts > 0; }};
   ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", split_);
 }
 

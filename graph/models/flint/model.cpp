@@ -95,7 +95,10 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
   // The runtime runs each layer as sublayer ops: attention, then the dense MLP or the MoE steps.
-  split_ = SublayerSplit{{"post_attention_layernorm.weight"}, {}, [this](std::int64_t l) { return config_.is_sparse(l); }};
+  split_ = SublayerSplit{{"post_attention_layernorm.weight"},
+                         {},
+                         [this](std::int64_t l) { return config_.is_sparse(l); },
+                         [this](std::int64_t) { return config_.shared_expert_intermediate_size > 0; }};
   ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", split_);
 }
 

@@ -203,7 +203,10 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config))
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
   // The attention sublayer reads the depth mixes and attention; the router op the MLP mix and
   // norm before the router; the combine op mlp_sconv and the residual add.
-  split_ = SublayerSplit{{"mlp_query.weight", "mlp_norm.weight"}, {"mlp_sconv.weight"}, [](std::int64_t) { return true; }};
+  split_ = SublayerSplit{{"mlp_query.weight", "mlp_norm.weight"},
+                         {"mlp_sconv.weight"},
+                         [](std::int64_t) { return true; },
+                         [](std::int64_t) { return false; }};  // no shared expert (MODELS.md §10.2.7)
   ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state", split_);
 }
 
