@@ -94,7 +94,10 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
     const Plan plan = make_plan(model.specs(), model.sharding_rules(), Mesh(config.topology.mesh, config.source_file),
                                 config.precision);
     const MemoryEstimate m = estimate_memory(plan);
-    e.parts.push_back({"the initial full model (model size)", 4.0 * params});
+    // A fresh model is generated shard by shard, but a checkpoint (and a resume, which cuts shards
+    // from full tensors) holds the whole fp32 master and both moments in the process.
+    e.parts.push_back({"the full model state a checkpoint gathers (master and two moments, model size x 3)",
+                       12.0 * params});
     e.parts.push_back({"per-rank shards, gathers and unsharded gradients (topology.mesh ranks x the plan's per-rank "
                        "estimate, atoll-plan prints it)",
                        ranks * (static_cast<double>(m.total_bytes()) + 4.0 * static_cast<double>(m.peak_gathered_bytes))});
@@ -105,9 +108,14 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
                               3.0 * field(hf, "num_experts_per_tok") * field(hf, "moe_intermediate_size"));
   const double per_token = 4.0 * (L * (16.0 * H + 3.0 * mlp) + 3.0 * V);
   const double tokens = static_cast<double>(config.train.micro_batch) * static_cast<double>(config.train.seq_len);
+  // Micro-batches alive at once per rank: one, or all of them with train.schedule all_forward_first.
+  const double alive = reference || config.train.schedule == StepSchedule::one_at_a_time
+                           ? 1.0
+                           : static_cast<double>(micro_batches_per_rank(
+                                 config, Mesh(config.topology.mesh, config.source_file)));
   e.parts.push_back({"activations (train.micro_batch x train.seq_len tokens per micro-batch, model.hidden_size, "
-                     "model.num_hidden_layers, model.vocab_size)",
-                     per_token * tokens * in_flight});
+                     "model.num_hidden_layers, model.vocab_size; train.schedule)",
+                     per_token * tokens * in_flight * alive});
   // The global batch itself (ids, positions, masks, targets).
   e.parts.push_back({"the global batch (train.global_batch x train.seq_len)",
                      32.0 * static_cast<double>(config.train.global_batch) * static_cast<double>(config.train.seq_len)});
