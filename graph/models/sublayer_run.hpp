@@ -146,15 +146,39 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::router: {
         const Tensor d_x =
             moe_route_backward(model_.layer_prefix(l), w, model_.moe_spec(), block(l)->moe, moe_grad(l), grads);
-        grad_ = model_.mlp_input_backward(l, w, *block(l), d_x, residual_grad_, grads);
-        residual_grad_ = {};
         moe_grad(l) = {};
+        if constexpr (M::kResidualMixOps) {
+          mix_grad_ = d_x;  // the mlp_mix op's backward takes it
+        } else {
+          grad_ = model_.mlp_input_backward(l, w, *block(l), d_x, residual_grad_, grads);
+          residual_grad_ = {};
+        }
         break;
       }
+      case OpKind::mlp_mix:
+        if constexpr (M::kResidualMixOps) {
+          grad_ = model_.mlp_input_backward(l, w, *block(l), mix_grad_, residual_grad_, grads);
+          residual_grad_ = {};
+          mix_grad_ = {};
+          break;
+        }
+        throw std::logic_error("sublayer run: this family has no mix ops");
       case OpKind::attention:
-        grad_ = model_.attention_sublayer_backward(l, w, *block(l), grad_, ctx_, grads);
-        block(l).reset();  // free activations as soon as their backward is done
+        if constexpr (M::kResidualMixOps) {
+          grad_ = model_.attention_core_backward(l, w, *block(l), grad_, ctx_, grads, attn_in_grad_);
+        } else {
+          grad_ = model_.attention_sublayer_backward(l, w, *block(l), grad_, ctx_, grads);
+          block(l).reset();  // free activations as soon as their backward is done
+        }
         break;
+      case OpKind::attention_mix:
+        if constexpr (M::kResidualMixOps) {
+          grad_ = model_.attention_mix_backward(l, w, *block(l), attn_in_grad_, grad_, grads);
+          attn_in_grad_.clear();
+          block(l).reset();  // the layer's first op: its activations are done
+          break;
+        }
+        throw std::logic_error("sublayer run: this family has no mix ops");
       case OpKind::embedding:
         model_.embed_backward(w, *embed_, grad_, grads);
         embed_.reset();
@@ -174,15 +198,33 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::embedding:
         hidden_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
         break;
+      case OpKind::attention_mix:
+        if constexpr (M::kResidualMixOps) {
+          block(l) = std::make_shared<typename M::BlockCache>();
+          attn_in_ = model_.attention_mix_forward(l, w, hidden_, ctx_, *block(l));
+          break;
+        }
+        throw std::logic_error("sublayer run: this family has no mix ops");
       case OpKind::attention:
-        block(l) = std::make_shared<typename M::BlockCache>();
-        hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
+        if constexpr (M::kResidualMixOps) {
+          hidden_ = model_.attention_core_forward(l, w, hidden_, ctx_, *block(l));
+          attn_in_.clear();
+        } else {
+          block(l) = std::make_shared<typename M::BlockCache>();
+          hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
+        }
         break;
+      case OpKind::mlp_mix:
+        if constexpr (M::kResidualMixOps) {
+          model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));  // block(l)->mlp_in: the router's input
+          break;
+        }
+        throw std::logic_error("sublayer run: this family has no mix ops");
       case OpKind::mlp:
         hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l));
         break;
       case OpKind::router: {
-        const Tensor x = model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
+        const Tensor x = M::kResidualMixOps ? block(l)->mlp_in : model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
         moe_route_forward(model_.layer_prefix(l), w, x, ctx_.valid.reshape({ctx_.tokens()}), model_.moe_spec(), prec,
                           block(l)->moe);
         routing_.push_back({l, M::routing_indices(*block(l))});
@@ -223,8 +265,11 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::mlp:
       case OpKind::combine:
         return {state_tensors(hidden_)};
+      case OpKind::attention_mix: return {attn_in_};
+      case OpKind::mlp_mix: return {{blocks_[static_cast<std::size_t>(l)]->mlp_in}};
       case OpKind::router: {
         const MoeMlpCache& k = blocks_[static_cast<std::size_t>(l)]->moe;
+        if (M::kResidualMixOps) return {{k.routing.indices, k.routing.weights}};  // x came from mlp_mix
         return {{k.x}, {k.routing.indices, k.routing.weights}};
       }
       case OpKind::dispatch: {
@@ -260,6 +305,8 @@ class SublayerRun final : public MicroBatchRun {
   typename M::State hidden_;
   typename M::StateGrad grad_;
   typename M::StateGrad residual_grad_;  // an MoE layer's residual share of d mid, from combine to router
+  std::vector<Tensor> attn_in_, attn_in_grad_;  // mix ops: attention's inputs, and their gradients
+  Tensor mix_grad_;                             // mix ops: d x, from the router to mlp_mix
   std::shared_ptr<typename M::EmbedCache> embed_;
   std::vector<std::shared_ptr<typename M::BlockCache>> blocks_;
   std::vector<MoeMlpBackward> moe_backward_;

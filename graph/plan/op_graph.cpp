@@ -12,7 +12,9 @@ namespace atl {
 const char* op_kind_name(OpKind kind) {
   switch (kind) {
     case OpKind::embedding: return "embedding";
+    case OpKind::attention_mix: return "attention_mix";
     case OpKind::attention: return "attention";
+    case OpKind::mlp_mix: return "mlp_mix";
     case OpKind::mlp: return "mlp";
     case OpKind::router: return "router";
     case OpKind::dispatch: return "dispatch";

@@ -14,7 +14,9 @@ namespace atl {
 
 enum class OpKind {
   embedding,  // token ids -> hidden state
+  attention_mix,  // Inkling2: the depth mixes and norms attention reads (state -> attn_in)
   attention,  // a layer's attention sublayer, residual included
+  mlp_mix,    // Inkling2: the MLP's depth mix and norm (mid state -> x)
   mlp,        // a layer's dense MLP sublayer, norms and residual included
   router,     // an MoE sublayer's input norm and router: the routing and the dispatch plan
   dispatch,   // token rows in expert order (where expert parallelism's all-to-all goes)

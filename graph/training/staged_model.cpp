@@ -50,12 +50,22 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
   for (std::int64_t layer = 0; layer < layers; ++layer) {
     const std::string name = rules.layer_prefix + std::to_string(layer), l = std::to_string(layer);
     const std::string mid = state + "_mid." + l, x = "x." + l, routing = "routing." + l;
+    const bool mixes = !split.attention_mix_prefixes.empty();
+    const std::string attn_in = "attn_in." + l;
+    OpSpec attention_mix{name + ".attention_mix", OpKind::attention_mix, layer, {act(layer)}, {attn_in}, {}};
     OpSpec attention{name + ".attention", OpKind::attention, layer, {act(layer)}, {mid}, {}};
+    if (mixes) attention.inputs.push_back(attn_in);
     std::vector<OpSpec> mlp;
     const bool sparse = split.sparse && split.sparse(layer);
     const bool shared = sparse && split.shared_expert && split.shared_expert(layer);
+    if (mixes && !sparse) throw std::logic_error("sublayer_ops: mix ops with a dense layer are not built");
     if (sparse) {
-      mlp.push_back({name + ".router", OpKind::router, layer, {mid}, {x, routing}, {}});
+      if (mixes) {
+        mlp.push_back({name + ".mlp_mix", OpKind::mlp_mix, layer, {mid}, {x}, {}});
+        mlp.push_back({name + ".router", OpKind::router, layer, {x}, {routing}, {}});
+      } else {
+        mlp.push_back({name + ".router", OpKind::router, layer, {mid}, {x, routing}, {}});
+      }
       mlp.push_back({name + ".dispatch", OpKind::dispatch, layer, {x, routing}, {"rows." + l}, {}});
       if (shared) mlp.push_back({name + ".shared_expert", OpKind::shared_expert, layer, {x}, {"shared_out." + l}, {}});
       mlp.push_back({name + ".experts", OpKind::experts, layer, {"rows." + l}, {"expert_out." + l}, {}});
@@ -72,10 +82,16 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
     for (const auto& param : groups.layers[static_cast<std::size_t>(layer)]) {
       const std::string rel = param.substr(prefix);
       const bool input = listed(split.mlp_input_norm, rel), output = listed(split.mlp_output_norm, rel);
-      if (!input && !output && !starts(rel, "mlp.")) {
+      const bool mix = std::any_of(split.attention_mix_prefixes.begin(), split.attention_mix_prefixes.end(),
+                                   [&](const std::string& prefix) { return starts(rel, prefix.c_str()); });
+      if (mix) {
+        attention_mix.params.push_back(param);
+      } else if (!input && !output && !starts(rel, "mlp.")) {
         attention.params.push_back(param);
       } else if (!sparse) {
         mlp.front().params.push_back(param);
+      } else if (input && mixes) {
+        op_of(OpKind::mlp_mix).params.push_back(param);
       } else if (input || starts(rel, "mlp.gate.")) {
         op_of(OpKind::router).params.push_back(param);
       } else if (starts(rel, "mlp.experts.")) {
@@ -87,6 +103,7 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
         op_of(OpKind::combine).params.push_back(param);  // the output norm
       }
     }
+    if (mixes) out.push_back(std::move(attention_mix));
     out.push_back(std::move(attention));
     for (auto& m : mlp) out.push_back(std::move(m));
   }
@@ -108,6 +125,12 @@ std::map<std::string, std::vector<TensorMeta>> sublayer_activation_metas(const A
     out[state + "." + l] = a.state(layer, false, T);
     if (layer == layers) break;
     out[state + "_mid." + l] = a.state(layer, true, T);
+    if (!split.attention_mix_prefixes.empty()) {
+      auto& inputs = out["attn_in." + l];
+      for (std::int64_t i = 0; i < a.attention_inputs(layer); ++i) {
+        inputs.push_back({"attn_in." + std::to_string(i), {T, H}, DType::f32});
+      }
+    }
     if (!split.sparse || !split.sparse(layer)) continue;
     const std::int64_t K = a.top_k(layer);
     out["x." + l] = {{"x", {T, H}, DType::f32}};

@@ -67,6 +67,10 @@ struct SublayerSplit {
   std::vector<std::string> mlp_output_norm;  // e.g. "post_feedforward_layernorm.weight" (none: plain residual)
   std::function<bool(std::int64_t)> sparse;  // layers whose MLP is an MoE
   std::function<bool(std::int64_t)> shared_expert;  // MoE layers with a shared expert (empty: none)
+  // Non-empty: the depth mixes are ops of their own (Inkling2's AttnRes): "<layer>.attention_mix"
+  // reads the layer parameters with these name prefixes (state.l -> attn_in.l, which attention
+  // reads too), and "<layer>.mlp_mix" the mlp_input_norm ones (mid -> x.l, the router's input).
+  std::vector<std::string> attention_mix_prefixes;
 };
 
 // The ops of a model: "embed" (the rules' embedding modules: input_ids -> <state>.0), per decoder
@@ -83,6 +87,7 @@ std::vector<OpSpec> sublayer_ops(const std::vector<ParamSpec>& specs, const Fami
 // What the activations of sublayer_ops are made of, per family.
 struct ActivationShapes {
   std::int64_t hidden = 0, vocab = 0;
+  std::function<std::int64_t(std::int64_t)> attention_inputs;  // with mix ops: the mixes attention reads
   std::function<std::int64_t(std::int64_t)> top_k;  // experts per token of a sparse layer
   // The family's state tensors (T tokens) before layer l (l = layers: the head's input) or after
   // its attention sublayer (mid).

@@ -118,7 +118,8 @@ BeamModel::BeamModel(BeamConfig config) : config_(std::move(config)) {
   split_ = SublayerSplit{{"pre_feedforward_layernorm.weight"},
                          {"post_feedforward_layernorm.weight"},
                          [this](std::int64_t l) { return config_.is_sparse(l); },
-                         [this](std::int64_t) { return config_.n_shared_experts > 0; }};
+                         [this](std::int64_t) { return config_.n_shared_experts > 0; },
+                         {}};  // no mix ops: the input norms run inside attention and router
   ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", split_);
 }
 

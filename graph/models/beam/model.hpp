@@ -32,6 +32,7 @@ class BeamModel : public Model {
   using State = Tensor;  // the hidden state [T, H] between ops
   using StateGrad = Tensor;
   using EmbedCache = TokenIdsCache;
+  static constexpr bool kResidualMixOps = false;  // the input norms run inside attention and router
   using BlockCache = BeamBlockCache;
   using HeadCache = BeamHeadCache;
 

@@ -98,7 +98,8 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   split_ = SublayerSplit{{"post_attention_layernorm.weight"},
                          {},
                          [this](std::int64_t l) { return config_.is_sparse(l); },
-                         [this](std::int64_t) { return config_.shared_expert_intermediate_size > 0; }};
+                         [this](std::int64_t) { return config_.shared_expert_intermediate_size > 0; },
+                         {}};  // no mix ops: the input norms run inside attention and router
   ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", split_);
 }
 

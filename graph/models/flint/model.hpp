@@ -39,6 +39,7 @@ class FlintModel : public Model {
   using State = Tensor;  // the hidden state [T, H] between ops
   using StateGrad = Tensor;
   using EmbedCache = TokenIdsCache;
+  static constexpr bool kResidualMixOps = false;  // the input norms run inside attention and router
   using BlockCache = FlintBlockCache;
   using HeadCache = FlintHeadCache;
 

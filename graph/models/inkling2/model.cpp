@@ -206,7 +206,8 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config))
   split_ = SublayerSplit{{"mlp_query.weight", "mlp_norm.weight"},
                          {"mlp_sconv.weight"},
                          [](std::int64_t) { return true; },
-                         [](std::int64_t) { return false; }};  // no shared expert (MODELS.md §10.2.7)
+                         [](std::int64_t) { return false; },  // no shared expert (MODELS.md §10.2.7)
+                         {"attn_query.", "attn_norms."}};
   ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state", split_);
 }
 
@@ -217,6 +218,7 @@ std::map<std::string, std::vector<TensorMeta>> Inkling2Model::activation_metas(s
   a.hidden = config_.hidden_size;
   a.vocab = config_.vocab_size;
   a.top_k = [this](std::int64_t) { return config_.num_experts_per_tok; };
+  a.attention_inputs = [this](std::int64_t layer) { return config_.attn_norm_count(layer); };
   a.state = [this](std::int64_t layer, bool mid, std::int64_t tokens) {
     const std::int64_t completed =
         config_.completed_blocks_before(layer) + (mid && config_.is_boundary(layer) ? 1 : 0);
@@ -276,17 +278,14 @@ AttnWeights attn_weights(const Tensor& qkvr, const QkvrBlocks& b, bool local) {
 
 }  // namespace
 
-Inkling2ResidualState Inkling2Model::attention_sublayer_forward(std::int64_t layer, const TensorMap& w,
-                                                                const Inkling2ResidualState& state,
-                                                                const TokenContext& ctx, Inkling2LayerCache& k) const {
+std::vector<Tensor> Inkling2Model::attention_mix_forward(std::int64_t layer, const TensorMap& w,
+                                                         const Inkling2ResidualState& state, const TokenContext& ctx,
+                                                         Inkling2LayerCache& k) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
   const float eps = c.rms_norm_eps;
-  const std::int64_t T = ctx.tokens(), B = ctx.rows, S = ctx.seq, D = c.head_dim, Hq = c.num_attention_heads,
-                     Hkv = c.num_key_value_heads, dr = c.d_rel, W = c.conv_kernel_size;
   const bool local = c.is_local(layer);
-  const std::int64_t R = c.relative_extent(layer);
   if (!state.partial.defined() ||
       static_cast<std::int64_t>(state.completed.size()) != c.completed_blocks_before(layer)) {
     throw std::logic_error("inkling2 layer " + std::to_string(layer) + ": expected " +
@@ -308,6 +307,24 @@ Inkling2ResidualState Inkling2Model::attention_sublayer_forward(std::int64_t lay
   a.xq = k.attn_norm[0].y;
   a.xk = local ? a.xq : k.attn_norm[1].y;
   a.xv = local ? a.xq : k.attn_norm[2].y;
+
+  std::vector<Tensor> inputs;  // the normed mixes attention reads: xq (and xk, xv on full layers)
+  for (const RmsNormForward& n : k.attn_norm) inputs.push_back(n.y);
+  return inputs;
+}
+
+Inkling2ResidualState Inkling2Model::attention_core_forward(std::int64_t layer, const TensorMap& w,
+                                                            const Inkling2ResidualState& state,
+                                                            const TokenContext& ctx, Inkling2LayerCache& k) const {
+  const auto& c = config_;
+  const std::string p = layer_prefix(layer);
+  const Precision prec = ctx.precision;
+  const float eps = c.rms_norm_eps;
+  const std::int64_t T = ctx.tokens(), B = ctx.rows, S = ctx.seq, D = c.head_dim, Hq = c.num_attention_heads,
+                     Hkv = c.num_key_value_heads, dr = c.d_rel, W = c.conv_kernel_size;
+  const bool local = c.is_local(layer);
+  const std::int64_t R = c.relative_extent(layer);
+  Inkling2AttnCache& a = k.attn;
 
   // 2. Boundary commit: the pre-attention partial becomes a completed block.
   Inkling2ResidualState out;
@@ -396,6 +413,13 @@ Inkling2ResidualState Inkling2Model::attention_sublayer_forward(std::int64_t lay
   return out;
 }
 
+Inkling2ResidualState Inkling2Model::attention_sublayer_forward(std::int64_t layer, const TensorMap& w,
+                                                                const Inkling2ResidualState& state,
+                                                                const TokenContext& ctx, Inkling2LayerCache& k) const {
+  attention_mix_forward(layer, w, state, ctx, k);
+  return attention_core_forward(layer, w, state, ctx, k);
+}
+
 Tensor Inkling2Model::mlp_input_forward(std::int64_t layer, const TensorMap& w, const Inkling2ResidualState& mid,
                                         const TokenContext& ctx, Inkling2LayerCache& k) const {
   // The MoE reads the MLP mix of the mid state's sources, normed.
@@ -469,9 +493,10 @@ Inkling2StateGrad Inkling2Model::mlp_input_backward(std::int64_t layer, const Te
   return d_mid;
 }
 
-Inkling2StateGrad Inkling2Model::attention_sublayer_backward(std::int64_t layer, const TensorMap& w,
-                                                             const Inkling2LayerCache& k, const Inkling2StateGrad& d_mid,
-                                                             const TokenContext& ctx, const TensorMap& grads) const {
+Inkling2StateGrad Inkling2Model::attention_core_backward(std::int64_t layer, const TensorMap& w,
+                                                         const Inkling2LayerCache& k, const Inkling2StateGrad& d_mid,
+                                                         const TokenContext& ctx, const TensorMap& grads,
+                                                         std::vector<Tensor>& d_inputs) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -594,6 +619,23 @@ Inkling2StateGrad Inkling2Model::attention_sublayer_backward(std::int64_t layer,
     d_norm_out = {d_xq, d_xk, d_xv};
   }
 
+  // The input state's gradient through the residual paths: the output's first nb completed blocks
+  // are the input's; a boundary layer's committed block is the input partial. The mixes add theirs.
+  d_in.completed.resize(nb);
+  for (std::size_t s = 0; s < nb; ++s) accumulate(d_in.completed[s], d_completed[s]);
+  if (boundary) accumulate(d_in.partial, d_completed[nb]);
+  d_inputs = std::move(d_norm_out);
+  return d_in;
+}
+
+Inkling2StateGrad Inkling2Model::attention_mix_backward(std::int64_t layer, const TensorMap& w,
+                                                        const Inkling2LayerCache& k,
+                                                        const std::vector<Tensor>& d_norm_out,
+                                                        const Inkling2StateGrad& d_residual,
+                                                        const TensorMap& grads) const {
+  const std::string p = layer_prefix(layer);
+  const std::size_t nb = k.in.completed.size();
+  auto g = [&](const std::string& name) { return grads.at(p + name); };
   // Attention norms and mixes back to the input sources.
   Inkling2StateGrad d_src;  // gradient of sources(): completed then partial
   d_src.completed.resize(nb);
@@ -610,16 +652,19 @@ Inkling2StateGrad Inkling2Model::attention_sublayer_backward(std::int64_t layer,
     accumulate(d_src.partial, ds.back());
   }
 
-  // Input state gradient: the output's first nb completed blocks are the input's; a boundary
-  // layer's committed block is the input partial.
-  d_in.completed.resize(nb);
-  for (std::size_t s = 0; s < nb; ++s) {
-    accumulate(d_in.completed[s], d_completed[s]);
-    accumulate(d_in.completed[s], d_src.completed[s]);
-  }
-  if (boundary) accumulate(d_in.partial, d_completed[nb]);
+  // Added to the residual paths' share (attention_core_backward), whose tensors are private.
+  Inkling2StateGrad d_in = d_residual;
+  for (std::size_t s = 0; s < nb; ++s) accumulate(d_in.completed[s], d_src.completed[s]);
   accumulate(d_in.partial, d_src.partial);
   return d_in;
+}
+
+Inkling2StateGrad Inkling2Model::attention_sublayer_backward(std::int64_t layer, const TensorMap& w,
+                                                             const Inkling2LayerCache& k, const Inkling2StateGrad& d_mid,
+                                                             const TokenContext& ctx, const TensorMap& grads) const {
+  std::vector<Tensor> d_inputs;
+  const Inkling2StateGrad residual = attention_core_backward(layer, w, k, d_mid, ctx, grads, d_inputs);
+  return attention_mix_backward(layer, w, k, d_inputs, residual, grads);
 }
 
 MoeMlpSpec Inkling2Model::moe_spec() const { return inkling2_moe_spec(config_); }

@@ -57,6 +57,9 @@ class Inkling2Model : public Model {
   using EmbedCache = Inkling2EmbedCache;
   using BlockCache = Inkling2LayerCache;
   using HeadCache = Inkling2HeadCache;
+  // The AttnRes depth mixes before attention and before the MoE run as ops of their own
+  // (attention_mix, mlp_mix: sublayer_run.hpp).
+  static constexpr bool kResidualMixOps = true;
 
   explicit Inkling2Model(Inkling2Config config);
   const Inkling2Config& config() const { return config_; }
@@ -82,10 +85,26 @@ class Inkling2Model : public Model {
   void embed_backward(const TensorMap& w, const Inkling2EmbedCache& cache, const Inkling2StateGrad& d_state,
                       const TensorMap& grads) const;
 
-  // A layer is two sublayers: attention (the depth mixes, norms, boundary commit and attention:
-  // the input state to the mid state), then the MoE around its MLP: the input maps the mid state
-  // to the MoE input (MLP mix, mlp_norm), the output the MoE output m back into the state
-  // (mlp_sconv, residual add). Each keeps what its backward needs in `cache`.
+  // A layer is two sublayers: attention (the depth mixes and norms, the boundary commit and
+  // attention: the input state to the mid state), then the MoE around its MLP: the input maps the
+  // mid state to the MoE input (MLP mix, mlp_norm), the output the MoE output m back into the state
+  // (mlp_sconv, residual add). Each keeps what its backward needs in `cache`. The attention
+  // sublayer is also two ops: the mix (attention_mix_*: the normed mixes attention reads, one on
+  // local layers, q/k/v on full ones) and the core (attention_core_*: the rest).
+  std::vector<Tensor> attention_mix_forward(std::int64_t layer, const TensorMap& w, const Inkling2ResidualState& state,
+                                            const TokenContext& ctx, Inkling2LayerCache& cache) const;
+  Inkling2ResidualState attention_core_forward(std::int64_t layer, const TensorMap& w,
+                                               const Inkling2ResidualState& state, const TokenContext& ctx,
+                                               Inkling2LayerCache& cache) const;
+  // The core's backward: the input state's gradient through the residual paths; d_inputs gets
+  // the gradients of the mixes' outputs.
+  Inkling2StateGrad attention_core_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& cache,
+                                            const Inkling2StateGrad& d_mid, const TokenContext& ctx,
+                                            const TensorMap& grads, std::vector<Tensor>& d_inputs) const;
+  // d_residual (the core's) plus the mixes' share: the input state's gradient.
+  Inkling2StateGrad attention_mix_backward(std::int64_t layer, const TensorMap& w, const Inkling2LayerCache& cache,
+                                           const std::vector<Tensor>& d_inputs, const Inkling2StateGrad& d_residual,
+                                           const TensorMap& grads) const;
   Inkling2ResidualState attention_sublayer_forward(std::int64_t layer, const TensorMap& w,
                                                    const Inkling2ResidualState& state, const TokenContext& ctx,
                                                    Inkling2LayerCache& cache) const;
