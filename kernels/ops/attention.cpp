@@ -1,23 +1,18 @@
 #include "kernels/ops/attention.hpp"
 
+
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cpu/attention.hpp"
 #include "kernels/kernel_clock.hpp"
+#include "kernels/ops/op_checks.hpp"
 
 namespace atl {
 
 namespace {
 
 std::string describe_or_undefined(const Tensor& t) { return t.defined() ? t.describe() : std::string("undefined"); }
-
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
-  if (!t.defined() || t.dtype() != dtype || t.device() != Device::cpu || t.shape() != expected) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " must be a cpu " + std::string(dtype_name(dtype)) +
-                                " tensor " + shape_string(expected) + ", got " + describe_or_undefined(t));
-  }
-}
 
 // Checks every input against q's shape and returns the problem sizes.
 cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -41,12 +36,12 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
   // query_index[b, t] of a longer (or reordered) key row: context parallelism.
   s.kv_seq = options.query_index.defined() ? k.size(1) : s.seq;
   const Shape kv_shape{s.batch, s.kv_seq, s.kv_heads, s.head_dim};
-  check_tensor(op, "k", k, DType::f32, kv_shape);
-  check_tensor(op, "v", v, DType::f32, kv_shape);
-  check_tensor(op, "positions", positions, DType::i64, {s.batch, s.seq});
-  check_tensor(op, "valid", valid, DType::boolean, {s.batch, s.kv_seq});
+  detail::require_tensor(op, "k", k, DType::f32, kv_shape);
+  detail::require_tensor(op, "v", v, DType::f32, kv_shape);
+  detail::require_tensor(op, "positions", positions, DType::i64, {s.batch, s.seq});
+  detail::require_tensor(op, "valid", valid, DType::boolean, {s.batch, s.kv_seq});
   if (options.query_index.defined()) {
-    check_tensor(op, "query_index", options.query_index, DType::i64, {s.batch, s.seq});
+    detail::require_tensor(op, "query_index", options.query_index, DType::i64, {s.batch, s.seq});
     s.query_index = options.query_index.data<std::int64_t>();
     for (std::int64_t i = 0; i < options.query_index.numel(); ++i) {
       if (s.query_index[i] < 0 || s.query_index[i] >= s.kv_seq) {
@@ -55,7 +50,7 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
       }
     }
   }
-  if (sinks.defined()) check_tensor(op, "sinks", sinks, DType::f32, {s.q_heads});
+  if (sinks.defined()) detail::require_tensor(op, "sinks", sinks, DType::f32, {s.q_heads});
   if (options.window < 0) {
     throw std::invalid_argument(std::string(op) + ": window must be >= 0, got " + std::to_string(options.window));
   }
@@ -127,9 +122,9 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   KernelScope scope(KernelKind::attention);
   const char* op = "attention_backward";
   const cpu::AttentionShape s = check_inputs(op, q, k, v, positions, valid, sinks, options);
-  check_tensor(op, "dout", dout, DType::f32, q.shape());
-  check_tensor(op, "saved.lse", saved.lse, DType::f32, {s.batch, s.q_heads, s.seq});
-  if (sinks.defined() && dsinks != nullptr) check_tensor(op, "dsinks", *dsinks, DType::f32, {s.q_heads});
+  detail::require_tensor(op, "dout", dout, DType::f32, q.shape());
+  detail::require_tensor(op, "saved.lse", saved.lse, DType::f32, {s.batch, s.q_heads, s.seq});
+  if (sinks.defined() && dsinks != nullptr) detail::require_tensor(op, "dsinks", *dsinks, DType::f32, {s.q_heads});
   AttentionGrads g;
   g.dq = Tensor::empty(q.shape(), DType::f32);
   g.dk = Tensor::empty(k.shape(), DType::f32);

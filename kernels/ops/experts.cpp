@@ -5,18 +5,11 @@
 #include <string>
 
 #include "kernels/kernel_clock.hpp"
+#include "kernels/ops/op_checks.hpp"
 
 namespace atl {
 
 namespace {
-
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& shape) {
-  if (!t.defined() || t.dtype() != dtype || t.device() != Device::cpu || t.shape() != shape) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " must be a cpu " + std::string(dtype_name(dtype)) +
-                                shape_string(shape) + " tensor, got " +
-                                (t.defined() ? t.describe() : std::string("undefined")));
-  }
-}
 
 void check_rank(const char* op, const char* name, const Tensor& t, std::int64_t rank, const char* expected) {
   if (!t.defined() || t.rank() != rank) {
@@ -49,8 +42,8 @@ std::pair<std::int64_t, std::int64_t> expert_dims(const char* op, const Tensor& 
     throw std::invalid_argument(std::string(op) + ": gate_up last dim must be even (2I), got " + gate_up.describe());
   }
   const std::int64_t I = gate_up.size(2) / 2;
-  check_tensor(op, "gate_up", gate_up, DType::f32, {n, H, 2 * I});
-  check_tensor(op, "down", down, DType::f32, {n, I, H});
+  detail::require_tensor(op, "gate_up", gate_up, DType::f32, {n, H, 2 * I});
+  detail::require_tensor(op, "down", down, DType::f32, {n, I, H});
   if (first < 0 || first + n > dispatch.experts()) {
     throw std::invalid_argument(std::string(op) + ": local experts [" + std::to_string(first) + ", " +
                                 std::to_string(first + n) + ") outside the routing's " +
@@ -66,9 +59,9 @@ ExpertDispatch plan_expert_dispatch(const Tensor& indices, const Tensor& weights
   const char* op = "plan_expert_dispatch";
   check_rank(op, "indices", indices, 2, "i32 [T,K]");
   const std::int64_t T = indices.size(0), K = indices.size(1);
-  check_tensor(op, "indices", indices, DType::i32, {T, K});
-  check_tensor(op, "weights", weights, DType::f32, {T, K});
-  if (token_mask.defined()) check_tensor(op, "token_mask", token_mask, DType::boolean, {T});
+  detail::require_tensor(op, "indices", indices, DType::i32, {T, K});
+  detail::require_tensor(op, "weights", weights, DType::f32, {T, K});
+  if (token_mask.defined()) detail::require_tensor(op, "token_mask", token_mask, DType::boolean, {T});
   const cpu::DispatchPlan plan = cpu::plan_dispatch(indices.data<std::int32_t>(),
                                                     token_mask.defined() ? token_mask.data<bool>() : nullptr,
                                                     cpu::ExpertsDims{T, K, experts, 0, 0});
@@ -79,7 +72,7 @@ DispatchedRows dispatch_forward(const Tensor& x, const ExpertDispatch& dispatch)
   KernelScope scope(KernelKind::experts);
   check_rank("dispatch_forward", "x", x, 2, "f32 [T,H]");
   const std::int64_t H = x.size(1), P = dispatch.rows();
-  check_tensor("dispatch_forward", "x", x, DType::f32, {dispatch.indices.size(0), H});
+  detail::require_tensor("dispatch_forward", "x", x, DType::f32, {dispatch.indices.size(0), H});
   DispatchedRows out{Tensor::empty({P, H}), Tensor::empty({P})};
   cpu::dispatch_rows(x.data<float>(), dispatch.weights.data<float>(), view(dispatch), P, H, dispatch.indices.size(1),
                      out.x_rows.data<float>(), out.w_rows.data<float>());
@@ -92,10 +85,10 @@ void dispatch_backward(const Tensor& d_x_rows, const Tensor& d_w_rows, const Exp
   const char* op = "dispatch_backward";
   check_rank(op, "dx", dx, 2, "f32 [T,H]");
   const std::int64_t T = dispatch.indices.size(0), K = dispatch.indices.size(1), H = dx.size(1), P = dispatch.rows();
-  check_tensor(op, "dx", dx, DType::f32, {T, H});
-  check_tensor(op, "d_weights", d_weights, DType::f32, {T, K});
-  check_tensor(op, "d_x_rows", d_x_rows, DType::f32, {P, H});
-  check_tensor(op, "d_w_rows", d_w_rows, DType::f32, {P});
+  detail::require_tensor(op, "dx", dx, DType::f32, {T, H});
+  detail::require_tensor(op, "d_weights", d_weights, DType::f32, {T, K});
+  detail::require_tensor(op, "d_x_rows", d_x_rows, DType::f32, {P, H});
+  detail::require_tensor(op, "d_w_rows", d_w_rows, DType::f32, {P});
   cpu::dispatch_backward(d_x_rows.data<float>(), d_w_rows.data<float>(), view(dispatch), dims(dispatch, H), P, cfg,
                          dx.data<float>(), d_weights.data<float>());
 }
@@ -110,8 +103,8 @@ GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& 
   const std::int64_t* all = dispatch.expert_offsets.data<std::int64_t>();
   const std::vector<std::int64_t> local(all + first_expert, all + first_expert + n + 1);
   const std::int64_t R = local.back() - local.front();
-  check_tensor(op, "x_rows", x_rows, DType::f32, {R, H});
-  check_tensor(op, "w_rows", w_rows, DType::f32, {R});
+  detail::require_tensor(op, "x_rows", x_rows, DType::f32, {R, H});
+  detail::require_tensor(op, "w_rows", w_rows, DType::f32, {R});
   GroupedExpertsSaved s{x_rows,
                         w_rows,
                         i64_tensor(local),
@@ -131,16 +124,16 @@ GroupedExpertsGrads grouped_experts_backward(const Tensor& d_rows, const Grouped
   const char* op = "grouped_experts_backward";
   check_rank(op, "gate_up", gate_up, 3, "f32 [n,H,2I]");
   const std::int64_t n = gate_up.size(0), H = gate_up.size(1), I = gate_up.size(2) / 2;
-  check_tensor(op, "down", down, DType::f32, {n, I, H});
-  check_tensor(op, "saved.offsets", saved.offsets, DType::i64, {n + 1});
+  detail::require_tensor(op, "down", down, DType::f32, {n, I, H});
+  detail::require_tensor(op, "saved.offsets", saved.offsets, DType::i64, {n + 1});
   const std::int64_t* offsets = saved.offsets.data<std::int64_t>();
   const std::int64_t R = offsets[n] - offsets[0];
-  check_tensor(op, "d_rows", d_rows, DType::f32, {R, H});
-  check_tensor(op, "saved.x_rows", saved.x_rows, DType::f32, {R, H});
-  check_tensor(op, "saved.gate_up_out", saved.gate_up_out, DType::f32, {R, 2 * I});
-  check_tensor(op, "saved.act_out", saved.act_out, DType::f32, {R, I});
-  check_tensor(op, "d_gate_up", d_gate_up, DType::f32, gate_up.shape());
-  check_tensor(op, "d_down", d_down, DType::f32, down.shape());
+  detail::require_tensor(op, "d_rows", d_rows, DType::f32, {R, H});
+  detail::require_tensor(op, "saved.x_rows", saved.x_rows, DType::f32, {R, H});
+  detail::require_tensor(op, "saved.gate_up_out", saved.gate_up_out, DType::f32, {R, 2 * I});
+  detail::require_tensor(op, "saved.act_out", saved.act_out, DType::f32, {R, I});
+  detail::require_tensor(op, "d_gate_up", d_gate_up, DType::f32, gate_up.shape());
+  detail::require_tensor(op, "d_down", d_down, DType::f32, down.shape());
   GroupedExpertsGrads g{Tensor::empty({R, H}), Tensor::empty({R})};
   cpu::grouped_experts_backward(d_rows.data<float>(), saved.x_rows.data<float>(), saved.w_rows.data<float>(), offsets,
                                 n, H, I, gate_up.data<float>(), down.data<float>(), cfg,
@@ -152,7 +145,7 @@ GroupedExpertsGrads grouped_experts_backward(const Tensor& d_rows, const Grouped
 Tensor combine_forward(const Tensor& down_out, const ExpertDispatch& dispatch, std::int64_t hidden,
                        const ExpertsConfig& cfg) {
   KernelScope scope(KernelKind::experts);
-  check_tensor("combine_forward", "down_out", down_out, DType::f32, {dispatch.rows(), hidden});
+  detail::require_tensor("combine_forward", "down_out", down_out, DType::f32, {dispatch.rows(), hidden});
   Tensor out = Tensor::empty({dispatch.indices.size(0), hidden});
   cpu::combine_rows(down_out.data<float>(), dispatch.weights.data<float>(), view(dispatch), dims(dispatch, hidden), cfg,
                     out.data<float>());
@@ -164,8 +157,8 @@ CombineGrads combine_backward(const Tensor& d_out, const Tensor& down_out, const
   KernelScope scope(KernelKind::experts);
   check_rank("combine_backward", "d_out", d_out, 2, "f32 [T,H]");
   const std::int64_t T = dispatch.indices.size(0), K = dispatch.indices.size(1), H = d_out.size(1), P = dispatch.rows();
-  check_tensor("combine_backward", "d_out", d_out, DType::f32, {T, H});
-  check_tensor("combine_backward", "down_out", down_out, DType::f32, {P, H});
+  detail::require_tensor("combine_backward", "d_out", d_out, DType::f32, {T, H});
+  detail::require_tensor("combine_backward", "down_out", down_out, DType::f32, {P, H});
   CombineGrads g{Tensor::empty({P, H}), Tensor::empty({T, K})};
   cpu::combine_backward(d_out.data<float>(), dispatch.weights.data<float>(), down_out.data<float>(), view(dispatch),
                         dims(dispatch, H), P, cfg, g.d_rows.data<float>(), g.d_weights.data<float>());

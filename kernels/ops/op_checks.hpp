@@ -24,6 +24,13 @@ inline void require_dtype(const char* op, const char* arg, const Tensor& t, DTyp
           std::string(arg) + " must be " + std::string(dtype_name(dtype)) + ", got " + t.describe());
 }
 
+// A cpu tensor of exactly this dtype and shape.
+inline void require_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, const Shape& shape) {
+  require(t.defined() && t.device() == Device::cpu && t.dtype() == dtype && t.shape() == shape, op,
+          std::string(arg) + " must be a cpu " + std::string(dtype_name(dtype)) + shape_string(shape) +
+              " tensor, got " + (t.defined() ? t.describe() : std::string("undefined")));
+}
+
 // fp32 view of a floating tensor: the tensor itself when f32, an upcast copy when bf16.
 inline Tensor as_f32(const char* op, const char* arg, const Tensor& t) {
   require_cpu(op, arg, t);

@@ -10,12 +10,6 @@ using detail::require;
 
 namespace {
 
-void check_shape(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& expected) {
-  detail::require_dtype(op, name, t, dtype);
-  require(t.shape() == expected, op,
-          std::string(name) + " must be " + shape_string(expected) + ", got " + t.describe());
-}
-
 cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& positions, const Tensor& valid, const Tensor& profiles,
                                  const Tensor& sink_logits, const AttentionOptions& options) {
@@ -32,16 +26,16 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
       s.kv_heads > 0 && s.q_heads % s.kv_heads == 0, op,
       "k must be [B, S, Hkv, D] with Hq (" + std::to_string(s.q_heads) + ") a multiple of Hkv, got " + k.describe());
   const Shape kv{s.batch, s.seq, s.kv_heads, s.head_dim};
-  check_shape(op, "k", k, DType::f32, kv);
-  check_shape(op, "v", v, DType::f32, kv);
-  check_shape(op, "positions", positions, DType::i64, {s.batch, s.seq});
-  check_shape(op, "valid", valid, DType::boolean, {s.batch, s.seq});
+  detail::require_tensor(op, "k", k, DType::f32, kv);
+  detail::require_tensor(op, "v", v, DType::f32, kv);
+  detail::require_tensor(op, "positions", positions, DType::i64, {s.batch, s.seq});
+  detail::require_tensor(op, "valid", valid, DType::boolean, {s.batch, s.seq});
   if (profiles.defined()) {
     require(profiles.rank() == 4 && profiles.size(3) >= 1, op,
             "profiles must be [B, Hq, S, R] with R >= 1, got " + profiles.describe());
-    check_shape(op, "profiles", profiles, DType::f32, {s.batch, s.q_heads, s.seq, profiles.size(3)});
+    detail::require_tensor(op, "profiles", profiles, DType::f32, {s.batch, s.q_heads, s.seq, profiles.size(3)});
   }
-  if (sink_logits.defined()) check_shape(op, "sink_logits", sink_logits, DType::f32, {s.batch, s.q_heads, s.seq});
+  if (sink_logits.defined()) detail::require_tensor(op, "sink_logits", sink_logits, DType::f32, {s.batch, s.q_heads, s.seq});
   require(options.window >= 0, op, "window must be >= 0, got " + std::to_string(options.window));
   for (std::int64_t p : positions.span<std::int64_t>()) require(p >= 0, op, "negative position " + std::to_string(p));
   return s;
@@ -88,8 +82,8 @@ RelativeAttentionGrads relative_attention_backward(const Tensor& dout, const Ten
   KernelScope scope(KernelKind::attention);
   constexpr const char* op = "relative_attention_backward";
   const cpu::AttentionShape s = check_inputs(op, q, k, v, positions, valid, profiles, sink_logits, options);
-  check_shape(op, "dout", dout, DType::f32, q.shape());
-  check_shape(op, "saved.lse", saved.lse, DType::f32, {s.batch, s.q_heads, s.seq});
+  detail::require_tensor(op, "dout", dout, DType::f32, q.shape());
+  detail::require_tensor(op, "saved.lse", saved.lse, DType::f32, {s.batch, s.q_heads, s.seq});
   RelativeAttentionGrads g;
   g.dq = Tensor::empty(q.shape());
   g.dk = Tensor::empty(k.shape());

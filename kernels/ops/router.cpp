@@ -1,22 +1,12 @@
 #include "kernels/ops/router.hpp"
+
 #include "kernels/kernel_clock.hpp"
+#include "kernels/ops/op_checks.hpp"
 
 #include <stdexcept>
 #include <string>
 
 namespace atl {
-
-namespace {
-
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& shape) {
-  if (!t.defined() || t.dtype() != dtype || t.device() != Device::cpu || t.shape() != shape) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " must be a cpu " + std::string(dtype_name(dtype)) +
-                                shape_string(shape) + " tensor, got " +
-                                (t.defined() ? t.describe() : std::string("undefined")));
-  }
-}
-
-}  // namespace
 
 RouterForward router_forward(const Tensor& logits, const Tensor& correction_bias, const RouterConfig& cfg,
                              Precision precision) {
@@ -27,9 +17,9 @@ RouterForward router_forward(const Tensor& logits, const Tensor& correction_bias
                                 "], got " + (logits.defined() ? logits.describe() : std::string("undefined")));
   }
   const std::int64_t rows = logits.size(0);
-  check_tensor("router_forward", "logits", logits, DType::f32, {rows, cfg.num_experts});
+  detail::require_tensor("router_forward", "logits", logits, DType::f32, {rows, cfg.num_experts});
   if (correction_bias.defined()) {
-    check_tensor("router_forward", "correction_bias", correction_bias, DType::f32, {cfg.num_experts});
+    detail::require_tensor("router_forward", "correction_bias", correction_bias, DType::f32, {cfg.num_experts});
   }
   RouterForward out{Tensor::empty({rows, cfg.top_k}, DType::i32), Tensor::empty({rows, cfg.top_k}),
                     Tensor::empty({rows, cfg.num_experts})};
@@ -46,9 +36,9 @@ Tensor router_backward(const Tensor& d_weights, const RouterForward& saved, cons
     throw std::invalid_argument("router_backward: saved.scores must be f32 [T, E]");
   }
   const std::int64_t rows = saved.scores.size(0);
-  check_tensor("router_backward", "saved.scores", saved.scores, DType::f32, {rows, cfg.num_experts});
-  check_tensor("router_backward", "saved.indices", saved.indices, DType::i32, {rows, cfg.top_k});
-  check_tensor("router_backward", "d_weights", d_weights, DType::f32, {rows, cfg.top_k});
+  detail::require_tensor("router_backward", "saved.scores", saved.scores, DType::f32, {rows, cfg.num_experts});
+  detail::require_tensor("router_backward", "saved.indices", saved.indices, DType::i32, {rows, cfg.top_k});
+  detail::require_tensor("router_backward", "d_weights", d_weights, DType::f32, {rows, cfg.top_k});
   Tensor d_logits = Tensor::empty({rows, cfg.num_experts});
   cpu::router_backward(d_weights.data<float>(), saved.indices.data<std::int32_t>(), saved.scores.data<float>(), rows,
                        cfg, d_logits.data<float>());
