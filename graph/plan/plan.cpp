@@ -214,6 +214,28 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
     }
   }
 
+  // Expert parallelism splits each layer's routed experts evenly over the ep ranks.
+  if (mesh.ep() > 1) {
+    bool experts = false;
+    for (const auto& spec : specs) {
+      const std::int64_t layer = layer_of(spec.name, rules.layer_prefix);
+      const std::string prefix = block_name(rules, layer) + "." + rules.experts_module + ".";
+      if (layer < 0 || spec.name.rfind(prefix, 0) != 0) continue;
+      experts = true;
+      if (spec.shape.empty() || spec.shape[0] % mesh.ep() != 0) {
+        throw ConfigError(mesh.source_file(), "topology.mesh.ep",
+                          "expected ep to divide the number of experts of every MoE layer; " + spec.name + " holds " +
+                              std::to_string(spec.shape.empty() ? 0 : spec.shape[0]) + " experts, ep is " +
+                              std::to_string(mesh.ep()));
+      }
+    }
+    if (!experts) {
+      throw ConfigError(mesh.source_file(), "topology.mesh.ep",
+                        "expected 1 for a model without routed experts (" + rules.family + "), got " +
+                            std::to_string(mesh.ep()));
+    }
+  }
+
   // 1. Assign every param to a draft unit.
   std::map<std::string, Draft> drafts;
   std::vector<std::string> first_seen;

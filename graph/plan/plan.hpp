@@ -116,6 +116,7 @@ struct FamilyShardingRules {
   std::vector<std::string> head_modules{"lm_head"};
   bool head_is_island = false;             // head takes the island policy (Flint)
   bool block_casts_inputs_itself = false;  // block units get cast_forward_inputs = false (Beam)
+  std::string experts_module = "mlp.experts";  // under each layer: the routed experts, [E, ...] on dim 0
 };
 
 struct Plan {
@@ -130,7 +131,8 @@ struct Plan {
 
 // Throws std::invalid_argument for a param that breaks dtype uniformity (see above), a param
 // named twice, or a storage dtype mixed inside a unit; ConfigError (topology.mesh.pp) for more
-// pipeline stages than decoder layers.
+// pipeline stages than decoder layers, (topology.mesh.ep) for ep > 1 when the model has no routed
+// experts or ep does not divide a layer's expert count E (EP rank r owns experts [r E/ep, (r+1) E/ep)).
 Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, const Mesh& mesh,
                Precision precision);
 

@@ -123,6 +123,20 @@ TEST_CASE("atoll-plan --graph: the step program of each tiny family as text, JSO
   CHECK(run_plan({tiny_config(), "--graph", "--graph-format", "svg"}).exit_code == 2);
 }
 
+TEST_CASE("atoll-plan: ep must divide every MoE layer's expert count, and a model without experts takes ep 1",
+          "[apps][plan]") {
+  const PlanRun three = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=3", "--set", "topology.mesh.ep=3"});
+  CHECK(three.exit_code == 2);
+  CHECK(three.err.find("topology.mesh.ep: expected ep to divide the number of experts of every MoE layer; "
+                       "model.layers.0.mlp.experts.gate_and_up_projs holds 8 experts, ep is 3") != std::string::npos);
+  const PlanRun dense = run_plan({tiny_config(), "--set", "model.preset=beam-tiny-dense", "--set",
+                                  "topology.mesh.dp_shard=2", "--set", "topology.mesh.ep=2"});
+  CHECK(dense.exit_code == 2);
+  CHECK(dense.err.find("topology.mesh.ep: expected 1 for a model without routed experts (beam), got 2") !=
+        std::string::npos);
+  CHECK(run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=8", "--set", "topology.mesh.ep=8"}).exit_code == 0);
+}
+
 TEST_CASE("atoll-plan: prints layouts for pp, cp and ep > 1 that atoll-train does not run yet", "[apps][plan]") {
   const PlanRun r = run_plan({tiny_config(), "--set", "topology.mesh.pp=2", "--set", "topology.mesh.dp_shard=2",
                               "--set", "topology.mesh.cp=2", "--set", "topology.mesh.ep=2", "--world-size", "8"});
