@@ -32,6 +32,7 @@ struct StageState {
   // op that reads the unit, added to by the others, handed over by the grads instruction.
   std::vector<std::shared_ptr<TensorMap>> unit_grads;
   std::vector<double> loss_sums;
+  bool counted = false;                  // the step's count has completed
   std::int64_t targets = 0, tokens = 0;  // the step's totals (count), once known
   float grad_scale = 0;                  // 1 / targets (0 without targets)
   std::vector<std::vector<RoutingRecord>> routing;
@@ -92,6 +93,10 @@ std::optional<ComputePart> forward_part(stage_pointer self, const StepInstructio
   auto& st = self->state;
   const int mb = ins.micro_batch, op = ins.op;
   if (op == 0) {
+    if (!st.counted) {  // the program counts before the first forward; a run needs its loss scale
+      fail(self, caf::make_error(caf::sec::runtime_error, "stage: a micro-batch starts before the step's count"));
+      return std::nullopt;
+    }
     if (static_cast<int>(st.runs.size()) >= st.program->activation_buffers) {
       fail(self, caf::make_error(caf::sec::runtime_error,
                                  "stage: micro-batch " + std::to_string(mb) + " would exceed the plan's " +
@@ -240,6 +245,8 @@ void report(stage_pointer self, const StepInstruction& ins) {
 
 // The count instruction: all-gather this rank's target and token counts over the world, then
 // (every rank in the same rank order) the step's totals and the loss scale; the program goes on.
+// One contribution per rank is right while every rank has rows of its own (pp = cp = 1, which
+// Mesh::require_runnable enforces); with cp or pp, one rank per data-parallel index must count.
 void count(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const Tensor send = Tensor::empty({2}, DType::i64);
@@ -263,6 +270,7 @@ void count(stage_pointer self, const StepInstruction& ins) {
               s.tokens += recv.data<std::int64_t>()[2 * r + 1];
             }
             s.grad_scale = s.targets > 0 ? static_cast<float>(1.0 / static_cast<double>(s.targets)) : 0.0f;
+            s.counted = true;
             ++s.pc;
             advance(self);
           },
@@ -361,6 +369,9 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         s.next_seq += s.program->collectives.size();
         s.loss_sums.clear();
         s.routing.clear();
+        s.counted = false;  // the program's count sets targets, tokens and grad_scale for this step
+        s.targets = s.tokens = 0;
+        s.grad_scale = 0;
         s.active = true;
         s.done = self->make_response_promise<StageReport>();
         advance(self);

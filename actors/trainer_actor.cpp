@@ -33,11 +33,41 @@ struct TrainerState {
 
 using trainer_pointer = trainer_actor::stateful_pointer<TrainerState>;
 
+// The answer to the engine's request in flight, given once: the normal result, a stage's error
+// and a stopped actor's down message may all try (copies of a CAF 0.17 promise do not see each
+// other's deliveries, so a second one would reach the engine as a stray reply).
+template <class T>
+class Answer {
+ public:
+  explicit Answer(trainer_pointer self) : self_(self), promise_(self->make_response_promise<T>()) {}
+  template <class X>
+  void deliver(X&& x) {
+    if (done_) return;
+    done_ = true;
+    self_->state.fail_in_flight = nullptr;  // answered: a later failure belongs to no request
+    promise_.deliver(std::forward<X>(x));
+  }
+  caf::typed_response_promise<T> promise() const { return promise_; }
+
+ private:
+  trainer_pointer self_;
+  caf::typed_response_promise<T> promise_;
+  bool done_ = false;
+};
+
+// The request in flight: a failing actor answers it with the failure.
+template <class T>
+std::shared_ptr<Answer<T>> in_flight(trainer_pointer self) {
+  auto answer = std::make_shared<Answer<T>>(self);
+  self->state.fail_in_flight = [answer](const caf::error& e) { answer->deliver(e); };
+  return answer;
+}
+
 struct StepProgress {
   StepResult result;
   std::vector<StageReport> reports;  // by local stage (each holds every rank's numbers)
   std::size_t remaining = 0;
-  caf::typed_response_promise<StepResult> promise;
+  std::shared_ptr<Answer<StepResult>> answer;
 };
 
 // The first unit (plan order) whose gradient's sum of squares is not finite on some rank.
@@ -98,18 +128,10 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
     self->request(stage, caf::infinite, optimize_atom::value, msg)
         .then(
             [=](done_atom) {
-              if (--progress->remaining == 0) progress->promise.deliver(progress->result);
+              if (--progress->remaining == 0) progress->answer->deliver(progress->result);
             },
-            [=](caf::error& e) { progress->promise.deliver(std::move(e)); });
+            [=](caf::error& e) { progress->answer->deliver(std::move(e)); });
   }
-}
-
-// Remembers `promise` as the request in flight, for a failing actor to answer.
-template <class T>
-void in_flight(trainer_pointer self, caf::typed_response_promise<T> promise) {
-  self->state.fail_in_flight = [promise](const caf::error& e) mutable {
-    if (promise.pending()) promise.deliver(e);
-  };
 }
 
 void watch(trainer_pointer self, std::vector<WatchedActor> actors) {
@@ -136,20 +158,17 @@ template <class Reply, class Result, class Request, class Combine, class Finish>
 caf::result<Result> ask_stages(trainer_pointer self, Request request, Combine combine, Finish finish) {
   auto& st = self->state;
   if (st.failure) return st.failure;
-  auto promise = self->make_response_promise<Result>();
-  in_flight(self, promise);
+  auto answer = in_flight<Result>(self);
   auto remaining = std::make_shared<std::size_t>(st.setup.stages.size());
   for (std::size_t local = 0; local < st.setup.stages.size(); ++local) {
     request(local).then(
         [=](Reply reply) mutable {
           combine(local, std::move(reply));
-          if (--*remaining == 0 && promise.pending()) promise.deliver(finish());
+          if (--*remaining == 0) answer->deliver(finish());
         },
-        [=](caf::error& e) mutable {
-          if (promise.pending()) promise.deliver(std::move(e));
-        });
+        [=](caf::error& e) { answer->deliver(std::move(e)); });
   }
-  return promise;
+  return answer->promise();
 }
 
 trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActorSetup setup) {
@@ -182,8 +201,7 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
         const std::int64_t per_rank = batch.rows() / micro / blocks;
         progress->reports.resize(st.setup.stages.size());
         progress->remaining = st.setup.stages.size();
-        progress->promise = self->make_response_promise<StepResult>();
-        in_flight(self, progress->promise);
+        progress->answer = in_flight<StepResult>(self);
         for (std::size_t local = 0; local < st.setup.stages.size(); ++local) {
           StageStep stage_step{r.step, {}, msg.record_routing};
           const auto dp = mesh.dp_index(st.setup.ranks[local]);
@@ -197,9 +215,9 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
                     progress->reports[local] = std::move(report);
                     if (--progress->remaining == 0) combine_and_optimize(self, progress);
                   },
-                  [=](caf::error& e) { progress->promise.deliver(std::move(e)); });
+                  [=](caf::error& e) { progress->answer->deliver(std::move(e)); });
         }
-        return progress->promise;
+        return progress->answer->promise();
       },
       // Every stage all-gathers the state; the first rank's copy is the process's.
       [=](export_atom) -> caf::result<GatheredState> {

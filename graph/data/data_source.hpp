@@ -39,7 +39,9 @@ class DataSource {
   virtual Batch next(std::int64_t rows, std::int64_t seq) = 0;
   // Moves past `rows` rows of `seq` tokens as next() would, without building them (the rows other
   // processes of a job read). Afterwards cursor() is what it would be after next(rows, seq).
-  virtual void skip(std::int64_t rows, std::int64_t seq) { (void)next(rows, seq); }
+  virtual void skip(std::int64_t rows, std::int64_t seq) {
+    if (rows > 0) (void)next(rows, seq);
+  }
   // Where the next row starts; JSON so that it goes into checkpoints as is.
   virtual nlohmann::json cursor() const = 0;
   // Inverse of cursor(); throws DataError naming the field when the cursor does not fit this source.
