@@ -7,6 +7,7 @@
 #include "actors/supervision.hpp"
 
 #include "comm/sim/sim_backend.hpp"
+#include "kernels/cpu/compute_pool.hpp"
 #include "graph/plan/flat_shards.hpp"
 #include "graph/training/run.hpp"
 
@@ -154,7 +155,6 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
   im.program = std::make_shared<const StepProgram>(
       compile_step_program(plan, in.model->ops(), micro_batches_per_rank(config, mesh), config.train.schedule));
   const int world = mesh.world_size();
-  const int threads_per_rank = compute_threads(config);  // default: the ranks are the parallelism
 
   im.ranks = process.ranks;
   if (im.ranks.empty()) {
@@ -167,6 +167,11 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
                                   std::to_string(world) + "-rank mesh; got rank " + std::to_string(im.ranks[i]));
     }
   }
+  // compute.threads, or by default the machine's threads shared by this process's ranks (the
+  // ranks are the parallelism; results do not depend on the thread count).
+  const int threads_per_rank = config.compute.threads > 0
+                                   ? static_cast<int>(config.compute.threads)
+                                   : cpu::default_compute_threads(static_cast<int>(im.ranks.size()));
   im.backend = process.backend ? process.backend : make_comm_backend(config, world);
   if (im.backend->world_size() != world) {
     throw std::invalid_argument("actor runtime: the " + im.backend->name() + " backend serves " +
