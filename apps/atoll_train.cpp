@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/actor_engine.hpp"
+#include "apps/fatal_exit.hpp"
 #include "apps/graceful_stop.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/config.hpp"
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
 
   if (resume->count() > 0) options.resume = resume_from;
   atl::install_graceful_stop();
+  atl::exit_on_escaped_exception("atoll-train");
   options.stop_requested = atl::graceful_stop_signal;
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);

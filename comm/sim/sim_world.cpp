@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -211,6 +212,8 @@ void move_data(ReadyOp& op) {
 void run_completion(Completion& done) noexcept {
   try {
     if (done) done();
+  } catch (const std::bad_alloc&) {
+    std::terminate();  // out of memory: nothing can go on (atoll-train prints it and exits 1)
   } catch (const std::exception& e) {
     std::fprintf(stderr, "atoll sim comm: a completion threw: %s\n", e.what());
     std::abort();

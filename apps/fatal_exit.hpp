@@ -1,0 +1,11 @@
+// An exception that escapes a runtime thread (a CAF worker, a backend thread) ends the process
+// through std::terminate. Under memory pressure that is a std::bad_alloc thrown where nothing can
+// catch it; rather than abort with a core dump, the process prints what escaped and exits 1, like
+// every other runtime failure (docs/failures.md). A terminate without an exception still aborts.
+#pragma once
+
+namespace atl {
+
+void exit_on_escaped_exception(const char* program);
+
+}  // namespace atl
