@@ -252,7 +252,7 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
   }
   im.trainer = spawn_trainer_actor(sys, TrainerActorSetup{im.plan, im.ranks, im.stages, config.train.micro_batch,
                                                           in.start_step, config.precision, in.optimizer, im.tracer,
-                                                          std::move(watched)});
+                                                          std::move(watched), in.model->routed_experts()});
 }
 
 ActorEngine::~ActorEngine() = default;

@@ -70,6 +70,7 @@ struct StageReport {
   std::vector<std::vector<double>> loss_sums;         // [rank][micro-batch], micro-batches in order
   std::vector<std::vector<double>> unit_sum_squares;  // [rank][unit]: each rank's gradient shard
   std::vector<std::vector<RoutingRecord>> routing;    // this rank's, per micro-batch, when asked
+  std::vector<std::int64_t> expert_counts;            // tokens per expert per MoE layer, every rank summed
 };
 
 struct OptimizerStep {

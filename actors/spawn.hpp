@@ -59,6 +59,7 @@ struct TrainerActorSetup {
   OptimizerSettings optimizer;
   std::shared_ptr<SpanTracer> tracer;
   std::vector<WatchedActor> watched;  // every other actor of the process
+  std::int64_t model_experts = 0;     // routed experts per MoE layer (the router load statistics)
 };
 trainer_actor spawn_trainer_actor(caf::actor_system& system, TrainerActorSetup setup);
 

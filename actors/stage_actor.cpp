@@ -11,6 +11,7 @@
 #include "actors/spawn.hpp"
 #include "actors/supervision.hpp"
 #include "graph/plan/step_program.hpp"
+#include "graph/training/expert_load.hpp"
 
 namespace atl {
 
@@ -32,6 +33,7 @@ struct StageState {
   // op that reads the unit, added to by the others, handed over by the grads instruction.
   std::vector<std::shared_ptr<TensorMap>> unit_grads;
   std::vector<double> loss_sums;
+  ExpertCounts load;  // this rank's tokens per expert of every MoE layer, this step
   bool counted = false;                  // the step's count has completed
   std::int64_t targets = 0, tokens = 0;  // the step's totals (count), once known
   float grad_scale = 0;                  // 1 / targets (0 without targets)
@@ -119,7 +121,9 @@ std::optional<ComputePart> forward_part(stage_pointer self, const StepInstructio
                        if (!last) return;
                        auto& s = self->state;
                        s.loss_sums.push_back(run->loss_sum());
-                       if (s.step.record_routing) s.routing.push_back(run->routing());
+                       const std::vector<RoutingRecord> routing = run->routing();
+                       s.load.add(routing, s.step.micro_batches[static_cast<std::size_t>(mb)].valid);
+                       if (s.step.record_routing) s.routing.push_back(routing);
                      }};
 }
 
@@ -189,16 +193,21 @@ void send_grads(stage_pointer self, const StepInstruction& ins) {
 }
 
 // Doubles travel bit for bit as i64 (a collective moves bytes; there is no f64 dtype).
-Tensor encode_report(const std::vector<double>& loss_sums, const std::vector<double>& sum_squares) {
-  Tensor t = Tensor::empty({static_cast<std::int64_t>(loss_sums.size() + sum_squares.size())}, DType::i64);
+// The expert token counts follow as they are.
+Tensor encode_report(const std::vector<double>& loss_sums, const std::vector<double>& sum_squares,
+                     const std::vector<std::int64_t>& expert_counts) {
+  Tensor t = Tensor::empty(
+      {static_cast<std::int64_t>(loss_sums.size() + sum_squares.size() + expert_counts.size())}, DType::i64);
   auto* out = t.data<std::int64_t>();
   for (double v : loss_sums) *out++ = std::bit_cast<std::int64_t>(v);
   for (double v : sum_squares) *out++ = std::bit_cast<std::int64_t>(v);
+  for (std::int64_t c : expert_counts) *out++ = c;
   return t;
 }
 
-// The report instruction: once every unit has reduced, all-gather this rank's loss sums and
-// gradient sums of squares over the world, then answer the step with everyone's.
+// The report instruction: once every unit has reduced, all-gather this rank's loss sums, gradient
+// sums of squares and expert token counts over the world, then answer the step with everyone's
+// (the counts summed: integers, so the order does not matter).
 void report(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const std::size_t n = st.setup.units.size();
@@ -212,7 +221,7 @@ void report(stage_pointer self, const StepInstruction& ins) {
               (*sum_squares)[u] = value;
               if (--*remaining != 0 || !self->state.active) return;
               auto& s = self->state;
-              const Tensor send = encode_report(s.loss_sums, *sum_squares);
+              const Tensor send = encode_report(s.loss_sums, *sum_squares, s.load.counts);
               const int world = s.setup.plan->mesh.world_size();
               const Tensor recv = Tensor::empty({world * send.numel()}, DType::i64);
               self->request(s.setup.comm, caf::infinite, collect_atom::value,
@@ -224,7 +233,9 @@ void report(stage_pointer self, const StepInstruction& ins) {
                         StageReport out;
                         out.targets = s2.targets;
                         out.tokens = s2.tokens;
-                        const std::size_t micro = s2.loss_sums.size(), per_rank = micro + n;
+                        const std::size_t micro = s2.loss_sums.size(), experts = s2.load.counts.size();
+                        const std::size_t per_rank = micro + n + experts;
+                        ExpertCounts load{s2.load.experts, {}};
                         const auto* all = recv.data<std::int64_t>();
                         for (int r = 0; r < world; ++r) {
                           const auto* mine = all + static_cast<std::size_t>(r) * per_rank;
@@ -232,7 +243,9 @@ void report(stage_pointer self, const StepInstruction& ins) {
                           for (std::size_t m = 0; m < micro; ++m) losses[m] = std::bit_cast<double>(mine[m]);
                           auto& squares = out.unit_sum_squares.emplace_back(n);
                           for (std::size_t k = 0; k < n; ++k) squares[k] = std::bit_cast<double>(mine[micro + k]);
+                          load.add(std::vector<std::int64_t>(mine + micro + n, mine + per_rank));
                         }
+                        out.expert_counts = std::move(load.counts);
                         out.routing = s2.routing;
                         s2.active = false;
                         if (s2.done.pending()) s2.done.deliver(std::move(out));
@@ -369,6 +382,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         s.next_seq += s.program->collectives.size();
         s.loss_sums.clear();
         s.routing.clear();
+        s.load = ExpertCounts{s.setup.model->routed_experts(), {}};
         s.counted = false;  // the program's count sets targets, tokens and grad_scale for this step
         s.targets = s.tokens = 0;
         s.grad_scale = 0;

@@ -16,6 +16,7 @@
 #include "actors/spawn.hpp"
 #include "actors/supervision.hpp"
 #include "kernels/ops/optim.hpp"
+#include "graph/training/expert_load.hpp"
 #include "kernels/tree_sum.hpp"
 
 namespace atl {
@@ -92,6 +93,7 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   const StageReport& all = progress->reports.front();  // every rank's numbers, the same in each
   r.targets = all.targets;
   r.tokens = all.tokens;
+  r.expert_load = ExpertCounts{st.setup.model_experts, all.expert_counts}.max_over_mean();
   auto loss_tree = make_tree_sum<double>([](double& a, const double& b) { a += b; });
   for (int rank : rank_of_dp) {
     for (double l : all.loss_sums[static_cast<std::size_t>(rank)]) loss_tree.push(l);

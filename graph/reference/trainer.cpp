@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "graph/training/expert_load.hpp"
 #include "kernels/tree_sum.hpp"
 
 namespace atl {
@@ -56,15 +57,16 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   const std::int64_t wave = pool_ ? std::min<std::int64_t>(pool_->threads(), micro_batches) : 1;
   std::vector<TensorMap> micro_grads(static_cast<std::size_t>(wave));
   std::vector<double> losses(static_cast<std::size_t>(wave));
+  std::vector<std::vector<RoutingRecord>> routing(static_cast<std::size_t>(wave));
+  ExpertCounts load{model_->routed_experts(), {}};
   for (std::int64_t m0 = 0; m0 < micro_batches; m0 += wave) {
     const int count = static_cast<int>(std::min(wave, micro_batches - m0));
     auto run_micro_batch = [&](int i) {
       const std::int64_t m = m0 + i;
       micro_grads[i] = TensorMap::zeros_like(specs);
       Batch micro = batch.slice_rows(m * micro_batch_, (m + 1) * micro_batch_);
-      losses[i] = model_->forward_backward(weights, micro, precision_, grad_scale, micro_grads[i],
-                                           record_routing ? &r.routing[static_cast<std::size_t>(m)] : nullptr)
-                      .loss_sum;
+      routing[i].clear();
+      losses[i] = model_->forward_backward(weights, micro, precision_, grad_scale, micro_grads[i], &routing[i]).loss_sum;
     };
     if (pool_) {
       pool_->run(count, run_micro_batch);
@@ -74,10 +76,14 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
     for (int i = 0; i < count; ++i) {
       grad_tree.push(std::move(micro_grads[i]));
       loss_tree.push(losses[i]);
+      const std::int64_t m = m0 + i;
+      load.add(routing[i], batch.slice_rows(m * micro_batch_, (m + 1) * micro_batch_).valid);
+      if (record_routing) r.routing[static_cast<std::size_t>(m)] = std::move(routing[i]);
     }
   }
   last_grads_ = grad_tree.finish();
   r.loss = r.targets > 0 ? loss_tree.finish() / static_cast<double>(r.targets) : 0.0;
+  r.expert_load = load.max_over_mean();
 
   const std::vector<Tensor> grads = last_grads_.tensors();
   r.grad_norm = global_grad_norm(grads);

@@ -40,6 +40,9 @@ struct StepResult {
   std::int64_t bytes_reduced = 0;
   // When requested: per micro-batch of the global batch (global order), its router choices.
   std::vector<std::vector<RoutingRecord>> routing;
+  // Router load per MoE layer over the whole step (every rank): the busiest expert's tokens over
+  // the mean (graph/training/expert_load.hpp); empty for a model without MoE layers.
+  std::vector<double> expert_load;
 };
 
 // Everything an optimizer step depends on besides the data: what a checkpoint saves.

@@ -396,6 +396,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                            {"bytes_gathered", r.bytes_gathered}, {"bytes_reduced", r.bytes_reduced},
                            {"tokens_per_s", r.tokens / std::max(step_seconds, 1e-9)},
                            {"elapsed_s", elapsed}};
+    // Router load per MoE layer: the busiest expert's tokens over the mean (1 = balanced).
+    if (!r.expert_load.empty()) line["expert_load"] = r.expert_load;
     if (!r.applied) {
       ++skipped;
       line["skipped"] = true;  // a non-finite loss or norm is written as null

@@ -58,6 +58,8 @@ class StagedModel {
   // outputs against them.
   virtual std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows,
                                                                           std::int64_t seq) const = 0;
+  // Routed experts of each MoE layer (E; the router load statistics count tokens per expert).
+  virtual std::int64_t routed_experts() const = 0;
 };
 
 // How a family's layer splits into ops. Layer parameters (names below the layer) under "mlp." and

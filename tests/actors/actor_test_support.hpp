@@ -112,6 +112,7 @@ inline void check_same_steps(const RunOutput& act, const RunOutput& ref, double 
     if (bitwise) {
       CHECK(act.steps[s].loss == ref.steps[s].loss);
       CHECK(std::abs(act.steps[s].grad_norm - ref.steps[s].grad_norm) <= 1e-9 * ref.steps[s].grad_norm);
+      CHECK(act.steps[s].expert_load == ref.steps[s].expert_load);  // the same routing, counted over ranks
     }
   }
 }

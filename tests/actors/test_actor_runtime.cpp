@@ -2,6 +2,7 @@
 // collective record and the trace must show.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <map>
@@ -180,14 +181,23 @@ TEST_CASE("An injected all-gather delay changes no number, and prefetch posts a 
   CHECK(trace.find("unit model.layers.1.mlp.gate") != std::string::npos);
 }
 
+namespace {
+
+// An actor engine on the model initialised from seed 7.
+std::unique_ptr<TrainingEngine> fresh_actor_engine(const RunConfig& config, std::shared_ptr<const Model> model) {
+  return make_actor_engine(EngineInputs{.config = config,
+                                        .model = model,
+                                        .initial_master = TensorMap::initialized(model->specs(), 7, 0.02f),
+                                        .optimizer = optimizer_settings(config.train)});
+}
+
+}  // namespace
+
 TEST_CASE("A step that fails on a rank ends with the error instead of hanging, and the engine shuts down",
           "[actors]") {
   const RunConfig config = make_config("beam-tiny-moe", Precision::fp32, {2, 1}, 2, 1);
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
-  auto engine = make_actor_engine(EngineInputs{.config = config,
-                                               .model = model,
-                                               .initial_master = TensorMap::initialized(model->specs(), 7, 0.02f),
-                                               .optimizer = optimizer_settings(config.train)});
+  auto engine = fresh_actor_engine(config, model);
   auto data = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 3);
   Batch bad = data->next(2, 32);
   bad.positions = bad.positions.clone();
@@ -195,4 +205,48 @@ TEST_CASE("A step that fails on a rank ends with the error instead of hanging, a
   CHECK_THROWS_WITH(engine->step(bad), Catch::Contains("rank 1") && Catch::Contains("row 0"));
   // The engine must still shut down without waiting on anything (a hang here fails by timeout).
   engine.reset();
+}
+
+TEST_CASE("The router load per MoE layer is the busiest expert's valid tokens over the mean, over every rank",
+          "[actors][load]") {
+  // dp_shard 2 x dp_replicate 2, two micro-batches per rank; padding rows so that masked tokens
+  // (routed, never dispatched) must be left out of the count.
+  const RunConfig config = make_config("beam-tiny-moe", Precision::fp32, {2, 2}, 8, 1);
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  auto engine = fresh_actor_engine(config, model);
+  auto data = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 3);
+  Batch batch = data->next(8, 32);
+  batch.valid = batch.valid.clone();
+  batch.targets = batch.targets.clone();
+  for (std::int64_t t = 32 * 3 + 10; t < 32 * 4; ++t) {  // the tail of row 3 is padding
+    batch.valid.data<bool>()[t] = false;
+    batch.targets.data<std::int64_t>()[t] = kIgnoreTarget;
+  }
+  const StepResult r = engine->step(batch, /*record_routing=*/true);
+  // By hand from the routing records (one per micro-batch of one row, global order).
+  const std::int64_t E = model->routed_experts();
+  REQUIRE(r.routing.size() == 8);
+  const std::size_t layers = r.routing[0].size();
+  REQUIRE(layers == 4);
+  REQUIRE(r.expert_load.size() == layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    std::vector<std::int64_t> tokens(static_cast<std::size_t>(E), 0);
+    std::int64_t total = 0;
+    for (std::size_t m = 0; m < 8; ++m) {
+      const Tensor& idx = r.routing[m][l].indices;
+      for (std::int64_t t = 0; t < idx.size(0); ++t) {
+        if (!batch.valid.data<bool>()[static_cast<std::int64_t>(m) * 32 + t]) continue;
+        for (std::int64_t k = 0; k < idx.size(1); ++k) {
+          ++tokens[static_cast<std::size_t>(idx.data<std::int32_t>()[t * idx.size(1) + k])];
+          ++total;
+        }
+      }
+    }
+    INFO("layer " << l);
+    CHECK(total == (8 * 32 - 22) * r.routing[0][l].indices.size(1));  // valid tokens x K
+    const double expected =
+        static_cast<double>(*std::max_element(tokens.begin(), tokens.end())) / (static_cast<double>(total) / E);
+    CHECK(r.expert_load[l] == expected);
+    CHECK(r.expert_load[l] >= 1.0);
+  }
 }

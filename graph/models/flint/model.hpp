@@ -110,6 +110,7 @@ class FlintModel : public Model {
   // --- StagedModel: ops() = embed, per layer attention + (mlp | router, dispatch, experts, combine), head ---
   std::int64_t num_layers() const override { return config_.num_hidden_layers; }
   std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
+  std::int64_t routed_experts() const override { return config_.num_experts; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
  private:

@@ -152,6 +152,7 @@ class Inkling2Model : public Model {
   // --- StagedModel: ops() = embed, per layer attention, router, dispatch, experts, combine, head ---
   std::int64_t num_layers() const override { return config_.num_hidden_layers; }
   std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
+  std::int64_t routed_experts() const override { return config_.n_routed_experts; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
   static std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
