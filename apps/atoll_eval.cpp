@@ -11,6 +11,7 @@
 
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/safetensors.hpp"
+#include "graph/data/data_source.hpp"
 #include "graph/eval/evaluate.hpp"
 
 int main(int argc, char** argv) {
@@ -60,6 +61,9 @@ int main(int argc, char** argv) {
     std::cerr << "atoll-eval: config error: " << e.what() << "\n";
     return 2;
   } catch (const atl::CheckpointError& e) {
+    std::cerr << "atoll-eval: " << e.what() << "\n";
+    return 2;
+  } catch (const atl::DataError& e) {  // bad input: a data file
     std::cerr << "atoll-eval: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {

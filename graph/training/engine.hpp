@@ -36,7 +36,7 @@ struct StepResult {
   // gradient is not finite).
   bool applied = true;
   std::string nonfinite;
-  std::int64_t bytes_gathered = 0;  // all ranks, this step (0 for the reference trainer)
+  std::int64_t bytes_gathered = 0;  // this process's ranks, parameter traffic, this step (0 for the reference trainer)
   std::int64_t bytes_reduced = 0;
   // When requested: per micro-batch of the global batch (global order), its router choices.
   std::vector<std::vector<RoutingRecord>> routing;

@@ -82,7 +82,7 @@ TEST_CASE("Collectives carry one dtype: islands gather fp32, bulk units bf16, re
   CHECK(bulk_gathers > 0);
 }
 
-TEST_CASE("Per step, bulk units gather once forward and again backward only when resharded; islands once",
+TEST_CASE("Per step, bulk units gather once forward and again backward only when resharded, islands once",
           "[actors][record]") {
   for (std::int64_t per_rank : {1, 2}) {
     INFO("micro-batches per rank: " << per_rank);

@@ -162,7 +162,7 @@ TEST_CASE("atoll-plan: prints layouts for pp, cp and ep > 1 that atoll-train doe
   CHECK(ink.out.find("): layout i64[") != std::string::npos);
 }
 
-TEST_CASE("atoll-plan: bad configs exit 2 naming the key; the dense preset has no islands", "[apps][plan]") {
+TEST_CASE("atoll-plan: bad configs exit 2 naming the key, the dense preset has no islands", "[apps][plan]") {
   const PlanRun ep = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=4", "--set", "topology.mesh.ep=3"});
   CHECK(ep.exit_code == 2);
   CHECK(ep.err.find("topology.mesh.ep") != std::string::npos);

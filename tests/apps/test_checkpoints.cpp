@@ -146,7 +146,7 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
   CHECK(ro.err.find("step-00000004") != std::string::npos);
 }
 
-TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise; atoll-eval scores both",
+TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-eval scores both",
           "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";
@@ -182,6 +182,12 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise; atoll-e
   const Result bad = run_app("atoll-eval", {config, "--checkpoint", tmp.path.string()}, tmp.path);
   CHECK(bad.exit_code == 2);
   CHECK(bad.err.find(tmp.path.string()) != std::string::npos);
+  // A data file that is not there is bad input too: exit 2, the file named.
+  const Result no_data = run_app(
+      "atoll-eval", {config, "--checkpoint", ckpt.string(), "--set", "data.source=text:" + (tmp.path / "none.txt").string()},
+      tmp.path);
+  CHECK(no_data.exit_code == 2);
+  CHECK(no_data.err.find("none.txt") != std::string::npos);
 }
 
 TEST_CASE("apps: atoll-eval --dump-logits writes fp32 logits that Python's safetensors reads", "[apps][checkpoint]") {

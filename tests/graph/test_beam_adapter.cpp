@@ -32,7 +32,7 @@ TEST_CASE("Beam HF -> native -> HF is bitwise, fp32 and bf16 tensors alike", "[b
   for (const auto& name : hf.names()) CHECK(same_bits(hf_again.at(name), hf.at(name)));
 }
 
-TEST_CASE("Beam experts: native gate_and_up[e] = concat(gate^T, up^T), gate first; down = down^T", "[beam][adapter]") {
+TEST_CASE("Beam experts: native gate_and_up[e] = concat(gate^T, up^T), gate first, down = down^T", "[beam][adapter]") {
   // One expert, H = 2, I = 3, hand-built.
   TensorMap hf;
   hf.insert("p.0.gate_proj.weight", Tensor::from_floats({3, 2}, std::vector<float>{1, 2, 3, 4, 5, 6}));

@@ -113,7 +113,7 @@ TEST_CASE("Batch::slice_rows shares storage and counts targets of its rows", "[d
   CHECK(b.target_count() == 6);
 }
 
-TEST_CASE("text source: blank lines separate documents; a non-looping file pads after its end", "[data]") {
+TEST_CASE("text source: blank lines separate documents, a non-looping file pads after its end", "[data]") {
   TempDir dir;
   // Documents: "ab\ncd" (a single newline is a token), "xy", "z"; "\n\n" and "\n\n\n" are separators.
   std::string path = dir.write("tiny.txt", "ab\ncd\n\nxy\n\n\nz");

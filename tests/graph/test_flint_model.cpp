@@ -111,7 +111,7 @@ TEST_CASE("Whole-model gradient check: flint-tiny", "[flint][grad]") {
   CHECK(err < 1e-2);
 }
 
-TEST_CASE("Flint sharding: per layer one sink island and one bulk block; the head is an fp32 island unit",
+TEST_CASE("Flint sharding: per layer one sink island and one bulk block, the head is an fp32 island unit",
           "[flint][plan]") {
   FlintModel model(flint_preset("flint-tiny"));
   MeshConfig mc;
@@ -215,7 +215,7 @@ TEST_CASE("Flint sliding window 5 sees 0 <= q-k <= 4 (MODELS.md §10.3.5)", "[fl
   CHECK_FALSE(row_equal(logits_after_change(q)));
 }
 
-TEST_CASE("Flint HF -> native -> HF is bitwise; fp32 islands stay fp32; renames per §10.3", "[flint][adapter]") {
+TEST_CASE("Flint HF -> native -> HF is bitwise, fp32 islands stay fp32, renames per §10.3", "[flint][adapter]") {
   FlintModel model(flint_preset("flint-tiny"));
   TensorMap native = TensorMap::initialized(model.specs(), 3, 0.02f);
   TensorMap mixed;  // bulk exported in bf16, islands kept fp32 (§10.5.2)

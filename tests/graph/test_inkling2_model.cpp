@@ -167,7 +167,7 @@ TEST_CASE("Inkling2 presets declare the parameters and islands MODELS.md lists",
   CHECK_THROWS_WITH(inkling2_preset("inkling2-huge"), Catch::Contains("inkling2-tiny"));
 }
 
-TEST_CASE("Inkling2 config overrides are checked; shared experts are an error", "[inkling2][config]") {
+TEST_CASE("Inkling2 config overrides are checked, shared experts are an error", "[inkling2][config]") {
   auto section = [](const std::string& yaml) {
     ModelSection s;
     s.family = "inkling2";
@@ -245,7 +245,7 @@ TEST_CASE("Inkling2 planner units follow MODELS.md §5.3", "[inkling2][plan]") {
   }
 }
 
-TEST_CASE("AttnRes: zero queries mix the mean; layer 0 has one source; boundaries commit the partial",
+TEST_CASE("AttnRes: zero queries mix the mean, layer 0 has one source, boundaries commit the partial",
           "[inkling2][attnres]") {
   for (const char* preset : {"inkling2-tiny", "inkling2-tiny-deep"}) {
     INFO(preset);

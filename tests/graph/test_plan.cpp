@@ -147,7 +147,7 @@ TEST_CASE("plan mesh: coordinates, dp index and groups for dp_shard x dp_replica
   CHECK_THROWS_AS(hsdp.rank_of({0, 2, 0, 0}), std::out_of_range);
 }
 
-TEST_CASE("plan mesh: bad sizes are ConfigErrors naming the key and the file; pp, cp, ep > 1 plan but do not run",
+TEST_CASE("plan mesh: bad sizes are ConfigErrors naming the key and the file, pp, cp, ep > 1 plan but do not run",
           "[plan][mesh]") {
   auto error_of = [](MeshConfig c) -> std::pair<std::string, std::string> {
     try {
@@ -247,7 +247,7 @@ TEST_CASE("plan mesh: cp, pp, ep and ep_shard groups partition the world as MODE
   for (const auto& g : Mesh(mesh_config(4), "test.yaml").all_groups()) CHECK((g.axis == "dp_shard" || g.axis == "dp_replicate"));
 }
 
-TEST_CASE("plan stages: layers split evenly, the first L mod pp stages one more; embeddings first, head last",
+TEST_CASE("plan stages: layers split evenly, the first L mod pp stages one more, embeddings first, head last",
           "[plan][pp]") {
   const BeamModel model(beam_preset("beam-tiny-moe"));  // 4 layers
   for (std::int64_t pp : {2, 3, 4}) {
@@ -340,7 +340,7 @@ TEST_CASE("plan units: beam-tiny-dense has 7 units and no islands", "[plan][unit
   CHECK(plan.unit_of_param("model.layers.0.mlp.gate_proj.weight").name == "model.layers.0");
 }
 
-TEST_CASE("plan units: every parameter is owned by exactly one unit; numel adds up", "[plan][units]") {
+TEST_CASE("plan units: every parameter is owned by exactly one unit, numel adds up", "[plan][units]") {
   for (const char* preset : {"beam-tiny-moe", "beam-tiny-dense", "beam-small"}) {
     INFO(preset);
     const BeamModel model(beam_preset(preset));
@@ -617,7 +617,7 @@ TEST_CASE("flat shards: a fresh model generated shard by shard equals the packed
   }
 }
 
-TEST_CASE("flat shards: a bf16 gather unpacks to the bf16-rounded params exactly; bad inputs are named",
+TEST_CASE("flat shards: a bf16 gather unpacks to the bf16-rounded params exactly, bad inputs are named",
           "[plan][flat]") {
   const BeamModel model(beam_preset("beam-tiny-moe"));
   const Plan plan = make_plan(model.specs(), beam_sharding_rules(), Mesh(mesh_config(3)), Precision::bf16);

@@ -47,7 +47,7 @@ TEST_CASE("Residual mix backward matches finite differences for every source and
   }
 }
 
-TEST_CASE("Residual mix with a zero query is the mean of the sources; weights sum to 1", "[residual_mix]") {
+TEST_CASE("Residual mix with a zero query is the mean of the sources, weights sum to 1", "[residual_mix]") {
   std::vector<Tensor> sources;
   for (int s = 0; s < 3; ++s) sources.push_back(Tensor::from_floats({4, 8}, to_floats(random_vector(32, 10 + s))));
   ResidualMixForward f = residual_mix_forward(sources, Tensor::zeros({8}), 1e-6f, Precision::fp32);

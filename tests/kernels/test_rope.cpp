@@ -63,7 +63,7 @@ TEST_CASE("rope: backward matches finite differences in double", "[rope]") {
   REQUIRE(scaled_max_error(dx, numeric_gradient(loss, x)) < 1e-6);
 }
 
-TEST_CASE("rope: matches the rotate-half formula; position 0 is the identity", "[rope]") {
+TEST_CASE("rope: matches the rotate-half formula, position 0 is the identity", "[rope]") {
   // D = 4, theta = 10000: inv_freq = {1, 10000^-0.5 = 0.01}.
   const std::vector<double> x{0.3, -1.2, 0.7, 2.0, /*token 2*/ 0.3, -1.2, 0.7, 2.0};
   const Tensor y = rope_forward(f32_tensor({2, 1, 4}, x), i64_tensor({2}, {3, 0}), 10000.0f);

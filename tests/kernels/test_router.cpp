@@ -180,7 +180,7 @@ TEST_CASE("softmax score functions and top-k ties", "[router]") {
         std::vector<std::int32_t>{0, 1, 2, 3});
 }
 
-TEST_CASE("router Tensor backward equals the cpu kernel; unselected experts get no gradient", "[router]") {
+TEST_CASE("router Tensor backward equals the cpu kernel, unselected experts get no gradient", "[router]") {
   const std::int64_t rows = 5, experts = 6, k = 2;
   RouterConfig c = make_config(experts, k, ScoreFunction::sigmoid_with_bias);
   const auto lv = random_vector(rows * experts, 61, 1.0, "logits");
