@@ -264,14 +264,11 @@ std::vector<RowRange> ActorEngine::rows_read(std::int64_t global_rows) const {
                                 " rows does not split into " + std::to_string(mesh.dp_size()) + " data-parallel ranks");
   }
   const std::int64_t block = global_rows / mesh.dp_size();
-  std::vector<int> dps;
-  for (int rank : impl_->ranks) dps.push_back(mesh.dp_index(rank));
-  std::sort(dps.begin(), dps.end());
   std::vector<RowRange> out;
-  for (int dp : dps) {
+  for (int dp : mesh.dp_indices(impl_->ranks)) {
     const RowRange mine{dp * block, (dp + 1) * block};
-    if (!out.empty() && out.back().end >= mine.begin) {
-      out.back().end = std::max(out.back().end, mine.end);  // contiguous, or a rank sharing the block
+    if (!out.empty() && out.back().end == mine.begin) {
+      out.back().end = mine.end;  // contiguous blocks read as one range
     } else {
       out.push_back(mine);
     }

@@ -282,7 +282,7 @@ void count(stage_pointer self, const StepInstruction& ins) {
               s.targets += recv.data<std::int64_t>()[2 * r];
               s.tokens += recv.data<std::int64_t>()[2 * r + 1];
             }
-            s.grad_scale = s.targets > 0 ? static_cast<float>(1.0 / static_cast<double>(s.targets)) : 0.0f;
+            s.grad_scale = loss_grad_scale(s.targets);
             s.counted = true;
             ++s.pc;
             advance(self);

@@ -185,10 +185,7 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
         const Mesh& mesh = st.setup.plan->mesh;
         const Batch& batch = msg.batch;  // this process's rows: its data-parallel indices' blocks, in order
         const std::int64_t micro = st.setup.micro_batch;
-        std::vector<int> dps;  // the process's data-parallel indices, increasing
-        for (int rank : st.setup.ranks) dps.push_back(mesh.dp_index(rank));
-        std::sort(dps.begin(), dps.end());
-        dps.erase(std::unique(dps.begin(), dps.end()), dps.end());
+        const std::vector<int> dps = mesh.dp_indices(st.setup.ranks);  // the process's blocks, in order
         const auto blocks = static_cast<std::int64_t>(dps.size());
         if (batch.rows() % (micro * blocks) != 0) {
           return caf::make_error(caf::sec::runtime_error, "this process's " + std::to_string(batch.rows()) +

@@ -114,6 +114,14 @@ Group Mesh::along_axis(int rank, const char* axis, int RankCoord::*field, int si
   return g;
 }
 
+std::vector<int> Mesh::dp_indices(const std::vector<int>& ranks) const {
+  std::vector<int> out;
+  for (int rank : ranks) out.push_back(dp_index(rank));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 Group Mesh::shard_group(int rank) const {
   RankCoord c = coord(rank);
   Group g{"dp_shard", {}};

@@ -57,6 +57,8 @@ class Mesh {
 
   // Axis "dp_shard": the ranks of this rank's (pp, dp_replicate) slice, dp_shard then cp
   // increasing (cp fastest), i.e. increasing rank order.
+  // The data-parallel indices of `ranks`, increasing and distinct (a process's blocks of the batch).
+  std::vector<int> dp_indices(const std::vector<int>& ranks) const;
   Group shard_group(int rank) const;
   // Axis "dp_replicate": the ranks that share this rank's (pp, dp_shard, cp), dp_replicate increasing.
   Group replicate_group(int rank) const;

@@ -42,7 +42,7 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   r.step = ++step_;
   r.targets = batch.target_count();
   r.tokens = batch.valid_count();
-  const float grad_scale = r.targets > 0 ? static_cast<float>(1.0 / static_cast<double>(r.targets)) : 0.0f;
+  const float grad_scale = loss_grad_scale(r.targets);
 
   const TensorMap weights = compute_weights(specs, master_, precision_);
   auto grad_tree = make_tree_sum<TensorMap>([](TensorMap& left, const TensorMap& right) {

@@ -45,6 +45,12 @@ struct StepResult {
   std::vector<double> expert_load;
 };
 
+// The loss gradient's scale for a step of `targets` scored tokens (the mean over the global
+// batch): every engine uses this one expression, so the scaled gradients agree bit for bit.
+inline float loss_grad_scale(std::int64_t targets) {
+  return targets > 0 ? static_cast<float>(1.0 / static_cast<double>(targets)) : 0.0f;
+}
+
 // Everything an optimizer step depends on besides the data: what a checkpoint saves.
 struct TrainingState {
   std::int64_t step = 0;  // steps taken
