@@ -42,6 +42,23 @@ void check_runnable(const RunConfig& config, const Mesh& mesh) {
   micro_batches_per_rank(config, mesh);  // throws unless every rank gets whole micro-batches
 }
 
+// An expert-group unit's export (every rank's shard, world rank order: the stage's export) as the
+// model's tensors: EP slice e from the shards of ep_shard group e, the slices joined on dim 0.
+TensorMap join_expert_group(const UnitPlan& unit, const Mesh& mesh, const Tensor& world_shards) {
+  std::vector<TensorMap> slices;
+  for (int e = 0; e < unit.ep_slices; ++e) {
+    const Group group = mesh.ep_shard_group(mesh.ep_group(0).ranks.at(static_cast<std::size_t>(e)));
+    Tensor gathered = Tensor::empty({group.size() * unit.shard_numel});
+    for (int i = 0; i < group.size(); ++i) {
+      const std::int64_t r = group.ranks[static_cast<std::size_t>(i)];
+      gathered.slice_rows(i * unit.shard_numel, (i + 1) * unit.shard_numel)
+          .copy_from(world_shards.slice_rows(r * unit.shard_numel, (r + 1) * unit.shard_numel));
+    }
+    slices.push_back(unpack_gathered(unit, gathered, group.size()));
+  }
+  return join_ep_slices(unit, slices);
+}
+
 }  // namespace
 
 struct ActorEngine::Impl {
@@ -209,6 +226,10 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
     communicators.push_back(im.backend->communicator(shard_group, rank));
     communicators.push_back(im.backend->communicator(replicate_group, rank));
     communicators.push_back(im.backend->communicator(mesh.world_group(), rank));
+    if (mesh.ep() > 1) {  // the experts ops' exchanges and the expert groups' shards
+      communicators.push_back(im.backend->communicator(mesh.ep_group(rank), rank));
+      communicators.push_back(im.backend->communicator(mesh.ep_shard_group(rank), rank));
+    }
     comm_actor comm = spawn_comm_actor(sys, std::move(communicators));
     im.comms.push_back(comm);
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
@@ -217,17 +238,20 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
       setup.plan = im.plan;
       setup.unit_index = u;
       setup.rank = rank;
-      setup.shard_index = shard_group.index_of(rank);
+      const bool experts = unit.shard_axis == kExpertShardAxis;
+      setup.shard_index = experts ? mesh.ep_shard_group(rank).index_of(rank) : shard_group.index_of(rank);
+      const int ep_index = unit.ep_slices > 1 ? mesh.ep_group(rank).index_of(rank) : 0;  // its EP slice
       setup.comm = comm;
       // A fresh model is generated shard by shard (no process builds the whole model); given
       // weights and moments (resume, warm start) are cut from the full tensors.
       setup.initial_shard =
           in.initial_master.names().empty()
-              ? init_shard(unit, in.model->specs(), config.train.seed, in.model->init_std(), setup.shard_index)
-              : pack_shard(unit, in.initial_master, setup.shard_index, unit.shard_count);
+              ? init_shard(unit, in.model->specs(), config.train.seed, in.model->init_std(), setup.shard_index,
+                           ep_index)
+              : pack_shard(unit, in.initial_master, setup.shard_index, unit.shard_count, ep_index);
       auto moment = [&](const TensorMap& given) {
         return given.names().empty() ? Tensor::zeros({unit.shard_numel})
-                                     : pack_shard(unit, given, setup.shard_index, unit.shard_count);
+                                     : pack_shard(unit, given, setup.shard_index, unit.shard_count, ep_index);
       };
       setup.initial_exp_avg = moment(in.initial_exp_avg);
       setup.initial_exp_avg_sq = moment(in.initial_exp_avg_sq);
@@ -285,9 +309,14 @@ StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   const auto records = im.recorder->records();
   for (std::size_t i = records_before; i < records.size(); ++i) {
     const auto& rec = records[i];
-    // Parameter traffic of this process's ranks (the world report is bookkeeping; another
-    // engine on the same sim backend records its own ranks).
+    // Traffic of this process's ranks (the world report is bookkeeping; another engine on the
+    // same sim backend records its own ranks): the experts ops' exchanges, and parameters.
     if (rec.axis == "world" || !std::binary_search(im.ranks.begin(), im.ranks.end(), rec.rank)) continue;
+    if (rec.axis == kExpertAxis) {
+      if (rec.tag.ends_with(":dispatch")) result.bytes_dispatch += rec.bytes;
+      if (rec.tag.ends_with(":combine")) result.bytes_combine += rec.bytes;
+      continue;
+    }
     if (rec.kind == CollectiveKind::all_gather) result.bytes_gathered += rec.bytes;
     if (rec.kind == CollectiveKind::reduce_scatter || rec.kind == CollectiveKind::all_reduce) {
       result.bytes_reduced += rec.bytes;
@@ -309,7 +338,8 @@ TrainingState ActorEngine::state() const {
     const UnitPlan& unit = plan.units[u];
     const Tensor parts[3] = {kept.units[u].master, kept.units[u].exp_avg, kept.units[u].exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
-      TensorMap params = unpack_gathered(unit, parts[k], unit.shard_count);
+      TensorMap params = unit.ep_slices > 1 ? join_expert_group(unit, plan.mesh, parts[k])
+                                            : unpack_gathered(unit, parts[k], unit.shard_count);
       for (const auto& name : params.names()) full[k].insert(name, params.at(name));
     }
   }

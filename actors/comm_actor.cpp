@@ -49,6 +49,9 @@ void issue_ready(comm_pointer self) {
       case CollectiveKind::broadcast:
         c.broadcast(req.recv, 0, req.tag, done);
         break;
+      case CollectiveKind::all_to_all_v:
+        c.all_to_all_v(req.send, req.send_counts, req.recv, req.recv_counts, req.tag, done);
+        break;
       default:
         throw std::logic_error(std::string("comm actor: unsupported collective ") + collective_name(req.kind));
     }

@@ -28,8 +28,11 @@ struct GatheredParams {
 // One micro-batch's gradient for a unit's parameters. On the last micro-batch of a step the unit
 // reduces through `reductions`, the step program's collectives with their numbers in the rank's
 // stream: a reduce-scatter over its shard group, then (HSDP) an all-reduce over its replicate group.
+// An expert-group unit gets one gradient per source rank of its ep group (ep index order): it
+// sums each source's micro-batches over the tree, then the sources in order, which is the
+// reference's order of micro-batches (MODELS.md §5.5 numerics; issue 10).
 struct UnitGrads {
-  std::shared_ptr<const TensorMap> grads;
+  std::vector<std::shared_ptr<const TensorMap>> grads;  // per source (one for every other unit)
   bool last = false;
   std::vector<CollectiveNode> reductions;
 };
@@ -43,6 +46,7 @@ struct CollectiveRequest {
   CollectiveKind kind = CollectiveKind::all_gather;
   Tensor send, recv;
   std::string tag;
+  std::vector<std::int64_t> send_counts, recv_counts;  // all_to_all_v: elements per group member
 };
 
 struct ComputeTask {

@@ -8,42 +8,11 @@
 #include <optional>
 #include <map>
 
-#include "actors/spawn.hpp"
+#include "actors/stage_state.hpp"
 #include "actors/supervision.hpp"
 #include "graph/plan/step_program.hpp"
-#include "graph/training/expert_load.hpp"
 
-namespace atl {
-
-namespace {
-
-struct StageState {
-  StageActorSetup setup;
-  std::uint64_t next_seq = 0;  // the rank's collective stream position before the next step or probe
-  // The step in flight.
-  bool active = false;
-  StageStep step;
-  std::shared_ptr<const StepProgram> program;
-  std::size_t pc = 0;          // next instruction
-  std::uint64_t seq_base = 0;  // the step's first collective sequence number
-  // The micro-batches in flight, by id (at most the program's activation buffers); shared with
-  // compute jobs in flight.
-  std::map<int, std::shared_ptr<MicroBatchRun>> runs;
-  // Per unit, its gradient of the micro-batch in backward: created (zeros) by the first backward
-  // op that reads the unit, added to by the others, handed over by the grads instruction.
-  std::vector<std::shared_ptr<TensorMap>> unit_grads;
-  std::vector<double> loss_sums;
-  ExpertCounts load;  // this rank's tokens per expert of every MoE layer, this step
-  bool counted = false;                  // the step's count has completed
-  std::int64_t targets = 0, tokens = 0;  // the step's totals (count), once known
-  float grad_scale = 0;                  // 1 / targets (0 without targets)
-  std::vector<std::vector<RoutingRecord>> routing;
-  caf::typed_response_promise<StageReport> done;
-};
-
-using stage_pointer = stage_actor::stateful_pointer<StageState>;
-
-void advance(stage_pointer self);
+namespace atl::stage {
 
 // The collectives `ins` posts, numbered in the rank's stream (the step's first number + the
 // program's).
@@ -135,11 +104,13 @@ ComputePart backward_part(stage_pointer self, const StepInstruction& ins, std::s
   auto grads = std::make_shared<TensorMap>();  // this op's units' gradient tensors, by name
   for (std::size_t u : st.program->op_units[static_cast<std::size_t>(op)]) {
     auto& mine = st.unit_grads[u];
-    if (!mine) {
-      mine = std::make_shared<TensorMap>();
-      for (const auto& p : st.setup.plan->units[u].params) mine->insert(p.name, Tensor::zeros(weights->at(p.name).shape()));
+    if (mine.empty()) {
+      mine.push_back(std::make_shared<TensorMap>());
+      for (const auto& p : st.setup.plan->units[u].params) {
+        mine[0]->insert(p.name, Tensor::zeros(weights->at(p.name).shape()));
+      }
     }
-    for (const auto& name : mine->names()) grads->insert(name, mine->at(name));
+    for (const auto& name : mine[0]->names()) grads->insert(name, mine[0]->at(name));
   }
   auto run = st.runs.at(mb);
   return ComputePart{{"backward " + st.setup.model->ops()[static_cast<std::size_t>(op)].name,
@@ -187,9 +158,9 @@ void run_compute(stage_pointer self) {
 
 void send_grads(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
-  std::shared_ptr<const TensorMap> mine = std::move(st.unit_grads[ins.unit]);
-  st.unit_grads[ins.unit].reset();
-  self->send(st.setup.units[ins.unit], grads_atom::value, UnitGrads{mine, ins.last, scheduled(st, ins)});
+  std::vector<std::shared_ptr<const TensorMap>> mine(st.unit_grads[ins.unit].begin(), st.unit_grads[ins.unit].end());
+  st.unit_grads[ins.unit].clear();
+  self->send(st.setup.units[ins.unit], grads_atom::value, UnitGrads{std::move(mine), ins.last, scheduled(st, ins)});
 }
 
 // Doubles travel bit for bit as i64 (a collective moves bytes; there is no f64 dtype).
@@ -226,7 +197,7 @@ void report(stage_pointer self, const StepInstruction& ins) {
               const Tensor recv = Tensor::empty({world * send.numel()}, DType::i64);
               self->request(s.setup.comm, caf::infinite, collect_atom::value,
                             CollectiveRequest{seq, s.program->collectives[ins.collective].axis,
-                                              CollectiveKind::all_gather, send, recv, "report"})
+                                              CollectiveKind::all_gather, send, recv, "report", {}, {}})
                   .then(
                       [=](done_atom) {
                         auto& s2 = self->state;
@@ -272,7 +243,7 @@ void count(stage_pointer self, const StepInstruction& ins) {
   const Tensor recv = Tensor::empty({2 * world}, DType::i64);
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{st.seq_base + ins.collective, st.program->collectives[ins.collective].axis,
-                                  CollectiveKind::all_gather, send, recv, "count"})
+                                  CollectiveKind::all_gather, send, recv, "count", {}, {}})
       .then(
           [=](done_atom) {
             auto& s = self->state;
@@ -311,6 +282,10 @@ void advance(stage_pointer self) {
         return run_compute(self);
       case StepInstructionKind::count:
         return count(self, ins);  // waits for the step's totals
+      case StepInstructionKind::expert_forward:
+        return expert_forward(self, ins);  // waits for the exchange
+      case StepInstructionKind::expert_backward:
+        return expert_backward(self, ins);
       case StepInstructionKind::report:
         ++st.pc;
         return report(self, ins);  // the last instruction: it answers the step
@@ -338,12 +313,16 @@ void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::s
             auto gathered = std::make_shared<UnitShards>();
             const Tensor sources[3] = {shards.master, shards.exp_avg, shards.exp_avg_sq};
             Tensor* targets[3] = {&gathered->master, &gathered->exp_avg, &gathered->exp_avg_sq};
-            for (Tensor* t : targets) *t = Tensor::empty({unit.shard_count * unit.shard_numel});
+            // An expert-group unit holds one EP slice: every slice comes, over the world (rank order).
+            const bool experts = unit.ep_slices > 1;
+            const std::string axis = experts ? std::string("world") : unit.shard_axis;
+            const int members = experts ? s.setup.plan->mesh.world_size() : unit.shard_count;
+            for (Tensor* t : targets) *t = Tensor::empty({members * unit.shard_numel});
             auto remaining = std::make_shared<int>(3);
             for (int k = 0; k < 3; ++k) {
               self->request(s.setup.comm, caf::infinite, collect_atom::value,
-                            CollectiveRequest{s.next_seq++, kShardAxis, CollectiveKind::all_gather, sources[k],
-                                              *targets[k], unit.name})
+                            CollectiveRequest{s.next_seq++, axis, CollectiveKind::all_gather, sources[k],
+                                              *targets[k], unit.name, {}, {}})
                   .then(
                       [=](done_atom) mutable {
                         if (--*remaining != 0) return;
@@ -375,7 +354,8 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
                                      std::to_string(s.setup.program->micro_batches) + " per rank");
         }
         s.program = s.setup.program;
-        s.unit_grads.assign(s.setup.units.size(), nullptr);
+        s.unit_grads.assign(s.setup.units.size(), {});
+        s.exchanges.clear();
         s.step = std::move(step);
         s.pc = 0;
         s.seq_base = s.next_seq;
@@ -398,7 +378,8 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         const auto u = static_cast<std::size_t>(unit);
         const unit_actor target = self->state.setup.units[u];
         self->send(target, gather_atom::value,
-                   CollectiveNode{self->state.next_seq++, CollectiveOp::all_gather, kShardAxis, "probe"});
+                   CollectiveNode{self->state.next_seq++, CollectiveOp::all_gather,
+                                  self->state.setup.plan->units[u].shard_axis, "probe"});
         self->request(target, caf::infinite, params_atom::value)
             .then(
                 [=](const GatheredParams&) mutable {
@@ -430,10 +411,12 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
   };
 }
 
-}  // namespace
+}  // namespace atl::stage
+
+namespace atl {
 
 stage_actor spawn_stage_actor(caf::actor_system& system, StageActorSetup setup) {
-  return system.spawn(stage_behavior, std::move(setup));
+  return system.spawn(stage::stage_behavior, std::move(setup));
 }
 
 }  // namespace atl

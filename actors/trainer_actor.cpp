@@ -107,11 +107,12 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   const double loss_sum = loss_tree.finish();
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
 
-  // Gradient norm: every unit's shards once (replicas hold identical shards), in plan order.
+  // Gradient norm: every unit's shards once (HSDP replicas hold identical shards; an expert
+  // group's shards are all distinct: ep slices x ep_shard), in plan order.
   double total = 0;
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     for (int rank = 0; rank < mesh.world_size(); ++rank) {
-      if (mesh.coord(rank).dp_replicate != 0) continue;
+      if (plan.units[u].replicated(mesh) && mesh.coord(rank).dp_replicate != 0) continue;
       total += all.unit_sum_squares[static_cast<std::size_t>(rank)][u];
     }
   }

@@ -35,7 +35,7 @@ struct UnitState {
   GatherState gather = GatherState::sharded;
   std::shared_ptr<const TensorMap> full;
   std::vector<caf::typed_response_promise<GatheredParams>> waiting_params;
-  std::unique_ptr<GradTree> grad_tree;
+  std::vector<std::unique_ptr<GradTree>> grad_trees;  // one per source (expert groups: per ep source)
   bool reduced = false;
   double sum_squares = 0;
   std::vector<caf::typed_response_promise<double>> waiting_reduced;
@@ -89,7 +89,7 @@ void start_gather(unit_pointer self, const CollectiveNode& node) {
   const Tensor recv = st.gather_recv;
   const double start = st.setup.tracer->now_us();
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{node.seq, node.axis, CollectiveKind::all_gather, send, recv, u.name})
+                CollectiveRequest{node.seq, node.axis, CollectiveKind::all_gather, send, recv, u.name, {}, {}})
       .then(
           [=](done_atom) {
             auto& s = self->state;
@@ -123,7 +123,7 @@ void reduce_further(unit_pointer self, std::vector<CollectiveNode> reductions, s
                                                                    collective_op_name(node.op)));
   }
   self->request(self->state.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{node.seq, node.axis, CollectiveKind::all_reduce, Tensor(), recv, self->state.unit->name})
+                CollectiveRequest{node.seq, node.axis, CollectiveKind::all_reduce, Tensor(), recv, self->state.unit->name, {}, {}})
       .then([=](done_atom) { reduce_further(self, reductions, k + 1, recv, start); },
             [=](caf::error& e) { fail(self, e); });
 }
@@ -131,8 +131,13 @@ void reduce_further(unit_pointer self, std::vector<CollectiveNode> reductions, s
 void start_reduce(unit_pointer self, const UnitGrads& msg) {
   auto& st = self->state;
   const UnitPlan& u = *st.unit;
-  TensorMap summed = st.grad_tree->finish();
-  st.grad_tree.reset();
+  // Each source's micro-batches over the tree, then the sources in order: an aligned block of the
+  // reference's micro-batches (source s owns [s n, (s+1) n)), summed as the reference's tree does
+  // for power-of-two counts.
+  auto sources = make_tree_sum<TensorMap>(&add_maps);
+  for (auto& tree : st.grad_trees) sources.push(tree->finish());
+  st.grad_trees.clear();
+  TensorMap summed = sources.finish();
   // The program's reductions: a reduce-scatter over the shard group first (HSDP: then all-reduces).
   if (msg.reductions.empty() || msg.reductions.front().op != CollectiveOp::reduce_scatter) {
     return fail(self, caf::make_error(caf::sec::runtime_error, u.name + ": a last gradient without a reduce-scatter"));
@@ -147,7 +152,7 @@ void start_reduce(unit_pointer self, const UnitGrads& msg) {
   const double start = st.setup.tracer->now_us();
   const CollectiveNode& first = msg.reductions.front();
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{first.seq, first.axis, CollectiveKind::reduce_scatter, send, recv, u.name})
+                CollectiveRequest{first.seq, first.axis, CollectiveKind::reduce_scatter, send, recv, u.name, {}, {}})
       .then([=, reductions = msg.reductions](done_atom) { reduce_further(self, reductions, 1, recv, start); },
             [=](caf::error& e) { fail(self, e); });
 }
@@ -218,8 +223,16 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
       },
       [=](grads_atom, const UnitGrads& msg) {
         auto& s = self->state;
-        if (!s.grad_tree) s.grad_tree = std::make_unique<GradTree>(&add_maps);
-        s.grad_tree->push(*msg.grads);  // handles: this micro-batch's tensors are not reused
+        if (s.grad_trees.empty()) {
+          for (std::size_t j = 0; j < msg.grads.size(); ++j) s.grad_trees.push_back(std::make_unique<GradTree>(&add_maps));
+        }
+        if (msg.grads.size() != s.grad_trees.size()) {
+          return fail(self, caf::make_error(caf::sec::runtime_error,
+                                            s.actor_name + ": gradients from " + std::to_string(msg.grads.size()) +
+                                                " sources, expected " + std::to_string(s.grad_trees.size())));
+        }
+        // handles: this micro-batch's tensors are not reused
+        for (std::size_t j = 0; j < msg.grads.size(); ++j) s.grad_trees[j]->push(*msg.grads[j]);
         if (msg.last) start_reduce(self, msg);
       },
       [=](reduced_atom) -> caf::result<double> {

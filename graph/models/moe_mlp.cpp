@@ -104,6 +104,67 @@ Tensor moe_route_backward(const std::string& p, const TensorMap& w, const MoeMlp
   return d_x;
 }
 
+namespace {
+
+// Rows of every part, stacked in order (the parts are [R_i, ...] or [R_i]).
+Tensor stack_rows(const std::vector<Tensor>& parts, Shape row_shape) {
+  std::int64_t rows = 0;
+  for (const Tensor& t : parts) rows += t.size(0);
+  Shape shape{rows};
+  shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+  Tensor out = Tensor::empty(shape);
+  std::int64_t at = 0;
+  for (const Tensor& t : parts) {
+    if (t.size(0) > 0) out.slice_rows(at, at + t.size(0)).copy_from(t);
+    at += t.size(0);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor moe_expert_group_forward(const std::string& p, const TensorMap& w, const MoeMlpSpec& spec, Precision prec,
+                                std::vector<ExpertSourceRows> sources, ExpertGroupCache& cache) {
+  const Tensor& gate_up = w.at(p + "mlp.experts.gate_and_up_projs");
+  const Tensor& down = w.at(p + "mlp.experts.down_projs");
+  cache.sources.clear();
+  std::vector<Tensor> outs;
+  for (ExpertSourceRows& s : sources) {
+    cache.sources.push_back(
+        grouped_experts_forward(s.x_rows, s.w_rows, s.offsets, gate_up, down, experts_config(spec, prec)));
+    outs.push_back(cache.sources.back().down_out);
+  }
+  Tensor out = stack_rows(outs, {gate_up.size(1)});
+  for (auto& saved : cache.sources) saved.down_out = Tensor();  // the source keeps its copy for combine
+  return out;
+}
+
+ExpertRowGrads moe_expert_group_backward(const std::string& p, const TensorMap& w, const MoeMlpSpec& spec,
+                                         Precision prec, const ExpertGroupCache& cache, const Tensor& d_rows,
+                                         const std::vector<TensorMap>& grads) {
+  if (grads.size() != cache.sources.size()) {
+    throw std::invalid_argument("expert group backward: " + std::to_string(grads.size()) + " gradient maps for " +
+                                std::to_string(cache.sources.size()) + " sources");
+  }
+  const std::string gu = p + "mlp.experts.gate_and_up_projs", dn = p + "mlp.experts.down_projs";
+  std::vector<Tensor> dx, dw;
+  std::int64_t at = 0;
+  for (std::size_t j = 0; j < cache.sources.size(); ++j) {
+    const GroupedExpertsSaved& saved = cache.sources[j];
+    const std::int64_t rows = saved.x_rows.size(0);
+    const GroupedExpertsGrads g = grouped_experts_backward(d_rows.slice_rows(at, at + rows), saved, w.at(gu), w.at(dn),
+                                                           experts_config(spec, prec), grads[j].at(gu), grads[j].at(dn));
+    at += rows;
+    dx.push_back(g.d_x_rows);
+    dw.push_back(g.d_w_rows);
+  }
+  if (at != d_rows.size(0)) {
+    throw std::invalid_argument("expert group backward: " + std::to_string(d_rows.size(0)) + " gradient rows for " +
+                                std::to_string(at) + " rows received");
+  }
+  return {stack_rows(dx, {d_rows.size(1)}), stack_rows(dw, {})};
+}
+
 Tensor moe_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
                        const MoeMlpSpec& spec, Precision prec, MoeMlpCache& k) {
   moe_route_forward(p, w, x, token_mask, spec, prec, k);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "graph/param.hpp"
+#include "graph/training/staged_model.hpp"
 #include "kernels/ops/experts.hpp"
 #include "kernels/ops/router.hpp"
 #include "kernels/precision.hpp"
@@ -77,5 +78,18 @@ void moe_dispatch_backward(const MoeMlpSpec& spec, Precision precision, const Mo
 // Returns d_x.
 Tensor moe_route_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
                           const MoeMlpCache& cache, MoeMlpBackward& b, const TensorMap& grads);
+
+// Expert parallelism, an owner's side of a layer's experts (the expert-group unit's parameters in
+// w: this rank's experts only): forward on every source's rows (source order), outputs
+// concatenated in that order; backward on their gradients, each source's weight gradients added to
+// grads[source], input gradients concatenated.
+struct ExpertGroupCache {
+  std::vector<GroupedExpertsSaved> sources;
+};
+Tensor moe_expert_group_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
+                                Precision precision, std::vector<ExpertSourceRows> sources, ExpertGroupCache& cache);
+ExpertRowGrads moe_expert_group_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
+                                         Precision precision, const ExpertGroupCache& cache, const Tensor& d_rows,
+                                         const std::vector<TensorMap>& grads);
 
 }  // namespace atl

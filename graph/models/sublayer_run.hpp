@@ -102,6 +102,7 @@ class SublayerRun final : public MicroBatchRun {
         grad_scale_(grad_scale),
         blocks_(static_cast<std::size_t>(model.config().num_hidden_layers)),
         moe_backward_(blocks_.size()),
+        groups_(blocks_.size()),
         metas_(model.activation_metas(batch.rows(), batch.seq_len())) {
     validate_positions(batch.positions);  // MODELS.md §0.3: malformed document positions must throw
   }
@@ -184,6 +185,44 @@ class SublayerRun final : public MicroBatchRun {
         embed_.reset();
         break;
     }
+  }
+
+  // Expert parallelism: the experts op as an exchange (MicroBatchRun).
+  ExpertRowsOut expert_rows(int op) override {
+    MoeMlpCache& k = experts_block(op, "expert_rows")->moe;
+    ExpertRowsOut out{std::move(k.rows.x_rows), std::move(k.rows.w_rows), {}};
+    k.rows = {};
+    const auto offsets = k.dispatch.expert_offsets.span<std::int64_t>();
+    for (std::size_t e = 0; e + 1 < offsets.size(); ++e) out.expert_rows.push_back(offsets[e + 1] - offsets[e]);
+    return out;
+  }
+  void set_expert_output(int op, Tensor down_out) override {
+    experts_block(op, "set_expert_output")->moe.experts.down_out = std::move(down_out);
+    check_outputs(op);
+  }
+  Tensor expert_output_grad(int op) override {
+    experts_block(op, "expert_output_grad");
+    return std::move(moe_grad(model_.op_layer(op)).combined.d_rows);
+  }
+  void set_expert_input_grads(int op, ExpertRowGrads g) override {
+    experts_block(op, "set_expert_input_grads");
+    moe_grad(model_.op_layer(op)).d_rows = {std::move(g.d_x_rows), std::move(g.d_w_rows)};
+  }
+  Tensor expert_group_forward(int op, const TensorMap& w, std::vector<ExpertSourceRows> sources) override {
+    experts_block(op, "expert_group_forward");
+    const std::int64_t l = model_.op_layer(op);
+    return moe_expert_group_forward(model_.layer_prefix(l), w, model_.moe_spec(), ctx_.precision, std::move(sources),
+                                    groups_[static_cast<std::size_t>(l)]);
+  }
+  ExpertRowGrads expert_group_backward(int op, const TensorMap& w, const Tensor& d_rows,
+                                       const std::vector<TensorMap>& grads) override {
+    experts_block(op, "expert_group_backward");
+    const std::int64_t l = model_.op_layer(op);
+    ExpertGroupCache& group = groups_[static_cast<std::size_t>(l)];
+    ExpertRowGrads out = moe_expert_group_backward(model_.layer_prefix(l), w, model_.moe_spec(), ctx_.precision, group,
+                                                   d_rows, grads);
+    group = {};
+    return out;
   }
 
   double loss_sum() const override { return loss_.loss_sum; }
@@ -296,6 +335,14 @@ class SublayerRun final : public MicroBatchRun {
   }
 
   std::shared_ptr<typename M::BlockCache>& block(std::int64_t l) { return blocks_[static_cast<std::size_t>(l)]; }
+  // The block of an experts op whose forward has started (the router made it).
+  std::shared_ptr<typename M::BlockCache>& experts_block(int op, const char* what) {
+    if (model_.op_kind(op) != OpKind::experts || !block(model_.op_layer(op))) {
+      throw std::logic_error(std::string("sublayer run: ") + what + " of op " + std::to_string(op) +
+                             ", which is not a started experts op");
+    }
+    return block(model_.op_layer(op));
+  }
   MoeMlpBackward& moe_grad(std::int64_t l) { return moe_backward_[static_cast<std::size_t>(l)]; }
 
   const M& model_;
@@ -310,6 +357,7 @@ class SublayerRun final : public MicroBatchRun {
   std::shared_ptr<typename M::EmbedCache> embed_;
   std::vector<std::shared_ptr<typename M::BlockCache>> blocks_;
   std::vector<MoeMlpBackward> moe_backward_;
+  std::vector<ExpertGroupCache> groups_;  // expert parallelism: this rank's experts' work, per layer
   std::shared_ptr<typename M::HeadCache> head_;
   Tensor logits_, d_logits_;  // between the head and loss ops
   std::shared_ptr<LmLossCache> loss_cache_;

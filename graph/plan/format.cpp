@@ -42,14 +42,15 @@ std::string format_plan(const Plan& plan) {
   for (std::size_t i = 0; i < plan.units.size(); ++i) {
     const UnitPlan& u = plan.units[i];
     const UnitTraffic& t = memory.units[i];
-    rows.push_back({u.name, unit_role_name(u.role), fmt::format("{}", u.params.size()), fmt::format("{}", u.numel),
+    const std::int64_t model_numel = u.numel * u.ep_slices;  // an expert group: all EP ranks' experts
+    rows.push_back({u.name, unit_role_name(u.role), fmt::format("{}", u.params.size()), fmt::format("{}", model_numel),
                     std::string(dtype_name(u.storage_dtype)), std::string(dtype_name(u.policy.param_dtype)),
                     std::string(dtype_name(u.policy.reduce_dtype)), u.policy.cast_forward_inputs ? "cast" : "as is",
                     fmt::format("{}", u.shard_numel), format_bytes(t.bytes_gathered_per_step),
                     describe_schedule(u.schedule)});
     if (staged) rows.back().push_back(fmt::format("{}", u.stage));
     params += static_cast<std::int64_t>(u.params.size());
-    elements += u.numel;
+    elements += model_numel;
     shard += u.shard_numel;
     gathered += t.bytes_gathered_per_step;
     if (u.island) ++islands;
@@ -76,8 +77,13 @@ std::string format_plan(const Plan& plan) {
   };
 
   const Mesh& mesh = plan.mesh;
-  std::string out = fmt::format("plan: {} units ({} fp32 islands), precision {}, sharded over {} ranks per unit\n\n",
+  std::string out = fmt::format("plan: {} units ({} fp32 islands), precision {}, sharded over {} ranks per unit",
                                 plan.units.size(), islands, precision_name(plan.precision), mesh.shard_group_size());
+  if (mesh.ep() > 1) {
+    out += fmt::format(" (expert groups: {} experts per EP rank over ep_shard {})", "1/" + std::to_string(mesh.ep()),
+                       mesh.ep_shard());
+  }
+  out += "\n\n";
   std::vector<std::string> lines;
   for (const auto& r : rows) lines.push_back(line(r));
   std::size_t rule_width = 0;
@@ -87,19 +93,21 @@ std::string format_plan(const Plan& plan) {
     if (i + 1 == lines.size()) out += std::string(rule_width, '-') + "\n";  // above the total
     out += lines[i];
   }
-  out += "\nelements: unpadded parameter elements. shard/rank: padded f32 elements each rank keeps.\n"
+  out += "\nelements: unpadded parameter elements (an expert group: every EP rank's experts). shard/rank:\n"
+         "padded f32 elements each rank keeps (an expert group: its share of its EP rank's experts,\n"
+         "sharded on dim 1).\n"
          "inputs: whether floating forward inputs are cast to the param dtype.\n"
          "gathered/step: all-gather buffer bytes per step of one micro-batch (resharded units are\n"
          "gathered again for backward, islands once per step).\n";
 
   out += fmt::format("\nmesh: {}\n", mesh.describe());
   if (mesh.ep() > 1) {
-    out += fmt::format("MoE mesh per stage: ep_shard {} x ep {} (the units above keep the experts in their blocks "
-                       "until expert parallelism forms expert-group units)\n",
-                       mesh.ep_shard(), mesh.ep());
+    out += fmt::format("MoE mesh per stage: ep_shard {} x ep {}: EP rank r owns experts [r E/{}, (r+1) E/{}), "
+                       "its expert groups sharded over its ep_shard group\n",
+                       mesh.ep_shard(), mesh.ep(), mesh.ep(), mesh.ep());
   }
-  if (mesh.pp() > 1 || mesh.cp() > 1 || mesh.ep() > 1) {
-    out += "atoll-train does not run pp, cp or ep > 1 yet; this is the layout it will use.\n";
+  if (mesh.pp() > 1 || mesh.cp() > 1) {
+    out += "atoll-train does not run pp or cp > 1 yet; this is the layout it will use.\n";
   }
   out += "groups:\n";
   // Same text as Group::describe, which GCC 12 -O3 flags with a false -Wrestrict when inlined.

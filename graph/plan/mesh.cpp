@@ -63,12 +63,11 @@ void Mesh::require_runnable() const {
     int size;
   };
   const Unimplemented unimplemented[] = {{"pp", "pipeline parallelism", pp_},
-                                         {"cp", "context parallelism", cp_},
-                                         {"ep", "expert parallelism", ep_}};
+                                         {"cp", "context parallelism", cp_}};
   for (const auto& [axis, feature, size] : unimplemented) {
     if (size != 1) {
       throw ConfigError(source_file_, std::string("topology.mesh.") + axis,
-                        fmt::format("{} is not implemented yet (issue: expert/pipeline/context parallelism); "
+                        fmt::format("{} is not implemented yet (issue: pipeline/context parallelism); "
                                     "expected 1, got {} (atoll-plan prints the layout)",
                                     feature, size));
     }

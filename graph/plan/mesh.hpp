@@ -10,8 +10,8 @@
 // i % ep, ep_shard index i / ep. An ep group is ep consecutive ranks; an ep_shard group holds
 // the ranks with the same ep index (they FSDP-shard one EP rank's experts).
 //
-// The planner lays out every axis; the runtime does not run pp, cp or ep > 1 yet
-// (require_runnable says so).
+// The planner lays out every axis; the runtime does not run pp or cp > 1 yet (require_runnable
+// says so).
 #pragma once
 #include <string>
 #include <vector>
@@ -32,7 +32,7 @@ class Mesh {
   // Validates the sizes: non-positive ones, and an ep that does not divide dp_replicate x
   // dp_shard x cp, throw ConfigError naming `source_file` and topology.mesh.<axis>.
   explicit Mesh(const MeshConfig& config, std::string source_file = "");
-  // The axes the runtime cannot run yet (pp, cp, ep > 1) throw ConfigError naming the axis.
+  // The axes the runtime cannot run yet (pp, cp > 1) throw ConfigError naming the axis.
   void require_runnable() const;
 
   const MeshConfig& config() const { return config_; }

@@ -93,21 +93,27 @@ struct Draft {
   std::vector<const ParamSpec*> specs;
 };
 
-UnitParam layout_param(const ParamSpec& spec, int shard_count, std::int64_t offset) {
+// `shape`: what the unit holds (an expert-group unit: its EP slice), sharded on `shard_dim`.
+UnitParam layout_param(const std::string& name, const Shape& shape, int shard_dim, int shard_count,
+                       std::int64_t offset) {
   UnitParam p;
-  p.name = spec.name;
-  p.shape = spec.shape;
-  if (spec.shape.empty()) {
+  p.name = name;
+  p.shape = shape;
+  if (shape.empty()) {
     p.rows = 1;
     p.row_numel = 1;
   } else {
-    p.rows = spec.shape[0];
+    p.shard_dim = shard_dim;
+    p.rows = shape[static_cast<std::size_t>(shard_dim)];
     p.row_numel = 1;
-    for (std::size_t i = 1; i < spec.shape.size(); ++i) p.row_numel *= spec.shape[i];
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (static_cast<int>(i) < shard_dim) p.outer *= shape[i];
+      if (static_cast<int>(i) > shard_dim) p.row_numel *= shape[i];
+    }
   }
   p.rows_per_rank = (p.rows + shard_count - 1) / shard_count;
   p.shard_offset = offset;
-  p.shard_numel = p.rows_per_rank * p.row_numel;
+  p.shard_numel = p.outer * p.rows_per_rank * p.row_numel;
   return p;
 }
 
@@ -158,6 +164,7 @@ const char* unit_role_name(UnitRole role) {
     case UnitRole::embedding: return "embedding";
     case UnitRole::island: return "island";
     case UnitRole::block: return "block";
+    case UnitRole::experts: return "experts";
     case UnitRole::head: return "head";
     case UnitRole::root: return "root";
   }
@@ -249,7 +256,10 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
     if (const std::int64_t layer = layer_of(spec.name, rules.layer_prefix); layer >= 0) {
       const std::string block = block_name(rules, layer);
       const std::string island = island_module(block, module, rules.fp32_modules);
-      if (!island.empty()) {
+      const std::string experts = block + "." + rules.experts_module;
+      if (mesh.ep() > 1 && under_module(spec.name, experts)) {
+        assign(experts, UnitRole::experts, layer, false, spec);  // EP owns them (§5.3 step 1)
+      } else if (!island.empty()) {
         assign(island, UnitRole::island, layer, true, spec);
       } else {
         assign(block, UnitRole::block, layer, false, spec);
@@ -307,6 +317,7 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
   for (std::int64_t l : layers) {
     take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::island; });
     take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::block; });
+    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::experts; });
   }
   take([](const Draft& d) { return d.layer < 0 && d.role == UnitRole::island; });
   take([](const Draft& d) { return d.role == UnitRole::root; });
@@ -326,10 +337,16 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
     u.role = d->role;
     u.layer = d->layer;
     u.island = d->island;
-    u.shard_count = shard_count;
+    const bool experts = d->role == UnitRole::experts;
+    u.shard_count = experts ? mesh.ep_shard() : shard_count;
+    u.shard_axis = experts ? kExpertShardAxis : "dp_shard";
+    u.ep_slices = experts ? mesh.ep() : 1;
     u.storage_dtype = d->specs.front()->storage_dtype;
     for (const ParamSpec* s : d->specs) {
-      u.params.push_back(layout_param(*s, shard_count, u.shard_numel));
+      Shape shape = s->shape;
+      if (experts) shape[0] /= mesh.ep();  // one EP rank's experts (ep divides E: checked above)
+      const int dim = experts && shape.size() >= 2 ? 1 : 0;
+      u.params.push_back(layout_param(s->name, shape, dim, u.shard_count, u.shard_numel));
       u.numel += u.params.back().numel();
       u.shard_numel += u.params.back().shard_numel;
     }
@@ -337,6 +354,7 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
     switch (d->role) {
       case UnitRole::embedding: u.schedule = {true, 0, 0, false}; break;
       case UnitRole::island: u.schedule = {false, 0, 0, true}; break;
+      case UnitRole::experts: u.schedule = {true, 0, 0, false}; break;  // gathered for its op only
       case UnitRole::block:
         u.schedule = {true, 1, 2, false};  // the last block is fixed up below
         if (rules.block_casts_inputs_itself) u.policy.cast_forward_inputs = false;
@@ -350,8 +368,22 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
   assign_stages(plan);
   if (mesh.pp() > 1) {  // MODELS.md §5.2: no reshard and no prefetch under pipeline parallelism
     for (std::size_t b : blocks) plan.units[b].schedule = {false, 0, 0, false};
+    for (auto& u : plan.units) {
+      if (u.role == UnitRole::experts) u.schedule = {false, 0, 0, false};
+    }
   }
   if (!blocks.empty()) plan.units[blocks.back()].schedule.reshard_after_forward = false;
+  // MODELS.md §6 invariant 4: every parameter is owned by exactly one unit (FSDP or expert group).
+  std::map<std::string, int> owners;
+  for (const auto& u : plan.units) {
+    for (const auto& p : u.params) ++owners[p.name];
+  }
+  for (const auto& s : specs) {
+    if (owners[s.name] != 1) {
+      throw std::logic_error(fmt::format("planner ({}): parameter '{}' is owned by {} units, expected 1", rules.family,
+                                         s.name, owners[s.name]));
+    }
+  }
   for (std::size_t b = 0; b < blocks.size(); ++b) {
     UnitPlan& u = plan.units[blocks[b]];
     for (std::size_t k = 1; k <= static_cast<std::size_t>(u.schedule.forward_prefetch) && b + k < blocks.size(); ++k) {

@@ -34,12 +34,21 @@
 // as possible, the first (L mod pp) stages taking one more; stage 0 also holds the embeddings,
 // the last stage the model-level islands, the root (final norm) and the heads.
 //
-// Sharding: every param is sharded on dim 0 across the shard group (dp_shard x cp ranks). A
-// param of shape [rows, ...] has row_numel = prod(shape[1:]); 1-d params have rows = numel,
-// row_numel = 1; a 0-d param is one row of one element. Each rank owns rows_per_rank =
-// ceil(rows / d) rows (the last ranks' chunks are padded with zeros, a chunk can be all padding).
-// The unit's flat shard is the concatenation, in param order, of each param's padded chunk:
-// param p starts at shard_offset and spans shard_numel = rows_per_rank * row_numel elements.
+// Expert parallelism (ep > 1, MODELS.md §5.1, §5.3 step 1, §5.5): each MoE layer's routed experts
+// (rules.experts_module, [E, ...] on dim 0) leave the block and form one expert-group unit
+// "<block>.<experts_module>" (role experts, bulk policy). EP rank r owns experts [r E/ep, (r+1) E/ep):
+// the unit's params have the local shape [E/ep, ...] (ep_slices = ep; which slice a rank holds is
+// its ep index), sharded on dim 1 over the ep_shard group (ep_shard = dp x cp / ep). Every param is
+// owned by exactly one unit (checked).
+//
+// Sharding: every other param is sharded on dim 0 across the shard group (dp_shard x cp ranks). A
+// param sharded on dim d of shape [s0, ..., s_d, ...] has outer = prod(shape[:d]) blocks of rows =
+// s_d rows of row_numel = prod(shape[d+1:]) elements (dim 0: outer 1); 1-d params have rows =
+// numel, row_numel = 1; a 0-d param is one row of one element. Each rank owns rows_per_rank =
+// ceil(rows / d) rows of every outer block (the last ranks' chunks are padded with zeros, a chunk
+// can be all padding). The unit's flat shard is the concatenation, in param order, of each param's
+// padded chunk: param p starts at shard_offset and spans shard_numel = outer * rows_per_rank *
+// row_numel elements (outer block o first).
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -69,19 +78,21 @@ struct GatherSchedule {
   bool operator==(const GatherSchedule&) const = default;
 };
 
-enum class UnitRole { embedding, island, block, head, root };
+enum class UnitRole { embedding, island, block, experts, head, root };
 const char* unit_role_name(UnitRole role);
 
 struct UnitParam {
   std::string name;
-  Shape shape;
-  std::int64_t rows = 0;           // dim-0 extent (numel for 1-d, 1 for 0-d)
+  Shape shape;                     // what the unit holds (an expert-group unit: its EP slice)
+  int shard_dim = 0;               // the dim sharded over the unit's shard group
+  std::int64_t outer = 1;          // prod(shape[:shard_dim]): blocks of rows
+  std::int64_t rows = 0;           // shard_dim extent (numel for 1-d, 1 for 0-d)
   std::int64_t row_numel = 0;      // elements per row
   std::int64_t rows_per_rank = 0;  // ceil(rows / shard count)
   std::int64_t shard_offset = 0;   // start of this param's chunk inside the unit's flat shard
-  std::int64_t shard_numel = 0;    // rows_per_rank * row_numel (padded)
+  std::int64_t shard_numel = 0;    // outer * rows_per_rank * row_numel (padded)
 
-  std::int64_t numel() const { return rows * row_numel; }
+  std::int64_t numel() const { return outer * rows * row_numel; }
   // The real (unpadded) rows that shard `shard_index` owns: [first_row(i), first_row(i) + rows_on(i)).
   std::int64_t first_row(int shard_index) const;
   std::int64_t rows_on(int shard_index) const;
@@ -96,6 +107,8 @@ struct UnitPlan {
   std::int64_t numel = 0;        // unpadded elements of all params
   std::int64_t shard_numel = 0;  // per rank, padded
   int shard_count = 1;           // ranks the unit is sharded over (the shard group size)
+  std::string shard_axis = "dp_shard";  // its shard group: "dp_shard" (x cp), or "ep_shard" (experts)
+  int ep_slices = 1;             // experts: the params are one of ep slices of the model's (dim 0)
   bool island = false;  // holds fp32 island params and takes the island policy
   DType storage_dtype = DType::f32;
   MixedPrecisionPolicy policy;
@@ -106,6 +119,9 @@ struct UnitPlan {
   std::vector<std::string> backward_prefetch_units;
 
   const UnitParam& param(const std::string& name) const;  // throws std::out_of_range
+  // HSDP: the reduce-scattered gradient is all-reduced over dp_replicate (expert groups are
+  // sharded over ep_shard, which spans the replicas already).
+  bool replicated(const Mesh& mesh) const { return shard_axis == "dp_shard" && mesh.dp_replicate() > 1; }
 };
 
 struct FamilyShardingRules {
@@ -118,6 +134,9 @@ struct FamilyShardingRules {
   bool block_casts_inputs_itself = false;  // block units get cast_forward_inputs = false (Beam)
   std::string experts_module = "mlp.experts";  // under each layer: the routed experts, [E, ...] on dim 0
 };
+
+// The axis name of an expert-group unit's shard group.
+inline constexpr const char* kExpertShardAxis = "ep_shard";
 
 struct Plan {
   Mesh mesh;

@@ -14,6 +14,7 @@ const char* collective_op_name(CollectiveOp op) {
     case CollectiveOp::all_gather: return "all_gather";
     case CollectiveOp::reduce_scatter: return "reduce_scatter";
     case CollectiveOp::all_reduce: return "all_reduce";
+    case CollectiveOp::all_to_all_v: return "all_to_all_v";
   }
   return "?";
 }
@@ -27,6 +28,8 @@ const char* step_instruction_name(StepInstructionKind kind) {
     case StepInstructionKind::grads: return "grads";
     case StepInstructionKind::count: return "count";
     case StepInstructionKind::report: return "report";
+    case StepInstructionKind::expert_forward: return "expert_forward";
+    case StepInstructionKind::expert_backward: return "expert_backward";
   }
   return "?";
 }
@@ -42,7 +45,8 @@ class ProgramBuilder {
   void gather(std::size_t u) {
     if (gathered_[u]) return;
     gathered_[u] = true;
-    emit({StepInstructionKind::gather, -1, -1, u, false, collective(CollectiveOp::all_gather, kShardAxis, u), 1});
+    const std::string& axis = plan_.units[u].shard_axis;
+    emit({StepInstructionKind::gather, -1, -1, u, false, collective(CollectiveOp::all_gather, axis, u), 1});
   }
   void gather_named(const std::vector<std::string>& names) {
     for (const auto& name : names) gather(plan_.unit_index(name));
@@ -57,14 +61,32 @@ class ProgramBuilder {
     std::uint64_t first = 0;
     int count = 0;
     if (last) {
-      first = collective(CollectiveOp::reduce_scatter, kShardAxis, u);
+      first = collective(CollectiveOp::reduce_scatter, plan_.units[u].shard_axis, u);
       ++count;
-      if (plan_.mesh.dp_replicate() > 1) {
+      if (plan_.units[u].replicated(plan_.mesh)) {
         collective(CollectiveOp::all_reduce, "dp_replicate", u);
         ++count;
       }
     }
     emit({StepInstructionKind::grads, -1, micro_batch, u, last, first, count});
+  }
+  // The experts op of an expert-parallel plan: its exchange over the ep group.
+  void expert_exchange(StepInstructionKind kind, int op, int micro_batch, const std::string& op_name) {
+    const auto first = static_cast<std::uint64_t>(program_.collectives.size());
+    const bool forward = kind == StepInstructionKind::expert_forward;
+    const std::vector<std::pair<CollectiveOp, const char*>> parts =
+        forward ? std::vector<std::pair<CollectiveOp, const char*>>{{CollectiveOp::all_gather, "counts"},
+                                                                   {CollectiveOp::all_to_all_v, "dispatch"},
+                                                                   {CollectiveOp::all_to_all_v, "dispatch_weights"},
+                                                                   {CollectiveOp::all_to_all_v, "combine"}}
+                : std::vector<std::pair<CollectiveOp, const char*>>{{CollectiveOp::all_to_all_v, "combine_grad"},
+                                                                   {CollectiveOp::all_to_all_v, "dispatch_grad"},
+                                                                   {CollectiveOp::all_to_all_v, "dispatch_weights_grad"}};
+    for (const auto& [op_kind, part] : parts) {
+      const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
+      program_.collectives.push_back({seq, op_kind, kExpertAxis, op_name + ":" + part});
+    }
+    emit({kind, op, micro_batch, 0, false, first, static_cast<int>(parts.size())});
   }
   // The step's world all-gathers: `count` before the first forward, `report` at the end.
   void world_gather(StepInstructionKind kind) {
@@ -78,7 +100,7 @@ class ProgramBuilder {
   }
 
  private:
-  std::uint64_t collective(CollectiveOp op, const char* axis, std::size_t u) {
+  std::uint64_t collective(CollectiveOp op, const std::string& axis, std::size_t u) {
     const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
     program_.collectives.push_back({seq, op, axis, plan_.units[u].name});
     return seq;
@@ -119,13 +141,21 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
     if (plan.units[u].schedule.resident_for_step) b.gather(u);
   }
+  // Under expert parallelism the experts ops exchange rows with the owners of the experts.
+  auto exchanged = [&](int op) {
+    return plan.mesh.ep() > 1 && op_specs[static_cast<std::size_t>(op)].kind == OpKind::experts;
+  };
   auto forward = [&](int m) {
     for (int op = 0; op < ops; ++op) {
       const auto& units = op_units[static_cast<std::size_t>(op)];
       for (std::size_t u : units) b.gather(u);
       for (std::size_t u : units) b.gather_named(plan.units[u].forward_prefetch_units);
       if (m == 0 && op == 0) b.world_gather(StepInstructionKind::count);  // its gathers are in flight
-      b.run(StepInstructionKind::forward, op, m);
+      if (exchanged(op)) {
+        b.expert_exchange(StepInstructionKind::expert_forward, op, m, op_specs[static_cast<std::size_t>(op)].name);
+      } else {
+        b.run(StepInstructionKind::forward, op, m);
+      }
       for (std::size_t u : units) {
         if (last_reader[u] == op && plan.units[u].schedule.reshard_after_forward) b.release(u);
       }
@@ -137,7 +167,11 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
       const auto& units = op_units[static_cast<std::size_t>(op)];
       for (std::size_t u : units) b.gather(u);
       for (std::size_t u : units) b.gather_named(plan.units[u].backward_prefetch_units);
-      b.run(StepInstructionKind::backward, op, m);
+      if (exchanged(op)) {
+        b.expert_exchange(StepInstructionKind::expert_backward, op, m, op_specs[static_cast<std::size_t>(op)].name);
+      } else {
+        b.run(StepInstructionKind::backward, op, m);
+      }
       for (std::size_t u : units) {
         if (first_reader[u] != op) continue;
         b.grads(u, m, last);
@@ -172,9 +206,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
 
 std::size_t compute_run_end(const StepProgram& program, std::size_t begin) {
   const auto& ins = program.instructions;
-  auto is_compute = [&](std::size_t i) {
-    return ins[i].kind == StepInstructionKind::forward || ins[i].kind == StepInstructionKind::backward;
-  };
+  auto is_compute = [&](std::size_t i) { return ins[i].is_compute(); };
   if (begin >= ins.size() || !is_compute(begin)) {
     throw std::invalid_argument("compute_run_end: instruction " + std::to_string(begin) + " is not a forward or backward");
   }

@@ -34,15 +34,16 @@
 
 namespace atl {
 
-enum class CollectiveOp { all_gather, reduce_scatter, all_reduce };
+enum class CollectiveOp { all_gather, reduce_scatter, all_reduce, all_to_all_v };
 const char* collective_op_name(CollectiveOp op);
 
 // One collective of the rank's stream.
 struct CollectiveNode {
   std::uint64_t seq = 0;  // position in the rank's stream (0-based within the step)
   CollectiveOp op = CollectiveOp::all_gather;
-  std::string axis;       // the group: "dp_shard" (a unit's shard group), "dp_replicate" or "world"
-  std::string tag;        // who posts it: the unit's name, "count" or "report"
+  std::string axis;       // the group: "dp_shard" or "ep_shard" (a unit's shard group), "dp_replicate",
+                          // "ep" (an experts op's exchange) or "world"
+  std::string tag;        // who posts it: the unit's name, "count", "report", or "<experts op>:<part>"
 };
 
 enum class StepInstructionKind {
@@ -56,6 +57,13 @@ enum class StepInstructionKind {
              // world (`collective`) and wait: every rank then knows the step's totals, the loss
              // scale its backward needs (a process reads only its own ranks' rows)
   report,    // after every unit reduced: all-gather the rank's report over the world (`collective`)
+  // Expert parallelism (ep > 1): the experts op of micro_batch as an exchange over the ep group
+  // (MODELS.md §5.5, all_to_all flow). Forward, 4 collectives: all-gather every source's rows per
+  // expert, all_to_all_v of the rows and of their routing weights to the owners, (the owners run
+  // their experts) all_to_all_v of the outputs back. Backward, 3: the output gradients to the
+  // owners, (their backward) the row and routing-weight gradients back.
+  expert_forward,
+  expert_backward,
 };
 const char* step_instruction_name(StepInstructionKind kind);
 
@@ -67,13 +75,19 @@ struct StepInstruction {
   bool last = false;            // grads: the step's last micro-batch
   std::uint64_t collective = 0;  // gather, grads with last, count, report: index into StepProgram::collectives
   int collective_count = 0;      // the collectives it posts: collective, collective + 1, ... (HSDP grads: 2)
+
+  bool is_compute() const { return kind == StepInstructionKind::forward || kind == StepInstructionKind::backward; }
 };
 
 // The collectives `i` posts, in order (indices into StepProgram::collectives).
 std::vector<std::uint64_t> posted_by(const StepInstruction& i);
 
-// The group axis of a unit's shard group: its gathers, reduce-scatters and the state export.
+// The group axis of a (non-expert) unit's shard group: a probe's gather.
 inline constexpr const char* kShardAxis = "dp_shard";
+// The exchanges of the experts op under expert parallelism.
+inline constexpr const char* kExpertAxis = "ep";
+inline constexpr int kExpertForwardCollectives = 4;
+inline constexpr int kExpertBackwardCollectives = 3;
 
 
 struct StepProgram {
@@ -89,7 +103,8 @@ struct StepProgram {
 };
 
 // Ops run forward 0..n-1 and backward n-1..0; each reads the units that own its parameters (a
-// unit may be read by several ops). With dp_replicate > 1 every reduction adds an all-reduce.
+// unit may be read by several ops). With dp_replicate > 1 every reduction of a unit sharded over
+// dp_shard adds an all-reduce. With ep > 1 the experts ops are expert_forward / expert_backward.
 // Throws std::invalid_argument for micro_batches < 1, ConfigError (topology.mesh.pp) for a
 // pipeline-parallel plan, std::logic_error when an op reads a parameter no unit owns or a unit is
 // read by no op.

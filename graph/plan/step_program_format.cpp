@@ -55,10 +55,17 @@ std::string format_step_program(const Plan& plan, const StepProgram& program) {
         out += fmt::format("  {:<9} {:<28} micro-batch {}\n", step_instruction_name(i.kind),
                            program.ops[static_cast<std::size_t>(i.op)].name, i.micro_batch);
         break;
-      case StepInstructionKind::grads: {
+      case StepInstructionKind::grads:
+      case StepInstructionKind::expert_forward:
+      case StepInstructionKind::expert_backward: {
         std::vector<std::string> posted;
         for (std::uint64_t c : posted_by(i)) posted.push_back(describe(program, c));
-        out += fmt::format("  grads     {:<28} {}\n", unit, fmt::join(posted, ", "));
+        const std::string what =
+            i.kind == StepInstructionKind::grads
+                ? unit
+                : fmt::format("{} mb {}", program.ops[static_cast<std::size_t>(i.op)].name, i.micro_batch);
+        out += fmt::format("  {:<9} {:<28} {}\n", i.kind == StepInstructionKind::grads ? "grads" : "exchange", what,
+                           fmt::join(posted, ", "));
         break;
       }
     }

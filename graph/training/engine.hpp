@@ -38,6 +38,9 @@ struct StepResult {
   std::string nonfinite;
   std::int64_t bytes_gathered = 0;  // this process's ranks, parameter traffic, this step (0 for the reference trainer)
   std::int64_t bytes_reduced = 0;
+  // Expert parallelism: the dispatched rows sent to the experts' owners and the outputs sent back,
+  // forward (the backward moves as much again), this process's ranks, this step.
+  std::int64_t bytes_dispatch = 0, bytes_combine = 0;
   // When requested: per micro-batch of the global batch (global order), its router choices.
   std::vector<std::vector<RoutingRecord>> routing;
   // Router load per MoE layer over the whole step (every rank): the busiest expert's tokens over

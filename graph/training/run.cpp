@@ -394,6 +394,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     nlohmann::json line = {{"step", r.step},           {"loss", r.loss},       {"grad_norm", r.grad_norm},
                            {"lr", r.lr},               {"tokens", tokens_total}, {"targets", r.targets},
                            {"bytes_gathered", r.bytes_gathered}, {"bytes_reduced", r.bytes_reduced},
+                           {"bytes_dispatch", r.bytes_dispatch}, {"bytes_combine", r.bytes_combine},
                            {"tokens_per_s", r.tokens / std::max(step_seconds, 1e-9)},
                            {"elapsed_s", elapsed}};
     // Router load per MoE layer: the busiest expert's tokens over the mean (1 = balanced).

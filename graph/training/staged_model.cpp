@@ -8,6 +8,25 @@ namespace atl {
 
 namespace {
 
+[[noreturn]] void no_expert_parallelism(const char* what) {
+  throw std::logic_error(std::string("micro-batch run: ") + what + ": this model has no expert-parallel experts op");
+}
+
+}  // namespace
+
+ExpertRowsOut MicroBatchRun::expert_rows(int) { no_expert_parallelism("expert_rows"); }
+void MicroBatchRun::set_expert_output(int, Tensor) { no_expert_parallelism("set_expert_output"); }
+Tensor MicroBatchRun::expert_output_grad(int) { no_expert_parallelism("expert_output_grad"); }
+void MicroBatchRun::set_expert_input_grads(int, ExpertRowGrads) { no_expert_parallelism("set_expert_input_grads"); }
+Tensor MicroBatchRun::expert_group_forward(int, const TensorMap&, std::vector<ExpertSourceRows>) {
+  no_expert_parallelism("expert_group_forward");
+}
+ExpertRowGrads MicroBatchRun::expert_group_backward(int, const TensorMap&, const Tensor&, const std::vector<TensorMap>&) {
+  no_expert_parallelism("expert_group_backward");
+}
+
+namespace {
+
 // Every parameter in one place: the embedding (the rules' embedding modules), a decoder layer
 // (under "<layer_prefix><l>"), or the head (every other: root, head, model-level islands).
 struct ParamGroups {

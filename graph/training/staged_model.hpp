@@ -30,6 +30,21 @@ struct RoutingRecord {
   Tensor indices;  // i32 [T, K]
 };
 
+// Expert parallelism (MODELS.md §5.5): the experts op of an MoE layer runs as an exchange. The
+// source rank hands out its dispatched rows, the owners run their experts on every source's rows,
+// and the source takes the results back (forward: expert outputs; backward: row gradients).
+struct ExpertRowsOut {
+  Tensor x_rows, w_rows;                  // f32 [P, H], [P]: the dispatched rows, expert order
+  std::vector<std::int64_t> expert_rows;  // [E] rows per expert
+};
+struct ExpertSourceRows {  // one source's rows for this rank's experts
+  Tensor x_rows, w_rows;                  // f32 [R, H], [R]
+  std::vector<std::int64_t> offsets;      // [n + 1] rows per local expert, as offsets
+};
+struct ExpertRowGrads {
+  Tensor d_x_rows, d_w_rows;  // f32 [R, H], [R]
+};
+
 class MicroBatchRun {
  public:
   virtual ~MicroBatchRun() = default;
@@ -41,6 +56,24 @@ class MicroBatchRun {
   // Router choices of every sparse layer run forward so far, in layer order.
   virtual std::vector<RoutingRecord> routing() const { return {}; }
   virtual std::int64_t targets() const = 0;
+
+  // Expert parallelism, the experts op `op` (a model without it throws std::logic_error). As the
+  // source, after the dispatch forward: the rows to send (moved out); after the exchange: the
+  // expert outputs f32 [P, H] in dispatch order (the combine reads them). Backward, after the
+  // combine backward: the gradient at the expert outputs f32 [P, H] (moved out); after the
+  // exchange: the gradients at the expert inputs (the dispatch backward reads them).
+  virtual ExpertRowsOut expert_rows(int op);
+  virtual void set_expert_output(int op, Tensor down_out);
+  virtual Tensor expert_output_grad(int op);
+  virtual void set_expert_input_grads(int op, ExpertRowGrads grads);
+  // As an owner of experts [first, first + n) (w: their parameters, the expert-group unit's):
+  // forward on every source's rows, source order; returns the outputs f32 [sum R, H] in the same
+  // order, keeping what backward needs. Backward: d_rows f32 [sum R, H] in that order; each
+  // source's weight gradients are added to grads[source] (one partial per source, so the expert
+  // weight gradient keeps the reference's order of micro-batches); returns the input gradients.
+  virtual Tensor expert_group_forward(int op, const TensorMap& w, std::vector<ExpertSourceRows> sources);
+  virtual ExpertRowGrads expert_group_backward(int op, const TensorMap& w, const Tensor& d_rows,
+                                               const std::vector<TensorMap>& grads);
 };
 
 class StagedModel {

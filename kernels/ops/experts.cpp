@@ -1,5 +1,6 @@
 #include "kernels/ops/experts.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -96,22 +97,39 @@ void dispatch_backward(const Tensor& d_x_rows, const Tensor& d_w_rows, const Exp
 GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& w_rows, const ExpertDispatch& dispatch,
                                             std::int64_t first_expert, const Tensor& gate_up, const Tensor& down,
                                             const ExpertsConfig& cfg) {
-  KernelScope scope(KernelKind::experts);
-  const char* op = "grouped_experts_forward";
-  const auto [H, I] = expert_dims(op, gate_up, down, dispatch, first_expert);
+  const auto [H, I] = expert_dims("grouped_experts_forward", gate_up, down, dispatch, first_expert);
+  (void)H;
+  (void)I;
   const std::int64_t n = gate_up.size(0);
   const std::int64_t* all = dispatch.expert_offsets.data<std::int64_t>();
-  const std::vector<std::int64_t> local(all + first_expert, all + first_expert + n + 1);
-  const std::int64_t R = local.back() - local.front();
+  return grouped_experts_forward(x_rows, w_rows, std::vector<std::int64_t>(all + first_expert, all + first_expert + n + 1),
+                                 gate_up, down, cfg);
+}
+
+GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& w_rows,
+                                            const std::vector<std::int64_t>& offsets, const Tensor& gate_up,
+                                            const Tensor& down, const ExpertsConfig& cfg) {
+  KernelScope scope(KernelKind::experts);
+  const char* op = "grouped_experts_forward";
+  check_rank(op, "gate_up", gate_up, 3, "f32 [n,H,2I]");
+  const std::int64_t n = gate_up.size(0), H = gate_up.size(1), I = gate_up.size(2) / 2;
+  detail::require_tensor(op, "gate_up", gate_up, DType::f32, {n, H, 2 * I});
+  detail::require_tensor(op, "down", down, DType::f32, {n, I, H});
+  if (static_cast<std::int64_t>(offsets.size()) != n + 1 || !std::is_sorted(offsets.begin(), offsets.end())) {
+    throw std::invalid_argument(std::string(op) + ": expected " + std::to_string(n + 1) +
+                                " non-decreasing row offsets for " + std::to_string(n) + " experts, got " +
+                                std::to_string(offsets.size()));
+  }
+  const std::int64_t R = offsets.back() - offsets.front();
   detail::require_tensor(op, "x_rows", x_rows, DType::f32, {R, H});
   detail::require_tensor(op, "w_rows", w_rows, DType::f32, {R});
   GroupedExpertsSaved s{x_rows,
                         w_rows,
-                        i64_tensor(local),
+                        i64_tensor(offsets),
                         Tensor::empty({R, 2 * I}),
                         Tensor::empty({R, I}),
                         Tensor::empty({R, H})};
-  cpu::grouped_experts_forward(x_rows.data<float>(), w_rows.data<float>(), local.data(), n, H, I,
+  cpu::grouped_experts_forward(x_rows.data<float>(), w_rows.data<float>(), offsets.data(), n, H, I,
                                gate_up.data<float>(), down.data<float>(), cfg, s.gate_up_out.data<float>(),
                                s.act_out.data<float>(), s.down_out.data<float>());
   return s;

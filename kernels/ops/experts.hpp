@@ -5,6 +5,7 @@
 // the three in one process.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/experts.hpp"
 #include "kernels/precision.hpp"
@@ -50,6 +51,12 @@ struct GroupedExpertsSaved {
 GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& w_rows, const ExpertDispatch& dispatch,
                                             std::int64_t first_expert, const Tensor& gate_up, const Tensor& down,
                                             const ExpertsConfig& cfg);
+// The same on rows given with their local experts' row offsets i64 [n+1] (non-decreasing; the
+// rows are [offsets[0], offsets[n]) relative to the first): an expert group's rows from one
+// source rank under expert parallelism.
+GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& w_rows,
+                                            const std::vector<std::int64_t>& offsets, const Tensor& gate_up,
+                                            const Tensor& down, const ExpertsConfig& cfg);
 struct GroupedExpertsGrads {
   Tensor d_x_rows;  // f32 [R,H]
   Tensor d_w_rows;  // f32 [R] (0 when the weight comes after down)

@@ -18,7 +18,7 @@
 namespace atl::testing {
 
 struct Layout {
-  int dp_shard = 1, dp_replicate = 1;
+  int dp_shard = 1, dp_replicate = 1, ep = 1;
 };
 
 // 10 steps of `global_batch` rows of 32 tokens; `topology_extra` is appended inside topology {...}.
@@ -28,7 +28,8 @@ inline RunConfig parity_config(const std::string& family, const std::string& pre
   const std::string yaml = "model: {family: " + family + ", preset: " + preset + "}\n" +
                            "precision: " + precision_name(precision) + "\n" +
                            "topology: {mesh: {dp_shard: " + std::to_string(layout.dp_shard) +
-                           ", dp_replicate: " + std::to_string(layout.dp_replicate) + "}" + topology_extra + "}\n" +
+                           ", dp_replicate: " + std::to_string(layout.dp_replicate) +
+                           ", ep: " + std::to_string(layout.ep) + "}" + topology_extra + "}\n" +
                            "train: {steps: 10, global_batch: " + std::to_string(global_batch) +
                            ", micro_batch: " + std::to_string(micro_batch) +
                            ", seq_len: 32, lr: 3.0e-3, warmup: 2, seed: 7}\n";

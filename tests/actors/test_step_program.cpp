@@ -21,6 +21,7 @@ CollectiveKind kind_of(CollectiveOp op) {
     case CollectiveOp::all_gather: return CollectiveKind::all_gather;
     case CollectiveOp::reduce_scatter: return CollectiveKind::reduce_scatter;
     case CollectiveOp::all_reduce: return CollectiveKind::all_reduce;
+    case CollectiveOp::all_to_all_v: return CollectiveKind::all_to_all_v;
   }
   return CollectiveKind::broadcast;
 }

@@ -59,6 +59,15 @@ PlanRun run_plan(const std::vector<std::string>& args) {
   return r;
 }
 
+// The first line of text that starts with `start` (empty when none does).
+std::string line_of(const std::string& text, const std::string& start) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(start, 0) == 0) return line;
+  }
+  return {};
+}
+
 std::string tiny_config() { return (fs::path(env_or_fail("ATOLL_SOURCE_DIR")) / "configs" / "beam-tiny.yaml").string(); }
 
 }  // namespace
@@ -137,7 +146,26 @@ TEST_CASE("atoll-plan: ep must divide every MoE layer's expert count, and a mode
   CHECK(run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=8", "--set", "topology.mesh.ep=8"}).exit_code == 0);
 }
 
-TEST_CASE("atoll-plan: prints layouts for pp, cp and ep > 1 that atoll-train does not run yet", "[apps][plan]") {
+TEST_CASE("atoll-plan: with ep > 1 every MoE layer's experts are an expert-group unit, counted once per owner",
+          "[apps][plan][experts]") {
+  const PlanRun r = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=4", "--set", "topology.mesh.ep=2"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("(expert groups: 1/2 experts per EP rank over ep_shard 2)") != std::string::npos);
+  // beam-tiny-moe: 8 experts of H 64, I 32 per layer: gate_up 8x64x64 + down 8x32x64 = 49152 elements;
+  // each EP rank holds 4 experts, 24576 elements, half of them per ep_shard rank.
+  const std::string row = line_of(r.out, "model.layers.0.mlp.experts ");
+  INFO(row);
+  CHECK(row.find(" experts ") != std::string::npos);
+  CHECK(row.find(" 49152 ") != std::string::npos);
+  CHECK(row.find(" 12288 ") != std::string::npos);
+  // Every parameter once: the total is the model's parameter count.
+  CHECK(line_of(r.out, "total").find(" 298224 ") != std::string::npos);
+  CHECK(r.out.find("ep_shard 2 x ep 2: EP rank r owns experts [r E/2, (r+1) E/2)") != std::string::npos);
+}
+
+TEST_CASE("atoll-plan: prints layouts for pp and cp > 1 that atoll-train does not run yet, and ep's groups",
+          "[apps][plan]") {
   const PlanRun r = run_plan({tiny_config(), "--set", "topology.mesh.pp=2", "--set", "topology.mesh.dp_shard=2",
                               "--set", "topology.mesh.cp=2", "--set", "topology.mesh.ep=2", "--world-size", "8"});
   INFO(r.out << r.err);
@@ -149,7 +177,7 @@ TEST_CASE("atoll-plan: prints layouts for pp, cp and ep > 1 that atoll-train doe
   CHECK(r.out.find("ep_shard[0,2]") != std::string::npos);
   CHECK(r.out.find("per-rank memory estimate, pipeline stage 0") != std::string::npos);
   CHECK(r.out.find("per-rank memory estimate, pipeline stage 1") != std::string::npos);
-  CHECK(r.out.find("atoll-train does not run pp, cp or ep > 1 yet") != std::string::npos);
+  CHECK(r.out.find("atoll-train does not run pp or cp > 1 yet") != std::string::npos);
   // beam-tiny: 4 layers over 2 stages; micro_batch 4 rows x (seq_len 32 / cp 2) tokens, hidden 64, bf16.
   CHECK(r.out.find("stage 0 -> 1 (before layer 2): hidden bf16[4, 16, 64]") != std::string::npos);
 
