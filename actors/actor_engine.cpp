@@ -170,7 +170,8 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
   const Plan& plan = *im.plan;
   // Compiled once (it throws before anything is spawned if a unit has no reader); every rank runs it.
   im.program = std::make_shared<const StepProgram>(
-      compile_step_program(plan, in.model->ops(), micro_batches_per_rank(config, mesh), config.train.schedule));
+      compile_step_program(plan, in.model->ops(), micro_batches_per_rank(config, mesh), config.train.schedule,
+                           config.topology.ep_dispatch));
   const int world = mesh.world_size();
 
   im.ranks = process.ranks;

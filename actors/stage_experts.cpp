@@ -1,15 +1,22 @@
-// The experts op of an expert-parallel plan, as the stage runs it (MODELS.md §5.5, all_to_all
-// flow; the step program fixes the collectives, graph/plan/step_program.hpp). Every rank of an ep
-// group is a source (its tokens' dispatched rows) and an owner (of E / ep experts):
-//   forward: all-gather the rows per expert of every source; all_to_all_v the rows and their
-//     routing weights to the owners; the owner's compute actor runs its experts on every source's
-//     rows (source order); all_to_all_v the outputs back, in the source's dispatch order.
-//   backward: all_to_all_v the output gradients to the owners; the owner's backward, one weight
-//     gradient per source (the expert-group unit sums them in the reference's order); the row and
-//     routing-weight gradients back.
-// Padding tokens are never dispatched, so they never travel; an owner that receives no row still
-// takes part in every collective (zero counts) and hands in zero gradients.
+// The experts op of an expert-parallel plan, as the stage runs it (MODELS.md §5.5; the step
+// program fixes the collectives of each flow, graph/plan/step_program.hpp expert_exchange_parts).
+// Every rank of an ep group is a source (its tokens' dispatched rows) and an owner (of E / ep
+// experts); the owner's compute actor runs its experts on every source's rows, in source order,
+// and backward gives one weight gradient per source (the expert-group unit sums them in the
+// reference's order of micro-batches).
+//   all_to_all: counts first, the rows (and routing weights) go to their owners, the outputs come
+//     back in the source's dispatch order; backward the same way round.
+//   all_gather: every owner gathers every source's tokens, weights, indices and mask, dispatches
+//     them itself and keeps its experts' rows; each (token, slot) pair's output is written at its
+//     place in a zero buffer of every source's pairs, and an all-reduce over the ep group gives
+//     each source its pairs (one owner's value plus exact zeros: the same bits as all_to_all).
+//     Backward: all-gather the pairs' output gradients; reduce-scatter the pairs' input gradients.
+// Padding tokens are never dispatched; an owner that receives no row still takes part in every
+// collective and hands in zero gradients.
+#include <optional>
+
 #include "actors/stage_state.hpp"
+#include "kernels/ops/elementwise.hpp"
 
 namespace atl::stage {
 
@@ -21,26 +28,40 @@ Tensor i64_tensor(const std::vector<std::int64_t>& values) {
   return t;
 }
 
-// Posts one collective of the rank's stream, then `next` (in the stage's thread).
+// A span on the expert group's own trace track ("expert group <op>"), from `start` to now.
+void span(stage_pointer self, const std::string& track, const std::string& name, double start) {
+  const auto& tracer = self->state.setup.tracer;
+  tracer->add({self->state.setup.rank, track, name, "experts", start, tracer->now_us()});
+}
+
+// Posts one collective of the rank's stream, then `next` (in the stage's thread). Its span, named
+// by the tag's part ("<op>:dispatch" -> "dispatch"), runs from the post to the completion.
 void post(stage_pointer self, const CollectiveNode& node, CollectiveKind kind, Tensor send, Tensor recv,
           std::vector<std::int64_t> send_counts, std::vector<std::int64_t> recv_counts, std::function<void()> next) {
+  const double start = self->state.setup.tracer->now_us();
+  const auto colon = node.tag.rfind(':');
+  const std::string track = "expert group " + node.tag.substr(0, colon), name = node.tag.substr(colon + 1);
   self->request(self->state.setup.comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{node.seq, node.axis, kind, std::move(send), std::move(recv), node.tag,
                                   std::move(send_counts), std::move(recv_counts)})
       .then(
           [=](done_atom) {
+            span(self, track, name, start);
             if (self->state.active) next();
           },
           [=](caf::error& e) { fail(self, e); });
 }
 
-// Runs `work` on the rank's compute actor as one task named `name`, then `next`.
-void compute(stage_pointer self, std::string name, std::function<void()> work, std::function<void()> next) {
+// Runs `work` on the rank's compute actor as one task named `track` (the expert group), then
+// `next`; its span on the group's track is the expert compute.
+void compute(stage_pointer self, std::string track, std::function<void()> work, std::function<void()> next) {
+  const double start = self->state.setup.tracer->now_us();
   ComputeJob job;
-  job.tasks.push_back({std::move(name), std::move(work)});
+  job.tasks.push_back({track, std::move(work)});
   self->request(self->state.setup.compute, caf::infinite, run_atom::value, std::move(job))
       .then(
           [=](done_atom) {
+            span(self, track, "expert compute", start);
             if (self->state.active) next();
           },
           [=](caf::error& e) { fail(self, e); });
@@ -65,9 +86,51 @@ void next_instruction(stage_pointer self) {
   advance(self);
 }
 
-}  // namespace
+// Takes the forward's record of (micro-batch, op), or fails the step.
+std::optional<ExchangeRecord> take_record(stage_pointer self, int mb, int op) {
+  auto& st = self->state;
+  const auto found = st.exchanges.find({mb, op});
+  if (found == st.exchanges.end()) {
+    fail(self, caf::make_error(caf::sec::runtime_error, "stage: backward exchange of op " + std::to_string(op) +
+                                                            " micro-batch " + std::to_string(mb) +
+                                                            " without its forward"));
+    return std::nullopt;
+  }
+  ExchangeRecord record = std::move(found->second);
+  st.exchanges.erase(found);
+  return record;
+}
 
-void expert_forward(stage_pointer self, const StepInstruction& ins) {
+// Per source, one zero gradient map for the op's unit (the expert group), kept in the stage's
+// unit_grads for the program's grads instruction; the maps share the tensors. False on failure.
+bool per_source_grads(stage_pointer self, int op, const TensorMap& weights, std::size_t sources,
+                      std::vector<TensorMap>& out) {
+  auto& s = self->state;
+  out.assign(sources, TensorMap());
+  for (std::size_t u : s.program->op_units[static_cast<std::size_t>(op)]) {
+    auto& mine = s.unit_grads[u];
+    if (!mine.empty()) {
+      fail(self, caf::make_error(caf::sec::runtime_error, "stage: expert group " + s.setup.plan->units[u].name +
+                                                              " has an earlier gradient not handed in"));
+      return false;
+    }
+    for (TensorMap& g : out) {
+      auto map = std::make_shared<TensorMap>();
+      for (const auto& p : s.setup.plan->units[u].params) {
+        map->insert(p.name, Tensor::zeros(weights.at(p.name).shape()));
+        g.insert(p.name, map->at(p.name));
+      }
+      mine.push_back(map);
+    }
+  }
+  return true;
+}
+
+std::string group_task(const StageState& st, int op) {
+  return "expert group " + st.program->ops[static_cast<std::size_t>(op)].name;
+}
+
+void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep();
   const std::vector<CollectiveNode> nodes = scheduled(st, ins);
@@ -92,9 +155,8 @@ void expert_forward(stage_pointer self, const StepInstruction& ins) {
       with_params(self, self->state.program->op_units[static_cast<std::size_t>(op)],
                   [=](std::shared_ptr<TensorMap> weights) {
                     auto out = std::make_shared<Tensor>();
-                    const std::string name = "expert group " + self->state.program->ops[static_cast<std::size_t>(op)].name;
                     compute(
-                        self, name,
+                        self, group_task(self->state, op),
                         [=] {
                           std::vector<ExpertSourceRows> sources;
                           std::int64_t at = 0;
@@ -122,20 +184,15 @@ void expert_forward(stage_pointer self, const StepInstruction& ins) {
   });
 }
 
-void expert_backward(stage_pointer self, const StepInstruction& ins) {
+void all_to_all_backward(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch;
   const std::vector<CollectiveNode> nodes = scheduled(st, ins);
   auto run = st.runs.at(mb);
-  const auto found = st.exchanges.find({mb, op});
-  if (found == st.exchanges.end()) {
-    return fail(self, caf::make_error(caf::sec::runtime_error, "stage: backward exchange of op " + std::to_string(op) +
-                                                                   " micro-batch " + std::to_string(mb) +
-                                                                   " without its forward"));
-  }
-  const ExpertExchange x = found->second.rows;
-  const std::int64_t H = found->second.hidden;
-  st.exchanges.erase(found);
+  std::optional<ExchangeRecord> record = take_record(self, mb, op);
+  if (!record) return;
+  const ExpertExchange x = record->rows;
+  const std::int64_t H = record->hidden;
   Tensor d_out;
   if (!guarded(self, [&] { d_out = run->expert_output_grad(op); })) return;
   const Tensor d_in = Tensor::empty({x.received(), H});
@@ -143,30 +200,11 @@ void expert_backward(stage_pointer self, const StepInstruction& ins) {
        element_counts(x.recv_rows, H), [=] {
          const auto& units = self->state.program->op_units[static_cast<std::size_t>(op)];
          with_params(self, units, [=](std::shared_ptr<TensorMap> weights) {
-           auto& s = self->state;
-           // One zero gradient per source for the op's unit (the expert group), handed in by the
-           // program's grads instruction.
-           std::vector<TensorMap> grads(x.recv_rows.size());
-           for (std::size_t u : units) {
-             auto& mine = s.unit_grads[u];
-             if (!mine.empty()) {
-               return fail(self, caf::make_error(caf::sec::runtime_error,
-                                                 "stage: expert group " + s.setup.plan->units[u].name +
-                                                     " has an earlier gradient not handed in"));
-             }
-             for (TensorMap& g : grads) {
-               auto map = std::make_shared<TensorMap>();
-               for (const auto& p : s.setup.plan->units[u].params) {
-                 map->insert(p.name, Tensor::zeros(weights->at(p.name).shape()));
-                 g.insert(p.name, map->at(p.name));
-               }
-               mine.push_back(map);
-             }
-           }
+           std::vector<TensorMap> grads;
+           if (!per_source_grads(self, op, *weights, x.recv_rows.size(), grads)) return;
            auto result = std::make_shared<ExpertRowGrads>();
-           const std::string name = "expert group " + s.program->ops[static_cast<std::size_t>(op)].name;
            compute(
-               self, name, [=] { *result = run->expert_group_backward(op, *weights, d_in, grads); },
+               self, group_task(self->state, op), [=] { *result = run->expert_group_backward(op, *weights, d_in, grads); },
                [=] {
                  const Tensor dx = Tensor::empty({x.sent(), H}), dw = Tensor::empty({x.sent()});
                  auto arrived = std::make_shared<int>(0);
@@ -181,6 +219,151 @@ void expert_backward(stage_pointer self, const StepInstruction& ins) {
                });
          });
        });
+}
+
+void all_gather_forward(stage_pointer self, const StepInstruction& ins) {
+  auto& st = self->state;
+  const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep(), me = ep_index(st);
+  const std::vector<CollectiveNode> nodes = scheduled(st, ins);
+  auto run = st.runs.at(mb);
+  ExpertRowsOut rows;
+  if (!guarded(self, [&] { rows = run->expert_rows(op); })) return;
+  const std::int64_t T = rows.tokens.size(0), H = rows.tokens.size(1), K = rows.indices.size(1);
+  const auto E = static_cast<std::int64_t>(rows.expert_rows.size());
+  auto record = std::make_shared<ExchangeRecord>();
+  record->hidden = H;
+  record->own = ExpertDispatch{rows.indices, rows.weights, rows.row_pair, Tensor(), Tensor()};
+  const Tensor tokens = Tensor::empty({ep * T, H}), weights = Tensor::empty({ep * T, K});
+  const Tensor indices = Tensor::empty({ep * T, K}, DType::i32), mask = Tensor::empty({ep * T}, DType::boolean);
+  auto arrived = std::make_shared<int>(0);
+  auto all_arrived = [=] {
+    if (++*arrived < 4) return;
+    with_params(self, self->state.program->op_units[static_cast<std::size_t>(op)],
+                [=](std::shared_ptr<TensorMap> w) {
+                  const Tensor slots = Tensor::zeros({ep * T * K, H});
+                  compute(
+                      self, group_task(self->state, op),
+                      [=] {
+                        // Every source's tokens, dispatched here; this rank's experts' rows kept.
+                        const std::int64_t n = E / ep;
+                        std::vector<ExpertSourceRows> sources;
+                        for (int j = 0; j < ep; ++j) {
+                          const ExpertDispatch d =
+                              plan_expert_dispatch(indices.slice_rows(j * T, (j + 1) * T),
+                                                   weights.slice_rows(j * T, (j + 1) * T),
+                                                   mask.slice_rows(j * T, (j + 1) * T), E);
+                          const DispatchedRows all = dispatch_forward(tokens.slice_rows(j * T, (j + 1) * T), d);
+                          const auto offsets = d.expert_offsets.span<std::int64_t>();
+                          const std::int64_t first = offsets[me * n], last = offsets[(me + 1) * n];
+                          std::vector<std::int64_t> local;
+                          for (std::int64_t e = me * n; e <= (me + 1) * n; ++e) local.push_back(offsets[e] - first);
+                          sources.push_back({all.x_rows.slice_rows(first, last), all.w_rows.slice_rows(first, last),
+                                             std::move(local)});
+                          record->sources.push_back(d);
+                          record->first.push_back(first);
+                          record->count.push_back(last - first);
+                        }
+                        const Tensor out = run->expert_group_forward(op, *w, std::move(sources));
+                        std::int64_t at = 0;
+                        for (int j = 0; j < ep; ++j) {
+                          const std::int64_t c = record->count[static_cast<std::size_t>(j)];
+                          scatter_rows_to_slots(out.slice_rows(at, at + c), record->sources[static_cast<std::size_t>(j)],
+                                                record->first[static_cast<std::size_t>(j)],
+                                                slots.slice_rows(j * T * K, (j + 1) * T * K));
+                          at += c;
+                        }
+                      },
+                      [=] {
+                        self->state.exchanges[{mb, op}] = *record;
+                        post(self, nodes.at(4), CollectiveKind::all_reduce, Tensor(), slots, {}, {}, [=] {
+                          const Tensor mine = slots.slice_rows(me * T * K, (me + 1) * T * K);
+                          if (guarded(self, [&] {
+                                run->set_expert_output(op, gather_rows_from_slots(mine, record->own, 0,
+                                                                                  record->own.rows()));
+                              })) {
+                            next_instruction(self);
+                          }
+                        });
+                      });
+                });
+  };
+  post(self, nodes.at(0), CollectiveKind::all_gather, rows.tokens, tokens, {}, {}, all_arrived);
+  post(self, nodes.at(1), CollectiveKind::all_gather, rows.weights, weights, {}, {}, all_arrived);
+  post(self, nodes.at(2), CollectiveKind::all_gather, rows.indices, indices, {}, {}, all_arrived);
+  post(self, nodes.at(3), CollectiveKind::all_gather, rows.token_mask, mask, {}, {}, all_arrived);
+}
+
+void all_gather_backward(stage_pointer self, const StepInstruction& ins) {
+  auto& st = self->state;
+  const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep();
+  const std::vector<CollectiveNode> nodes = scheduled(st, ins);
+  auto run = st.runs.at(mb);
+  std::optional<ExchangeRecord> taken = take_record(self, mb, op);
+  if (!taken) return;
+  auto record = std::make_shared<ExchangeRecord>(std::move(*taken));
+  const std::int64_t H = record->hidden, TK = record->own.indices.numel();
+  Tensor d_out;
+  if (!guarded(self, [&] { d_out = run->expert_output_grad(op); })) return;
+  const Tensor mine = Tensor::zeros({TK, H}), every = Tensor::empty({ep * TK, H});
+  if (!guarded(self, [&] { scatter_rows_to_slots(d_out, record->own, 0, mine); })) return;
+  post(self, nodes.at(0), CollectiveKind::all_gather, mine, every, {}, {}, [=] {
+    with_params(self, self->state.program->op_units[static_cast<std::size_t>(op)],
+                [=](std::shared_ptr<TensorMap> w) {
+                  std::vector<TensorMap> grads;
+                  if (!per_source_grads(self, op, *w, static_cast<std::size_t>(ep), grads)) return;
+                  const Tensor dx = Tensor::zeros({ep * TK, H}), dw = Tensor::zeros({ep * TK});
+                  compute(
+                      self, group_task(self->state, op),
+                      [=] {
+                        std::vector<Tensor> d_rows;
+                        for (int j = 0; j < ep; ++j) {
+                          const auto sj = static_cast<std::size_t>(j);
+                          d_rows.push_back(gather_rows_from_slots(every.slice_rows(j * TK, (j + 1) * TK),
+                                                                  record->sources[sj], record->first[sj],
+                                                                  record->count[sj]));
+                        }
+                        const ExpertRowGrads g = run->expert_group_backward(op, *w, concat_rows(d_rows), grads);
+                        std::int64_t at = 0;
+                        for (int j = 0; j < ep; ++j) {
+                          const auto sj = static_cast<std::size_t>(j);
+                          const std::int64_t c = record->count[sj];
+                          scatter_rows_to_slots(g.d_x_rows.slice_rows(at, at + c), record->sources[sj],
+                                                record->first[sj], dx.slice_rows(j * TK, (j + 1) * TK));
+                          scatter_rows_to_slots(g.d_w_rows.slice_rows(at, at + c), record->sources[sj],
+                                                record->first[sj], dw.slice_rows(j * TK, (j + 1) * TK));
+                          at += c;
+                        }
+                      },
+                      [=] {
+                        const Tensor dx_mine = Tensor::empty({TK, H}), dw_mine = Tensor::empty({TK});
+                        auto arrived = std::make_shared<int>(0);
+                        auto both_arrived = [=] {
+                          if (++*arrived < 2) return;
+                          const std::int64_t P = record->own.rows();
+                          if (guarded(self, [&] {
+                                run->set_expert_input_grads(op, {gather_rows_from_slots(dx_mine, record->own, 0, P),
+                                                                 gather_rows_from_slots(dw_mine, record->own, 0, P)});
+                              })) {
+                            next_instruction(self);
+                          }
+                        };
+                        post(self, nodes.at(1), CollectiveKind::reduce_scatter, dx, dx_mine, {}, {}, both_arrived);
+                        post(self, nodes.at(2), CollectiveKind::reduce_scatter, dw, dw_mine, {}, {}, both_arrived);
+                      });
+                });
+  });
+}
+
+}  // namespace
+
+void expert_forward(stage_pointer self, const StepInstruction& ins) {
+  if (self->state.program->expert_flow == ExpertDispatchFlow::all_gather) return all_gather_forward(self, ins);
+  all_to_all_forward(self, ins);
+}
+
+void expert_backward(stage_pointer self, const StepInstruction& ins) {
+  if (self->state.program->expert_flow == ExpertDispatchFlow::all_gather) return all_gather_backward(self, ins);
+  all_to_all_backward(self, ins);
 }
 
 }  // namespace atl::stage

@@ -10,13 +10,19 @@
 #include "actors/spawn.hpp"
 #include "graph/plan/expert_exchange.hpp"
 #include "graph/training/expert_load.hpp"
+#include "kernels/ops/experts.hpp"
 
 namespace atl::stage {
 
 // An experts op's exchange of one micro-batch, from its forward to its backward.
 struct ExchangeRecord {
-  ExpertExchange rows;  // who sent how many rows where
   std::int64_t hidden = 0;
+  ExpertExchange rows;  // all_to_all: who sent how many rows where
+  // all_gather: this rank's own dispatch (its rows' (token, slot) pairs), and as an owner each
+  // source's dispatch with the rows of this rank's experts in it: [first, first + count).
+  ExpertDispatch own;
+  std::vector<ExpertDispatch> sources;
+  std::vector<std::int64_t> first, count;
 };
 
 struct StageState {

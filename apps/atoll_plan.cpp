@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
     const atl::Plan plan = atl::make_plan(model->specs(), model->sharding_rules(), mesh, config.precision);
     if (graph) {
       const atl::StepProgram program =
-          atl::compile_step_program(plan, model->ops(), atl::micro_batches_per_rank(config, mesh), config.train.schedule);
+          atl::compile_step_program(plan, model->ops(), atl::micro_batches_per_rank(config, mesh), config.train.schedule,
+                                    config.topology.ep_dispatch);
       std::cout << (graph_format == "json"  ? atl::step_program_json(plan, program)
                     : graph_format == "dot" ? atl::step_program_dot(plan, program)
                                             : atl::format_step_program(plan, program));

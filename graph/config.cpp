@@ -109,6 +109,9 @@ TopologyConfig read_topology(ConfigReader reader) {
   topology.engine = reader.get_choice("engine", "actors", {"actors", "reference"}) == "reference" ? Engine::reference
                                                                                                  : Engine::actors;
   topology.mesh = read_mesh(reader.section("mesh"));
+  topology.ep_dispatch = reader.get_choice("ep_dispatch", "all_to_all", {"all_to_all", "all_gather"}) == "all_gather"
+                             ? ExpertDispatchFlow::all_gather
+                             : ExpertDispatchFlow::all_to_all;
   if (reader.has("sim_delay_ms")) {
     ConfigReader delays = reader.section("sim_delay_ms");
     for (const char* kind :
@@ -304,6 +307,7 @@ nlohmann::json to_json(const RunConfig& c) {
        {{"backend", backend_name(c.topology.backend)},
         {"engine", engine_name(c.topology.engine)},
         {"sim_delay_ms", c.topology.sim_delay_ms},
+        {"ep_dispatch", expert_dispatch_flow_name(c.topology.ep_dispatch)},
         {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},
       {"precision", precision_name(c.precision)},
       {"train",

@@ -11,6 +11,7 @@
 
 #include "graph/config_reader.hpp"
 #include "graph/data/data_config.hpp"
+#include "graph/expert_flow.hpp"
 #include "graph/step_schedule.hpp"
 #include "kernels/precision.hpp"
 
@@ -39,6 +40,7 @@ struct TopologyConfig {
   Backend backend = Backend::sim;
   Engine engine = Engine::actors;
   MeshConfig mesh;
+  ExpertDispatchFlow ep_dispatch = ExpertDispatchFlow::all_to_all;  // how experts ops move tokens (ep > 1)
   // sim backend only: an injected delay (milliseconds) per collective kind, e.g. {all_gather: 5},
   // to study overlap and slow links. Numerics do not change.
   std::map<std::string, double> sim_delay_ms;

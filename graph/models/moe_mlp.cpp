@@ -104,25 +104,6 @@ Tensor moe_route_backward(const std::string& p, const TensorMap& w, const MoeMlp
   return d_x;
 }
 
-namespace {
-
-// Rows of every part, stacked in order (the parts are [R_i, ...] or [R_i]).
-Tensor stack_rows(const std::vector<Tensor>& parts, Shape row_shape) {
-  std::int64_t rows = 0;
-  for (const Tensor& t : parts) rows += t.size(0);
-  Shape shape{rows};
-  shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-  Tensor out = Tensor::empty(shape);
-  std::int64_t at = 0;
-  for (const Tensor& t : parts) {
-    if (t.size(0) > 0) out.slice_rows(at, at + t.size(0)).copy_from(t);
-    at += t.size(0);
-  }
-  return out;
-}
-
-}  // namespace
-
 Tensor moe_expert_group_forward(const std::string& p, const TensorMap& w, const MoeMlpSpec& spec, Precision prec,
                                 std::vector<ExpertSourceRows> sources, ExpertGroupCache& cache) {
   const Tensor& gate_up = w.at(p + "mlp.experts.gate_and_up_projs");
@@ -134,7 +115,7 @@ Tensor moe_expert_group_forward(const std::string& p, const TensorMap& w, const 
         grouped_experts_forward(s.x_rows, s.w_rows, s.offsets, gate_up, down, experts_config(spec, prec)));
     outs.push_back(cache.sources.back().down_out);
   }
-  Tensor out = stack_rows(outs, {gate_up.size(1)});
+  Tensor out = concat_rows(outs);
   for (auto& saved : cache.sources) saved.down_out = Tensor();  // the source keeps its copy for combine
   return out;
 }
@@ -162,7 +143,7 @@ ExpertRowGrads moe_expert_group_backward(const std::string& p, const TensorMap& 
     throw std::invalid_argument("expert group backward: " + std::to_string(d_rows.size(0)) + " gradient rows for " +
                                 std::to_string(at) + " rows received");
   }
-  return {stack_rows(dx, {d_rows.size(1)}), stack_rows(dw, {})};
+  return {concat_rows(dx), concat_rows(dw)};
 }
 
 Tensor moe_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x, const Tensor& token_mask,

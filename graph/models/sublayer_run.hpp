@@ -190,7 +190,8 @@ class SublayerRun final : public MicroBatchRun {
   // Expert parallelism: the experts op as an exchange (MicroBatchRun).
   ExpertRowsOut expert_rows(int op) override {
     MoeMlpCache& k = experts_block(op, "expert_rows")->moe;
-    ExpertRowsOut out{std::move(k.rows.x_rows), std::move(k.rows.w_rows), {}};
+    ExpertRowsOut out{std::move(k.rows.x_rows), std::move(k.rows.w_rows), {}, k.x, k.dispatch.indices,
+                      k.dispatch.weights, ctx_.valid.reshape({ctx_.tokens()}), k.dispatch.row_pair};
     k.rows = {};
     const auto offsets = k.dispatch.expert_offsets.span<std::int64_t>();
     for (std::size_t e = 0; e + 1 < offsets.size(); ++e) out.expert_rows.push_back(offsets[e + 1] - offsets[e]);

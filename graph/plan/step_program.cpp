@@ -71,17 +71,10 @@ class ProgramBuilder {
     emit({StepInstructionKind::grads, -1, micro_batch, u, last, first, count});
   }
   // The experts op of an expert-parallel plan: its exchange over the ep group.
-  void expert_exchange(StepInstructionKind kind, int op, int micro_batch, const std::string& op_name) {
+  void expert_exchange(StepInstructionKind kind, int op, int micro_batch, const std::string& op_name,
+                       ExpertDispatchFlow flow) {
     const auto first = static_cast<std::uint64_t>(program_.collectives.size());
-    const bool forward = kind == StepInstructionKind::expert_forward;
-    const std::vector<std::pair<CollectiveOp, const char*>> parts =
-        forward ? std::vector<std::pair<CollectiveOp, const char*>>{{CollectiveOp::all_gather, "counts"},
-                                                                   {CollectiveOp::all_to_all_v, "dispatch"},
-                                                                   {CollectiveOp::all_to_all_v, "dispatch_weights"},
-                                                                   {CollectiveOp::all_to_all_v, "combine"}}
-                : std::vector<std::pair<CollectiveOp, const char*>>{{CollectiveOp::all_to_all_v, "combine_grad"},
-                                                                   {CollectiveOp::all_to_all_v, "dispatch_grad"},
-                                                                   {CollectiveOp::all_to_all_v, "dispatch_weights_grad"}};
+    const std::vector<ExchangePart> parts = expert_exchange_parts(flow, kind == StepInstructionKind::expert_forward);
     for (const auto& [op_kind, part] : parts) {
       const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
       program_.collectives.push_back({seq, op_kind, kExpertAxis, op_name + ":" + part});
@@ -114,8 +107,24 @@ class ProgramBuilder {
 
 }  // namespace
 
+std::vector<ExchangePart> expert_exchange_parts(ExpertDispatchFlow flow, bool forward) {
+  using enum CollectiveOp;
+  if (flow == ExpertDispatchFlow::all_to_all) {
+    if (forward) {
+      return {{all_gather, "counts"}, {all_to_all_v, "dispatch"}, {all_to_all_v, "dispatch_weights"},
+              {all_to_all_v, "combine"}};
+    }
+    return {{all_to_all_v, "combine_grad"}, {all_to_all_v, "dispatch_grad"}, {all_to_all_v, "dispatch_weights_grad"}};
+  }
+  if (forward) {
+    return {{all_gather, "dispatch"}, {all_gather, "dispatch_weights"}, {all_gather, "dispatch_indices"},
+            {all_gather, "dispatch_mask"}, {all_reduce, "combine"}};
+  }
+  return {{all_gather, "combine_grad"}, {reduce_scatter, "dispatch_grad"}, {reduce_scatter, "dispatch_weights_grad"}};
+}
+
 StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op_specs, int micro_batches,
-                                 StepSchedule schedule) {
+                                 StepSchedule schedule, ExpertDispatchFlow expert_flow) {
   if (micro_batches < 1) {
     throw std::invalid_argument(fmt::format("step program: expected at least 1 micro-batch, got {}", micro_batches));
   }
@@ -152,7 +161,8 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
       for (std::size_t u : units) b.gather_named(plan.units[u].forward_prefetch_units);
       if (m == 0 && op == 0) b.world_gather(StepInstructionKind::count);  // its gathers are in flight
       if (exchanged(op)) {
-        b.expert_exchange(StepInstructionKind::expert_forward, op, m, op_specs[static_cast<std::size_t>(op)].name);
+        b.expert_exchange(StepInstructionKind::expert_forward, op, m, op_specs[static_cast<std::size_t>(op)].name,
+                          expert_flow);
       } else {
         b.run(StepInstructionKind::forward, op, m);
       }
@@ -168,7 +178,8 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
       for (std::size_t u : units) b.gather(u);
       for (std::size_t u : units) b.gather_named(plan.units[u].backward_prefetch_units);
       if (exchanged(op)) {
-        b.expert_exchange(StepInstructionKind::expert_backward, op, m, op_specs[static_cast<std::size_t>(op)].name);
+        b.expert_exchange(StepInstructionKind::expert_backward, op, m, op_specs[static_cast<std::size_t>(op)].name,
+                          expert_flow);
       } else {
         b.run(StepInstructionKind::backward, op, m);
       }
@@ -192,6 +203,7 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
   b.world_gather(StepInstructionKind::report);
   StepProgram program = b.finish(micro_batches);
   program.schedule = schedule;
+  program.expert_flow = expert_flow;
   program.ops = op_specs;
   program.op_units = op_units;
   // Live micro-batches: from the forward of op 0 to the backward of op 0.

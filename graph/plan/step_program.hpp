@@ -30,6 +30,7 @@
 
 #include "graph/plan/op_graph.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/expert_flow.hpp"
 #include "graph/step_schedule.hpp"
 
 namespace atl {
@@ -58,10 +59,7 @@ enum class StepInstructionKind {
              // scale its backward needs (a process reads only its own ranks' rows)
   report,    // after every unit reduced: all-gather the rank's report over the world (`collective`)
   // Expert parallelism (ep > 1): the experts op of micro_batch as an exchange over the ep group
-  // (MODELS.md §5.5, all_to_all flow). Forward, 4 collectives: all-gather every source's rows per
-  // expert, all_to_all_v of the rows and of their routing weights to the owners, (the owners run
-  // their experts) all_to_all_v of the outputs back. Backward, 3: the output gradients to the
-  // owners, (their backward) the row and routing-weight gradients back.
+  // (MODELS.md §5.5; expert_exchange_parts lists the collectives of each flow).
   expert_forward,
   expert_backward,
 };
@@ -86,13 +84,29 @@ std::vector<std::uint64_t> posted_by(const StepInstruction& i);
 inline constexpr const char* kShardAxis = "dp_shard";
 // The exchanges of the experts op under expert parallelism.
 inline constexpr const char* kExpertAxis = "ep";
-inline constexpr int kExpertForwardCollectives = 4;
-inline constexpr int kExpertBackwardCollectives = 3;
+
+// The collectives of an experts op's exchange, in order, each with its tag's part name.
+//   all_to_all forward: all_gather "counts" (every source's rows per expert), all_to_all_v
+//     "dispatch" (rows to their owners), "dispatch_weights" (their routing weights), (the owners
+//     run their experts) all_to_all_v "combine" (the outputs back). Backward: all_to_all_v
+//     "combine_grad" (output gradients to the owners), "dispatch_grad" and "dispatch_weights_grad"
+//     (row and routing-weight gradients back).
+//   all_gather forward: all_gather "dispatch" (every source's tokens), "dispatch_weights",
+//     "dispatch_indices", "dispatch_mask"; (every owner runs its experts on every source's rows)
+//     all_reduce "combine" (each (token, slot) pair's output, from its one owner). Backward:
+//     all_gather "combine_grad" (every pair's output gradient), reduce_scatter "dispatch_grad" and
+//     "dispatch_weights_grad" (each pair's input gradients, from its one owner).
+struct ExchangePart {
+  CollectiveOp op;
+  const char* part;
+};
+std::vector<ExchangePart> expert_exchange_parts(ExpertDispatchFlow flow, bool forward);
 
 
 struct StepProgram {
   int micro_batches = 0;
   StepSchedule schedule = StepSchedule::one_at_a_time;
+  ExpertDispatchFlow expert_flow = ExpertDispatchFlow::all_to_all;  // the experts ops' exchanges (ep > 1)
   // Buffers per activation edge: the most micro-batches whose activations are alive at once (from
   // a micro-batch's first forward to its last backward). The stage refuses to exceed it.
   int activation_buffers = 0;
@@ -109,7 +123,8 @@ struct StepProgram {
 // pipeline-parallel plan, std::logic_error when an op reads a parameter no unit owns or a unit is
 // read by no op.
 StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& ops, int micro_batches,
-                                 StepSchedule schedule = StepSchedule::one_at_a_time);
+                                 StepSchedule schedule = StepSchedule::one_at_a_time,
+                                 ExpertDispatchFlow expert_flow = ExpertDispatchFlow::all_to_all);
 
 // The end (one past) of the compute run that starts at forward or backward instruction `begin`:
 // the consecutive forward and backward instructions after it, with nothing between them to send,

@@ -36,6 +36,10 @@ struct RoutingRecord {
 struct ExpertRowsOut {
   Tensor x_rows, w_rows;                  // f32 [P, H], [P]: the dispatched rows, expert order
   std::vector<std::int64_t> expert_rows;  // [E] rows per expert
+  // What the all_gather flow moves instead: the MLP input f32 [T, H], the routing (indices i32
+  // [T, K], weights f32 [T, K]), the token mask bool [T]; and the (token, slot) pair of each row.
+  Tensor tokens, indices, weights, token_mask;
+  Tensor row_pair;  // i64 [P]
 };
 struct ExpertSourceRows {  // one source's rows for this rank's experts
   Tensor x_rows, w_rows;                  // f32 [R, H], [R]

@@ -1,5 +1,8 @@
 #include "kernels/ops/elementwise.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
@@ -41,6 +44,29 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   float* d = dst.data<float>();
   const float* s = src.data<float>();
   for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+}
+
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  if (parts.empty()) throw std::invalid_argument("concat_rows: no parts");
+  Shape shape = parts.front().shape();
+  std::int64_t rows = 0;
+  for (const Tensor& t : parts) {
+    Shape trailing = t.shape();
+    if (t.rank() != static_cast<std::int64_t>(shape.size()) || t.dtype() != DType::f32 ||
+        !std::equal(trailing.begin() + 1, trailing.end(), shape.begin() + 1)) {
+      throw std::invalid_argument("concat_rows: part " + t.describe() + " does not stack on " +
+                                  parts.front().describe());
+    }
+    rows += t.size(0);
+  }
+  shape[0] = rows;
+  Tensor out = Tensor::empty(shape);
+  std::int64_t at = 0;
+  for (const Tensor& t : parts) {
+    if (t.size(0) > 0) out.slice_rows(at, at + t.size(0)).copy_from(t);
+    at += t.size(0);
+  }
+  return out;
 }
 
 }  // namespace atl

@@ -1,5 +1,6 @@
 // Small elementwise ops the models share (residual combinations).
 #pragma once
+#include <vector>
 #include "kernels/precision.hpp"
 #include "kernels/tensor.hpp"
 
@@ -12,5 +13,7 @@ Tensor scaled(const Tensor& a, float c);
 void scale_inplace(const Tensor& t, float factor);
 // dst += src (f32, same shape).
 void add_inplace(const Tensor& dst, const Tensor& src);
+// The parts' rows one after another (f32 [R_i, ...] with equal trailing dims, or [R_i]).
+Tensor concat_rows(const std::vector<Tensor>& parts);
 
 }  // namespace atl

@@ -160,6 +160,55 @@ GroupedExpertsGrads grouped_experts_backward(const Tensor& d_rows, const Grouped
   return g;
 }
 
+namespace {
+
+// Elements per row of a [R, W...] or [R] tensor, and the check that rows and slots agree.
+std::int64_t row_width(const char* op, const Tensor& rows, const Tensor& slots, const ExpertDispatch& d) {
+  const std::int64_t width = rows.rank() == 1 ? 1 : rows.numel() / std::max<std::int64_t>(rows.size(0), 1);
+  const std::int64_t pairs = d.indices.numel();
+  if (rows.dtype() != DType::f32 || slots.dtype() != DType::f32 || slots.rank() < 1 || slots.size(0) != pairs ||
+      slots.numel() != pairs * width || (rows.rank() > 1 && rows.numel() != rows.size(0) * width)) {
+    throw std::invalid_argument(std::string(op) + ": rows " + rows.describe() + " and slots " + slots.describe() +
+                                " must be f32 with one slot per (token, slot) pair (" + std::to_string(pairs) + ")");
+  }
+  return width;
+}
+
+void check_row_range(const char* op, const ExpertDispatch& d, std::int64_t first, std::int64_t count) {
+  if (first < 0 || count < 0 || first + count > d.rows()) {
+    throw std::invalid_argument(std::string(op) + ": rows [" + std::to_string(first) + ", " +
+                                std::to_string(first + count) + ") outside the dispatch's " + std::to_string(d.rows()));
+  }
+}
+
+}  // namespace
+
+void scatter_rows_to_slots(const Tensor& rows, const ExpertDispatch& dispatch, std::int64_t first_row,
+                           const Tensor& slots) {
+  const char* op = "scatter_rows_to_slots";
+  const std::int64_t width = row_width(op, rows, slots, dispatch), count = rows.size(0);
+  check_row_range(op, dispatch, first_row, count);
+  const std::int64_t* pair = dispatch.row_pair.data<std::int64_t>() + first_row;
+  const float* src = rows.data<float>();
+  float* dst = slots.data<float>();
+  for (std::int64_t r = 0; r < count; ++r) std::copy_n(src + r * width, width, dst + pair[r] * width);
+}
+
+Tensor gather_rows_from_slots(const Tensor& slots, const ExpertDispatch& dispatch, std::int64_t first_row,
+                              std::int64_t count) {
+  const char* op = "gather_rows_from_slots";
+  Shape shape = slots.shape();
+  shape[0] = count;
+  Tensor rows = Tensor::empty(shape);
+  const std::int64_t width = row_width(op, rows, slots, dispatch);
+  check_row_range(op, dispatch, first_row, count);
+  const std::int64_t* pair = dispatch.row_pair.data<std::int64_t>() + first_row;
+  const float* src = slots.data<float>();
+  float* dst = rows.data<float>();
+  for (std::int64_t r = 0; r < count; ++r) std::copy_n(src + pair[r] * width, width, dst + r * width);
+  return rows;
+}
+
 Tensor combine_forward(const Tensor& down_out, const ExpertDispatch& dispatch, std::int64_t hidden,
                        const ExpertsConfig& cfg) {
   KernelScope scope(KernelKind::experts);

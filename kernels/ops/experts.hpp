@@ -66,6 +66,14 @@ GroupedExpertsGrads grouped_experts_backward(const Tensor& d_rows, const Grouped
                                              const Tensor& gate_up, const Tensor& down, const ExpertsConfig& cfg,
                                              const Tensor& d_gate_up, const Tensor& d_down);
 
+// Rows of a dispatch and (token, slot) pairs, for an exchange that moves pairs (expert
+// parallelism's all_gather flow): rows [first, first + R) of the dispatch, f32 [R, W] or [R], to
+// their pairs' places in `slots` f32 [T*K, W] or [T*K] (other places untouched); and back.
+void scatter_rows_to_slots(const Tensor& rows, const ExpertDispatch& dispatch, std::int64_t first_row,
+                           const Tensor& slots);
+Tensor gather_rows_from_slots(const Tensor& slots, const ExpertDispatch& dispatch, std::int64_t first_row,
+                              std::int64_t count);
+
 // Combine forward: out f32 [T,H] from down_out f32 [P,H] (every row of the dispatch, in order).
 Tensor combine_forward(const Tensor& down_out, const ExpertDispatch& dispatch, std::int64_t hidden,
                        const ExpertsConfig& cfg);

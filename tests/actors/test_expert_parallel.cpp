@@ -6,6 +6,7 @@
 #include <map>
 
 #include "actors/actor_engine.hpp"
+#include "actors/trace.hpp"
 #include "graph/plan/step_program.hpp"
 #include "graph/reference/trainer.hpp"
 #include "tests/actors/actor_test_support.hpp"
@@ -46,6 +47,26 @@ TEST_CASE("Expert parallelism matches the reference trainer bitwise, every famil
       CHECK(same_routing(act.steps[0].routing, ref.steps[0].routing));
       check_same_steps(act, ref, 1e-6, true);
       CHECK(bitwise_equal(act.master, ref.master));
+    }
+  }
+}
+
+TEST_CASE("Both token flows, all_to_all and all_gather, give the same bits, in fp32 and bf16",
+          "[actors][parity][experts]") {
+  for (const Family& f : kFamilies) {
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      for (const Layout& mesh : {Layout{4, 1, 2}, Layout{2, 2, 2}}) {
+        INFO(f.preset << " " << precision_name(precision) << " " << mesh_name(mesh));
+        const RunOutput a2a = run_engine(parity_config(f.family, f.preset, precision, mesh, 8), make_actor_engine, 4);
+        const RunOutput gathered = run_engine(
+            parity_config(f.family, f.preset, precision, mesh, 8, 1, ", ep_dispatch: all_gather"), make_actor_engine, 4);
+        for (std::size_t s = 0; s < a2a.steps.size(); ++s) {
+          CHECK(a2a.steps[s].loss == gathered.steps[s].loss);
+          CHECK(a2a.steps[s].grad_norm == gathered.steps[s].grad_norm);
+          CHECK(gathered.steps[s].bytes_combine > a2a.steps[s].bytes_combine);  // every pair of every source
+        }
+        CHECK(bitwise_equal(a2a.master, gathered.master));
+      }
     }
   }
 }
@@ -141,5 +162,34 @@ TEST_CASE("An expert that gets no token on any rank completes the step and chang
       CHECK(starved_worst <= 1e-6);  // weight decay only
       CHECK(routed_moved > 1e-4);    // a routed expert (0) did learn
     }
+  }
+}
+
+TEST_CASE("Expert groups have their own trace tracks: dispatch, expert compute and combine spans in order",
+          "[actors][experts][trace]") {
+  const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::bf16, {2, 1, 2}, 4);
+  std::unique_ptr<TrainingEngine> engine;
+  run_engine(
+      config,
+      [](EngineInputs in) {
+        in.trace = true;
+        return make_actor_engine(std::move(in));
+      },
+      1, false, &engine);
+  const auto& actors = dynamic_cast<const ActorEngine&>(*engine);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::string> names;
+    for (const Span& s : actors.spans()) {
+      if (s.rank == rank && s.actor == "expert group model.layers.1.experts") names.push_back(s.name);
+    }
+    INFO("rank " << rank);
+    // Per micro-batch (2 per rank): forward counts, dispatch + weights (either order), compute,
+    // combine; backward combine_grad, compute, dispatch_grad + weights grad (either order).
+    REQUIRE(names.size() == 2 * (5 + 4));
+    CHECK(names[0] == "counts");
+    CHECK(names[3] == "expert compute");
+    CHECK(names[4] == "combine");
+    CHECK(names[5] == "combine_grad");
+    CHECK(names[6] == "expert compute");
   }
 }

@@ -138,8 +138,15 @@ TEST_CASE("expert step program: the experts ops exchange over ep, expert groups 
       CHECK(is_experts_op);
       const bool fwd = i.kind == StepInstructionKind::expert_forward;
       (fwd ? forward : backward) += 1;
-      CHECK(i.collective_count == (fwd ? kExpertForwardCollectives : kExpertBackwardCollectives));
-      for (std::uint64_t c : posted_by(i)) CHECK(program.collectives[c].axis == "ep");
+      const std::vector<ExchangePart> parts = expert_exchange_parts(ExpertDispatchFlow::all_to_all, fwd);
+      REQUIRE(i.collective_count == static_cast<int>(parts.size()));
+      CHECK(parts.size() == (fwd ? 4u : 3u));
+      for (int k = 0; k < i.collective_count; ++k) {
+        const CollectiveNode& node = program.collectives[i.collective + static_cast<std::uint64_t>(k)];
+        CHECK(node.axis == "ep");
+        CHECK(node.op == parts[static_cast<std::size_t>(k)].op);
+        CHECK(node.tag == program.ops[static_cast<std::size_t>(i.op)].name + ":" + parts[static_cast<std::size_t>(k)].part);
+      }
       CHECK(program.collectives[i.collective].op == (fwd ? CollectiveOp::all_gather : CollectiveOp::all_to_all_v));
     }
     if (i.kind == StepInstructionKind::gather || (i.kind == StepInstructionKind::grads && i.last)) {
