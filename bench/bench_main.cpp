@@ -75,17 +75,21 @@ void bench_gemm(const GemmCase& g) {
               flops / bf16_s * 1e-9, fp32_s / bf16_s);
 }
 
-RunConfig bench_config(int dp_shard, const char* preset, std::int64_t rows, std::int64_t micro, std::int64_t seq) {
+RunConfig bench_config(int dp_shard, const char* preset, std::int64_t rows, std::int64_t micro, std::int64_t seq,
+                       int ep = 1) {
   return parse_run_config("model: {family: beam, preset: " + std::string(preset) + "}\n" +
-                              "topology: {mesh: {dp_shard: " + std::to_string(dp_shard) + "}}\n" +
+                              "topology: {mesh: {dp_shard: " + std::to_string(dp_shard) +
+                              ", ep: " + std::to_string(ep) + "}}\n" +
                               "train: {steps: 10, global_batch: " + std::to_string(rows) + ", micro_batch: " +
                               std::to_string(micro) + ", seq_len: " + std::to_string(seq) + ", lr: 1.0e-3, seed: 7}\n",
                           "bench");
 }
 
-// Mean seconds per step of `steps` steps (after one warm-up step) on the engine the factory builds.
+// Mean seconds per step of `steps` steps (after one warm-up step) on the engine the factory builds;
+// `last`: the last step's result.
 double seconds_per_step(const RunConfig& config, const EngineFactory& factory, int steps,
-                        std::unique_ptr<TrainingEngine>* keep = nullptr, double* allocations_per_step = nullptr) {
+                        std::unique_ptr<TrainingEngine>* keep = nullptr, double* allocations_per_step = nullptr,
+                        StepResult* last = nullptr) {
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   auto engine = factory(EngineInputs{config, model, TensorMap::initialized(model->specs(), 7, model->init_std()),
                                      optimizer_settings(config.train)});
@@ -93,7 +97,10 @@ double seconds_per_step(const RunConfig& config, const EngineFactory& factory, i
   engine->step(data->next(config.train.global_batch, config.train.seq_len));
   const std::uint64_t allocations_before = host_allocation_count();
   auto t0 = clock_type::now();
-  for (int s = 0; s < steps; ++s) engine->step(data->next(config.train.global_batch, config.train.seq_len));
+  for (int s = 0; s < steps; ++s) {
+    StepResult r = engine->step(data->next(config.train.global_batch, config.train.seq_len));
+    if (last) *last = std::move(r);
+  }
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count() / steps;
   if (allocations_per_step) {
     *allocations_per_step = static_cast<double>(host_allocation_count() - allocations_before) / steps;
@@ -189,6 +196,19 @@ int main() {
   const std::size_t block = actors.plan().unit_index("model.layers.1");
   std::printf("unit gather round trip (model.layers.1 of beam-small, 4 ranks, sim): %.1f us\n",
               actors.gather_round_trip_us(block, 50));
+  // Expert parallelism: beam-small on dp_shard 4 at ep 1, 2, 4 (all_to_all), the same batch as above.
+  // Step time and the experts ops' bytes per step (dispatch + combine, forward) against ep 1.
+  double ep1_s = 0;
+  for (int ep : {1, 2, 4}) {
+    StepResult last;
+    const double s = seconds_per_step(bench_config(4, "beam-small", 8, 2, 256, ep), make_actor_engine, 3, nullptr,
+                                      nullptr, &last);
+    if (ep == 1) ep1_s = s;
+    std::printf("expert parallelism beam-small dp_shard=4 ep=%d (sim): step %.3f s (ratio %.3f vs ep 1), "
+                "all-to-all bytes/step %lld (dispatch %lld, combine %lld)\n",
+                ep, s, s / ep1_s, static_cast<long long>(last.bytes_dispatch + last.bytes_combine),
+                static_cast<long long>(last.bytes_dispatch), static_cast<long long>(last.bytes_combine));
+  }
   std::unique_ptr<TrainingEngine> single;
   seconds_per_step(bench_config(1, "beam-tiny-moe", 4, 2, 32), make_actor_engine, 1, &single);
   auto& one = dynamic_cast<ActorEngine&>(*single);

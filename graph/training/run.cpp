@@ -327,10 +327,12 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
 
   const auto& mesh = config.topology.mesh;
+  const std::string experts =
+      mesh.ep > 1 ? fmt::format(", ep {} ({})", mesh.ep, expert_dispatch_flow_name(config.topology.ep_dispatch)) : "";
   out << fmt::format("atoll-train: {} {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
-                     "(dp_shard {} x dp_replicate {}), data {}, cpu kernels {} with {} thread(s) per rank\n",
+                     "(dp_shard {} x dp_replicate {}{}), data {}, cpu kernels {} with {} thread(s) per rank\n",
                      model->family(), model->preset(), model->parameter_count(), t.steps, t.global_batch, t.seq_len,
-                     precision_name(config.precision), engine->name(), mesh.dp_shard, mesh.dp_replicate,
+                     precision_name(config.precision), engine->name(), mesh.dp_shard, mesh.dp_replicate, experts,
                      data->describe(), cpu_kernel, threads)
       << std::flush;
 

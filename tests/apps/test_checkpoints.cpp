@@ -1,7 +1,9 @@
 // Checkpoints end to end: resume, cross-mesh loading, corruption, HF conversion, evaluation and
 // logits that Python's safetensors package reads.
 #include <cmath>
+#include <map>
 #include <thread>
+#include <tuple>
 
 #include "graph/checkpoint/safetensors.hpp"
 #include "tests/apps/app_test_support.hpp"
@@ -293,5 +295,64 @@ TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or
     INFO(change << ": " << r.err);
     CHECK(r.exit_code == 2);
     CHECK(r.err.find(key) != std::string::npos);
+  }
+}
+
+TEST_CASE("apps: expert parallelism writes the same checkpoint bytes as ep 1 and resumes across ep",
+          "[apps][checkpoint][experts]") {
+  TempDir tmp;
+  auto read_bytes = [](const fs::path& p) { return read_file(p); };
+  std::map<std::string, fs::path> runs;
+  for (const char* ep : {"1", "2", "4"}) {
+    const fs::path dir = tmp.path / (std::string("ep") + ep);
+    auto args = train_args(dir);
+    add_sets(args, {"train.steps=8", "checkpoint.every=4", "topology.mesh.dp_shard=4"});
+    args.push_back("--set");
+    args.push_back(std::string("topology.mesh.ep=") + ep);
+    const Result r = must_run("atoll-train", args, tmp.path);
+    if (std::string(ep) != "1") CHECK(r.out.find(", ep " + std::string(ep) + " (all_to_all))") != std::string::npos);
+    runs[ep] = dir;
+  }
+  // Every ep moves the same bits: losses, and the saved masters and moments byte for byte.
+  const auto one = metrics_without_timing_lines(runs["1"] / "metrics.jsonl");
+  for (const char* ep : {"2", "4"}) {
+    INFO("ep " << ep);
+    const auto other = metrics_without_timing_lines(runs[ep] / "metrics.jsonl");
+    REQUIRE(other.size() == one.size());
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      CHECK(other[i].at("loss").get<double>() == one[i].at("loss").get<double>());
+      CHECK(other[i].at("bytes_dispatch").get<std::int64_t>() > 0);
+      CHECK(one[i].at("bytes_dispatch").get<std::int64_t>() == 0);
+    }
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      CHECK(read_bytes(runs[ep] / "checkpoints" / "step-00000008" / file) ==
+            read_bytes(runs["1"] / "checkpoints" / "step-00000008" / file));
+    }
+  }
+  // Saved under ep 2, resumed under ep 4 (and the all_gather flow): steps 5-8 as before.
+  const fs::path resumed = tmp.path / "resumed";
+  auto args = train_args(resumed);
+  add_sets(args, {"train.steps=8", "topology.mesh.dp_shard=4", "topology.mesh.ep=4", "topology.ep_dispatch=all_gather"});
+  args.push_back("--resume");
+  args.push_back((runs["2"] / "checkpoints" / "step-00000004").string());
+  must_run("atoll-train", args, tmp.path);
+  const auto again = metrics_without_timing_lines(resumed / "metrics.jsonl");
+  REQUIRE(again.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(again[i].at("loss").get<double>() == one[i + 4].at("loss").get<double>());
+
+  // Bad meshes exit 2 naming the key: ep not dividing E (8), ep not dividing dp x cp.
+  for (const auto& [dp, ep, expected] : {std::tuple{"3", "3", "expected ep to divide the number of experts"},
+                                         std::tuple{"4", "3", "expected a divisor of dp_replicate x dp_shard x cp"}}) {
+    auto bad = train_args(tmp.path / "bad");
+    bad.push_back("--set");
+    bad.push_back(std::string("topology.mesh.dp_shard=") + dp);
+    bad.push_back("--set");
+    bad.push_back(std::string("topology.mesh.ep=") + ep);
+    const Result r = run_app("atoll-train", bad, tmp.path);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("topology.mesh.ep") != std::string::npos);
+    CHECK(r.err.find(expected) != std::string::npos);
+    CHECK_FALSE(fs::exists(tmp.path / "bad"));
   }
 }
