@@ -35,10 +35,13 @@ TEST_CASE("Two engines on one sim backend, each with half the ranks, match one e
   };
   const Case cases[] = {{"beam", "beam-tiny-moe", {2, 2}},  // HSDP split by replica
                         {"beam", "beam-tiny-moe", {4, 1}},  // every shard group spans both processes
-                        {"inkling2", "inkling2-tiny", {2, 2}}};
+                        {"inkling2", "inkling2-tiny", {2, 2}},
+                        {"beam", "beam-tiny-moe", {2, 2, 2}},  // ep groups inside, ep_shard groups across
+                        {"flint", "flint-tiny", {4, 1, 4}}};   // every ep exchange spans both processes
   constexpr int kSteps = 3;
   for (const Case& c : cases) {
-    INFO(c.family << " dp_shard " << c.layout.dp_shard << " dp_replicate " << c.layout.dp_replicate);
+    INFO(c.family << " dp_shard " << c.layout.dp_shard << " dp_replicate " << c.layout.dp_replicate << " ep "
+                  << c.layout.ep);
     const RunConfig config = parity_config(c.family, c.preset, Precision::bf16, c.layout, 8, 1);
     std::unique_ptr<TrainingEngine> single_engine;
     const RunOutput single = run_engine(config, make_actor_engine, kSteps, true, &single_engine);
