@@ -86,6 +86,26 @@ void next_instruction(stage_pointer self) {
   advance(self);
 }
 
+// The instruction's micro-batch run and its collectives (as many as its flow's parts), or false
+// after failing the step.
+bool exchange_inputs(stage_pointer self, const StepInstruction& ins, bool forward,
+                     std::shared_ptr<MicroBatchRun>& run, std::vector<CollectiveNode>& nodes) {
+  auto& st = self->state;
+  const auto found = st.runs.find(ins.micro_batch);
+  nodes = scheduled(st, ins);
+  const std::size_t parts = expert_exchange_parts(st.program->expert_flow, forward).size();
+  if (found == st.runs.end() || nodes.size() != parts) {
+    fail(self, caf::make_error(caf::sec::runtime_error,
+                               "stage: exchange of op " + std::to_string(ins.op) + " micro-batch " +
+                                   std::to_string(ins.micro_batch) + (found == st.runs.end()
+                                                                          ? " that is not running"
+                                                                          : " with the wrong number of collectives")));
+    return false;
+  }
+  run = found->second;
+  return true;
+}
+
 // Takes the forward's record of (micro-batch, op), or fails the step.
 std::optional<ExchangeRecord> take_record(stage_pointer self, int mb, int op) {
   auto& st = self->state;
@@ -133,8 +153,9 @@ std::string group_task(const StageState& st, int op) {
 void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep();
-  const std::vector<CollectiveNode> nodes = scheduled(st, ins);
-  auto run = st.runs.at(mb);
+  std::shared_ptr<MicroBatchRun> run;
+  std::vector<CollectiveNode> nodes;
+  if (!exchange_inputs(self, ins, true, run, nodes)) return;
   auto rows = std::make_shared<ExpertRowsOut>();
   if (!guarded(self, [&] { *rows = run->expert_rows(op); })) return;
   const auto experts = static_cast<std::int64_t>(rows->expert_rows.size());
@@ -185,10 +206,10 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
 }
 
 void all_to_all_backward(stage_pointer self, const StepInstruction& ins) {
-  auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch;
-  const std::vector<CollectiveNode> nodes = scheduled(st, ins);
-  auto run = st.runs.at(mb);
+  std::shared_ptr<MicroBatchRun> run;
+  std::vector<CollectiveNode> nodes;
+  if (!exchange_inputs(self, ins, false, run, nodes)) return;
   std::optional<ExchangeRecord> record = take_record(self, mb, op);
   if (!record) return;
   const ExpertExchange x = record->rows;
@@ -224,12 +245,17 @@ void all_to_all_backward(stage_pointer self, const StepInstruction& ins) {
 void all_gather_forward(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep(), me = ep_index(st);
-  const std::vector<CollectiveNode> nodes = scheduled(st, ins);
-  auto run = st.runs.at(mb);
+  std::shared_ptr<MicroBatchRun> run;
+  std::vector<CollectiveNode> nodes;
+  if (!exchange_inputs(self, ins, true, run, nodes)) return;
   ExpertRowsOut rows;
   if (!guarded(self, [&] { rows = run->expert_rows(op); })) return;
   const std::int64_t T = rows.tokens.size(0), H = rows.tokens.size(1), K = rows.indices.size(1);
   const auto E = static_cast<std::int64_t>(rows.expert_rows.size());
+  if (E % ep != 0) {
+    return fail(self, caf::make_error(caf::sec::runtime_error, "stage: " + std::to_string(E) +
+                                                                   " experts do not split over ep " + std::to_string(ep)));
+  }
   auto record = std::make_shared<ExchangeRecord>();
   record->hidden = H;
   record->own = ExpertDispatch{rows.indices, rows.weights, rows.row_pair, Tensor(), Tensor()};
@@ -296,8 +322,9 @@ void all_gather_forward(stage_pointer self, const StepInstruction& ins) {
 void all_gather_backward(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep();
-  const std::vector<CollectiveNode> nodes = scheduled(st, ins);
-  auto run = st.runs.at(mb);
+  std::shared_ptr<MicroBatchRun> run;
+  std::vector<CollectiveNode> nodes;
+  if (!exchange_inputs(self, ins, false, run, nodes)) return;
   std::optional<ExchangeRecord> taken = take_record(self, mb, op);
   if (!taken) return;
   auto record = std::make_shared<ExchangeRecord>(std::move(*taken));

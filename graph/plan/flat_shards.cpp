@@ -16,11 +16,14 @@ void check_count(const UnitPlan& unit, int count, const char* fn) {
   }
 }
 
-void check_ep_index(const UnitPlan& unit, int ep_index, const char* fn) {
+// An expert-group unit must be told which EP slice it holds; other units hold the only one.
+int checked_ep_index(const UnitPlan& unit, int ep_index, const char* fn) {
+  if (ep_index < 0 && unit.ep_slices == 1) return 0;
   if (ep_index < 0 || ep_index >= unit.ep_slices) {
     throw std::invalid_argument(fmt::format("{}: unit '{}': EP slice {} is outside [0, {})", fn, unit.name, ep_index,
                                             unit.ep_slices));
   }
+  return ep_index;
 }
 
 void check_index(const UnitPlan& unit, int index, int count, const char* fn) {
@@ -97,7 +100,7 @@ Tensor pack_shard(const UnitPlan& unit, const TensorMap& full_params, int shard_
                   int ep_index) {
   check_count(unit, shard_count, "pack_shard");
   check_index(unit, shard_index, shard_count, "pack_shard");
-  check_ep_index(unit, ep_index, "pack_shard");
+  ep_index = checked_ep_index(unit, ep_index, "pack_shard");
   Tensor shard = Tensor::zeros({unit.shard_numel});
   write_shard(unit, full_params, shard_index, shard.data<float>(), "pack_shard", ep_index);
   return shard;
@@ -106,7 +109,7 @@ Tensor pack_shard(const UnitPlan& unit, const TensorMap& full_params, int shard_
 Tensor init_shard(const UnitPlan& unit, const std::vector<ParamSpec>& specs, std::uint64_t seed, float init_std,
                   int shard_index, int ep_index) {
   check_index(unit, shard_index, unit.shard_count, "init_shard");
-  check_ep_index(unit, ep_index, "init_shard");
+  ep_index = checked_ep_index(unit, ep_index, "init_shard");
   Tensor shard = Tensor::zeros({unit.shard_numel});
   for (const UnitParam& p : unit.params) {
     const auto spec = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == p.name; });

@@ -14,14 +14,14 @@
 namespace atl {
 
 // The shard `shard_index` of `full_params` (every param of the unit, f32, the model's full shape;
-// the unit holds EP slice ep_index of it): f32 [shard_numel], padding zero. `shard_count` must
-// equal unit.shard_count.
+// the unit holds EP slice ep_index of it; required for an expert-group unit): f32 [shard_numel],
+// padding zero. `shard_count` must equal unit.shard_count.
 Tensor pack_shard(const UnitPlan& unit, const TensorMap& full_params, int shard_index, int shard_count,
-                  int ep_index = 0);
+                  int ep_index = -1);
 // The shard a fresh model gives rank `shard_index` (fill_initial on the rows it owns, padding 0):
 // equal to pack_shard of TensorMap::initialized, without building the full model.
 Tensor init_shard(const UnitPlan& unit, const std::vector<ParamSpec>& specs, std::uint64_t seed, float init_std,
-                  int shard_index, int ep_index = 0);
+                  int shard_index, int ep_index = -1);
 
 // Full f32 params from an all-gathered buffer (f32 or bf16 [count * shard_numel], member i's shard
 // at i * shard_numel); bf16 values are widened exactly; padding is dropped.

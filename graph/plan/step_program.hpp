@@ -80,8 +80,6 @@ struct StepInstruction {
 // The collectives `i` posts, in order (indices into StepProgram::collectives).
 std::vector<std::uint64_t> posted_by(const StepInstruction& i);
 
-// The group axis of a (non-expert) unit's shard group: a probe's gather.
-inline constexpr const char* kShardAxis = "dp_shard";
 // The exchanges of the experts op under expert parallelism.
 inline constexpr const char* kExpertAxis = "ep";
 

@@ -162,12 +162,13 @@ GroupedExpertsGrads grouped_experts_backward(const Tensor& d_rows, const Grouped
 
 namespace {
 
-// Elements per row of a [R, W...] or [R] tensor, and the check that rows and slots agree.
+// Elements per slot (from the slots: rows may be empty), and the check that rows fit them.
 std::int64_t row_width(const char* op, const Tensor& rows, const Tensor& slots, const ExpertDispatch& d) {
-  const std::int64_t width = rows.rank() == 1 ? 1 : rows.numel() / std::max<std::int64_t>(rows.size(0), 1);
   const std::int64_t pairs = d.indices.numel();
+  const std::int64_t width = slots.rank() <= 1 ? 1 : slots.numel() / std::max<std::int64_t>(slots.size(0), 1);
+  const bool rows_fit = rows.rank() == slots.rank() && rows.numel() == rows.size(0) * width;
   if (rows.dtype() != DType::f32 || slots.dtype() != DType::f32 || slots.rank() < 1 || slots.size(0) != pairs ||
-      slots.numel() != pairs * width || (rows.rank() > 1 && rows.numel() != rows.size(0) * width)) {
+      !rows_fit) {
     throw std::invalid_argument(std::string(op) + ": rows " + rows.describe() + " and slots " + slots.describe() +
                                 " must be f32 with one slot per (token, slot) pair (" + std::to_string(pairs) + ")");
   }

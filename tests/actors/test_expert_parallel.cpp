@@ -2,6 +2,7 @@
 // the experts ops as all_to_all_v exchanges over the ep group, against the reference trainer.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -133,50 +134,66 @@ TEST_CASE("Dispatch and combine move valid tokens x K rows of H fp32 values, exp
 
 TEST_CASE("An expert that gets no token on any rank completes the step and changes only by weight decay",
           "[actors][experts]") {
-  const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::fp32, {4, 1, 2}, 8);
-  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
-  TensorMap master = TensorMap::initialized(model->specs(), config.train.seed, model->init_std());
-  // Expert 5 of every layer is never selected: its selection bias is far below every score.
-  const std::int64_t starved = 5;
-  for (std::int64_t l = 0; l < 4; ++l) {
-    master.at("model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias").data<float>()[starved] = -1e30f;
-  }
-  auto run = [&](const EngineFactory& factory, const RunConfig& config) {
-    auto engine = factory(EngineInputs{.config = config, .model = model, .initial_master = master.clone(),
-                                       .optimizer = optimizer_settings(config.train)});
-    DataConfig data;
-    auto source = make_data_source(data, model->unpadded_vocab_size(), 99);
-    const StepResult r = engine->step(source->next(config.train.global_batch, config.train.seq_len), true);
-    return std::pair{r, engine->master_weights()};
+  // all_to_all: expert 5 starves. all_gather: experts 4-7 starve, so EP rank 1 of each group gets
+  // no row from any source and still takes part in every collective.
+  struct Case {
+    const char* flow;
+    std::vector<std::int64_t> starved;
   };
-  const auto [act, act_master] = run(make_actor_engine, config);
-  const auto [ref, ref_master] =
-      run(make_reference_engine, parity_config("beam", "beam-tiny-moe", Precision::fp32, {}, 8));
-  CHECK(bitwise_equal(act_master, ref_master));
-  for (const auto& micro : act.routing) {
-    for (const RoutingRecord& rec : micro) {
-      for (std::int32_t e : rec.indices.span<std::int32_t>()) CHECK(e != starved);
+  for (const Case& c : {Case{"all_to_all", {5}}, Case{"all_gather", {4, 5, 6, 7}}}) {
+    INFO(c.flow);
+    const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::fp32, {4, 1, 2}, 8, 1,
+                                           std::string(", ep_dispatch: ") + c.flow);
+    std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+    TensorMap master = TensorMap::initialized(model->specs(), config.train.seed, model->init_std());
+    // The starved experts are never selected: their selection bias is far below every score.
+    for (std::int64_t l = 0; l < 4; ++l) {
+      float* bias = master.at("model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias").data<float>();
+      for (std::int64_t e : c.starved) bias[e] = -1e30f;
     }
-  }
-  const float decay = static_cast<float>(act.lr * config.train.weight_decay);
-  for (std::int64_t l = 0; l < 4; ++l) {
-    for (const char* name : {".mlp.experts.gate_and_up_projs", ".mlp.experts.down_projs"}) {
-      const std::string param = "model.layers." + std::to_string(l) + name;
-      const Tensor& before = master.at(param);
-      const Tensor& after = act_master.at(param);
-      const std::int64_t per_expert = before.numel() / before.size(0);
-      double starved_worst = 0, routed_moved = 0;
-      for (std::int64_t i = 0; i < per_expert; ++i) {
-        const float b = before.data<float>()[starved * per_expert + i];
-        const float a = after.data<float>()[starved * per_expert + i];
-        // Relative to the value: AdamW moves a trained weight by about lr (1e-3), decay by lr x wd.
-        starved_worst = std::max(starved_worst, std::abs(static_cast<double>(a) - (b - decay * b)) / std::abs(b));
-        routed_moved = std::max(routed_moved, std::abs(static_cast<double>(after.data<float>()[i] -
-                                                                           before.data<float>()[i])));
+    auto run = [&](const EngineFactory& factory, const RunConfig& run_config) {
+      auto engine = factory(EngineInputs{.config = run_config, .model = model, .initial_master = master.clone(),
+                                         .optimizer = optimizer_settings(run_config.train)});
+      DataConfig data;
+      auto source = make_data_source(data, model->unpadded_vocab_size(), 99);
+      const StepResult r = engine->step(source->next(run_config.train.global_batch, run_config.train.seq_len), true);
+      return std::pair{r, engine->master_weights()};
+    };
+    const auto [act, act_master] = run(make_actor_engine, config);
+    const auto [ref, ref_master] =
+        run(make_reference_engine, parity_config("beam", "beam-tiny-moe", Precision::fp32, {}, 8));
+    CHECK(bitwise_equal(act_master, ref_master));
+    for (const auto& micro : act.routing) {
+      for (const RoutingRecord& rec : micro) {
+        for (std::int32_t e : rec.indices.span<std::int32_t>()) {
+          CHECK(std::find(c.starved.begin(), c.starved.end(), e) == c.starved.end());
+        }
       }
-      INFO(param);
-      CHECK(starved_worst <= 1e-6);  // weight decay only
-      CHECK(routed_moved > 1e-4);    // a routed expert (0) did learn
+    }
+    const float decay = static_cast<float>(act.lr * config.train.weight_decay);
+    for (std::int64_t l = 0; l < 4; ++l) {
+      for (const char* name : {".mlp.experts.gate_and_up_projs", ".mlp.experts.down_projs"}) {
+        const std::string param = "model.layers." + std::to_string(l) + name;
+        const Tensor& before = master.at(param);
+        const Tensor& after = act_master.at(param);
+        const std::int64_t per_expert = before.numel() / before.size(0);
+        double starved_worst = 0, routed_moved = 0;
+        for (std::int64_t e : c.starved) {
+          for (std::int64_t i = 0; i < per_expert; ++i) {
+            const float b = before.data<float>()[e * per_expert + i];
+            const float a = after.data<float>()[e * per_expert + i];
+            // Relative to the value: AdamW moves a trained weight by about lr (1e-3), decay by lr x wd.
+            starved_worst = std::max(starved_worst, std::abs(static_cast<double>(a) - (b - decay * b)) / std::abs(b));
+          }
+        }
+        for (std::int64_t i = 0; i < per_expert; ++i) {
+          routed_moved = std::max(routed_moved,
+                                  std::abs(static_cast<double>(after.data<float>()[i] - before.data<float>()[i])));
+        }
+        INFO(param);
+        CHECK(starved_worst <= 1e-6);  // weight decay only
+        CHECK(routed_moved > 1e-4);    // a routed expert (0) did learn
+      }
     }
   }
 }

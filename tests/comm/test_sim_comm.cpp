@@ -20,37 +20,15 @@
 
 #include "comm/collective_record.hpp"
 #include "comm/sim/sim_world.hpp"
+#include "tests/comm/fired.hpp"
 #include "kernels/tensor.hpp"
 
 using namespace atl;
+using atl::testing::Fired;
 using namespace std::chrono_literals;
 
 namespace {
 
-// Counts fired completions; waits with a generous deadlock watchdog (never a timing claim).
-class Fired {
- public:
-  Completion tick() {
-    return [this] {
-      std::lock_guard lock(mutex_);
-      ++count_;
-      changed_.notify_all();
-    };
-  }
-  bool wait_for(int n) {
-    std::unique_lock lock(mutex_);
-    return changed_.wait_for(lock, 120s, [&] { return count_ >= n; });
-  }
-  int count() {
-    std::lock_guard lock(mutex_);
-    return count_;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  int count_ = 0;
-};
 
 // A group of `n` members whose global ranks are not their member indices: member i is global
 // rank n - 1 - i, in a world one rank larger than the group.

@@ -1,0 +1,519 @@
+#include "comm/ucx/ucx_world.hpp"
+
+#include <ucp/api/ucp.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "kernels/tree_sum.hpp"
+
+namespace atl {
+
+namespace {
+
+[[noreturn]] void fatal(const std::string& what) {
+  std::fprintf(stderr, "atoll ucx: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+void check(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) throw std::runtime_error(std::string("ucx: ") + what + ": " + ucs_status_string(status));
+}
+
+// One collective (or send/recv) of one rank: its transfers count down; the last one finishes it.
+struct Operation {
+  int remaining = 0;
+  std::function<void()> finish;
+  std::vector<Tensor> keep;  // the buffers in flight stay alive until the operation ends
+};
+
+std::uint64_t group_id(const Group& group) {  // FNV-1a of the description, 24 bits
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : group.describe()) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return (h ^ (h >> 24) ^ (h >> 48)) & 0xFFFFFFull;
+}
+
+constexpr std::uint64_t kPointToPoint = 0x800000;  // op numbers of send/recv streams
+
+std::uint64_t make_tag(std::uint64_t group, std::uint64_t op, int source) {
+  return (group << 40) | ((op & 0xFFFFFF) << 16) | (static_cast<std::uint64_t>(source) & 0xFFFF);
+}
+
+}  // namespace
+
+struct UcxWorld::Impl {
+  int world_size = 0;
+  std::vector<int> local;
+  std::shared_ptr<CollectiveRecorder> recorder;
+  // Touched only by the progress thread.
+  ucp_context_h context = nullptr;
+  std::map<int, ucp_worker_h> workers;
+  std::map<std::pair<int, int>, ucp_ep_h> endpoints;  // (local rank, remote rank)
+  int in_flight = 0;
+  // The task queue: everything UCX runs on the progress thread.
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::function<void()>> tasks;
+  bool stopping = false;
+  std::thread thread;
+
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      tasks.push_back(std::move(task));
+    }
+    wake.notify_one();
+  }
+
+  // Runs `task` on the progress thread and waits for it (exceptions travel back).
+  template <class R>
+  R call(std::function<R()> task) {
+    auto promise = std::make_shared<std::promise<R>>();
+    auto result = promise->get_future();
+    post([task = std::move(task), promise] {
+      try {
+        if constexpr (std::is_void_v<R>) {
+          task();
+          promise->set_value();
+        } else {
+          promise->set_value(task());
+        }
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    });
+    return result.get();
+  }
+
+  void loop() {
+    for (;;) {
+      std::deque<std::function<void()>> batch;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        if (tasks.empty() && in_flight == 0) wake.wait(lock, [&] { return stopping || !tasks.empty(); });
+        if (stopping && tasks.empty() && in_flight == 0) return;
+        batch.swap(tasks);
+      }
+      for (auto& task : batch) task();
+      bool progressed = false;
+      for (auto& [rank, worker] : workers) {
+        while (ucp_worker_progress(worker) != 0) progressed = true;
+      }
+      if (!progressed && batch.empty()) std::this_thread::yield();
+    }
+  }
+
+  // --- transfers (progress thread) ---
+  struct Request {
+    Impl* impl;
+    std::shared_ptr<Operation> op;
+  };
+
+  static void part_done(const std::shared_ptr<Operation>& op) {
+    if (--op->remaining == 0) op->finish();
+  }
+
+  static void send_done(void* request, ucs_status_t status, void* user) {
+    auto* r = static_cast<Request*>(user);
+    if (status != UCS_OK) fatal(std::string("send failed: ") + ucs_status_string(status));
+    r->impl->in_flight -= 1;
+    part_done(r->op);
+    delete r;
+    ucp_request_free(request);
+  }
+
+  static void recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
+    auto* r = static_cast<Request*>(user);
+    if (status != UCS_OK) fatal(std::string("receive failed: ") + ucs_status_string(status));
+    r->impl->in_flight -= 1;
+    part_done(r->op);
+    delete r;
+    ucp_request_free(request);
+  }
+
+  // An immediately completed transfer returns nullptr and runs no callback.
+  void settle(ucs_status_ptr_t status, Request* r, const char* what) {
+    if (status == nullptr) {
+      part_done(r->op);
+      delete r;
+    } else if (UCS_PTR_IS_ERR(status)) {
+      fatal(std::string(what) + ": " + ucs_status_string(UCS_PTR_STATUS(status)));
+    } else {
+      in_flight += 1;
+    }
+  }
+
+  void send(int from, int to, const void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
+    auto* r = new Request{this, std::move(op)};
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &send_done;
+    param.user_data = r;
+    settle(ucp_tag_send_nbx(endpoints.at({from, to}), data, bytes, tag, &param), r, "send");
+  }
+
+  void recv(int at, void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
+    auto* r = new Request{this, std::move(op)};
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.recv = &recv_done;
+    param.user_data = r;
+    settle(ucp_tag_recv_nbx(workers.at(at), data, bytes, tag, ~std::uint64_t{0}, &param), r, "receive");
+  }
+
+  // Closes everything on the progress thread, then ends it.
+  void stop() {
+    if (!thread.joinable()) return;
+    call<void>([this] { shutdown(); });
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    wake.notify_one();
+    thread.join();
+  }
+
+  void shutdown() {
+    for (auto& [key, ep] : endpoints) {
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
+      if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(workers.at(key.first));
+        ucp_request_free(req);
+      }
+    }
+    endpoints.clear();
+    for (auto& [rank, worker] : workers) ucp_worker_destroy(worker);
+    workers.clear();
+    if (context) ucp_cleanup(context);
+    context = nullptr;
+  }
+};
+
+namespace {
+
+// One rank's communicator in one group.
+class UcxCommunicator final : public Communicator {
+ public:
+  UcxCommunicator(std::shared_ptr<UcxWorld::Impl> world, Group group, int rank)
+      : world_(std::move(world)), group_(std::move(group)), rank_(rank), me_(group_.index_of(rank)),
+        id_(group_id(group_)) {}
+
+  int rank() const override { return rank_; }
+  const Group& group() const override { return group_; }
+
+  void all_gather(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
+    const int size = group_.size();
+    require(recv.bytes() == send.bytes() * static_cast<std::size_t>(size) && send.dtype() == recv.dtype(),
+            "all_gather", "recv must hold size x send elements of send's dtype");
+    const std::uint64_t op = next_op();
+    auto operation = start(CollectiveKind::all_gather, send, tag, std::move(done), 2 * (size - 1));
+    operation->keep = {send, recv};
+    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
+      const std::size_t block = send.bytes();
+      auto* out = static_cast<std::byte*>(recv.raw());
+      std::memmove(out + static_cast<std::size_t>(me) * block, send.raw(), block);
+      for (int j = 0; j < size; ++j) {
+        if (j == me) continue;
+        world->send(rank, ranks[j], send.raw(), block, make_tag(id, op, me), operation);
+        world->recv(rank, out + static_cast<std::size_t>(j) * block, block, make_tag(id, op, j), operation);
+      }
+      if (size == 1) operation->finish();
+    });
+  }
+
+  void reduce_scatter(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
+    const int size = group_.size();
+    require(send.dtype() == DType::f32 && recv.dtype() == DType::f32 && send.numel() == recv.numel() * size,
+            "reduce_scatter", "f32 send of size x recv elements");
+    const std::uint64_t op = next_op();
+    const std::int64_t n = recv.numel();
+    auto parts = std::make_shared<std::vector<std::vector<float>>>(size, std::vector<float>(static_cast<std::size_t>(n)));
+    auto operation = start(CollectiveKind::reduce_scatter, send, tag, std::move(done), 2 * (size - 1),
+                           [parts, recv] { tree_sum_into(*parts, recv.data<float>()); });
+    operation->keep = {send, recv};
+    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
+      const float* in = send.data<float>();
+      std::memcpy((*parts)[static_cast<std::size_t>(me)].data(), in + me * n, static_cast<std::size_t>(n) * 4);
+      for (int j = 0; j < size; ++j) {
+        if (j == me) continue;
+        world->send(rank, ranks[j], in + j * n, static_cast<std::size_t>(n) * 4, make_tag(id, op, me), operation);
+        world->recv(rank, (*parts)[static_cast<std::size_t>(j)].data(), static_cast<std::size_t>(n) * 4,
+                     make_tag(id, op, j), operation);
+      }
+      if (size == 1) operation->finish();
+    });
+  }
+
+  void all_reduce(const Tensor& inout, const std::string& tag, Completion done) override {
+    require(inout.dtype() == DType::f32, "all_reduce", "an f32 tensor");
+    const int size = group_.size();
+    const std::uint64_t op = next_op(), gather_op = next_op();  // two exchanges, numbered in order
+    const std::int64_t N = inout.numel();
+    auto chunk = [=](int i) { return std::pair<std::int64_t, std::int64_t>{i * N / size, (i + 1) * N / size}; };
+    const auto [lo, hi] = chunk(me_);
+    auto parts =
+        std::make_shared<std::vector<std::vector<float>>>(size, std::vector<float>(static_cast<std::size_t>(hi - lo)));
+    float* data = inout.data<float>();
+    // Phase 2 (after every chunk of phase 1 arrived and left): the sums to every member.
+    auto gathered = start(CollectiveKind::all_reduce, inout, tag, std::move(done), 2 * (size - 1));
+    gathered->keep = {inout};
+    auto reduced = std::make_shared<Operation>();
+    reduced->remaining = 2 * (size - 1);
+    reduced->keep = {inout};
+    reduced->finish = [=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
+      tree_sum_into(*parts, data + lo);
+      for (int j = 0; j < size; ++j) {
+        if (j == me) continue;
+        const auto [jl, jh] = chunk(j);
+        world->send(rank, ranks[j], data + lo, static_cast<std::size_t>(hi - lo) * 4,
+                     make_tag(id, gather_op, me), gathered);
+        world->recv(rank, data + jl, static_cast<std::size_t>(jh - jl) * 4, make_tag(id, gather_op, j), gathered);
+      }
+      if (size == 1) gathered->finish();
+    };
+    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
+      std::memcpy((*parts)[static_cast<std::size_t>(me)].data(), data + lo, static_cast<std::size_t>(hi - lo) * 4);
+      for (int j = 0; j < size; ++j) {
+        if (j == me) continue;
+        const auto [jl, jh] = chunk(j);
+        world->send(rank, ranks[j], data + jl, static_cast<std::size_t>(jh - jl) * 4, make_tag(id, op, me),
+                     reduced);
+        world->recv(rank, (*parts)[static_cast<std::size_t>(j)].data(), static_cast<std::size_t>(hi - lo) * 4,
+                     make_tag(id, op, j), reduced);
+      }
+      if (size == 1) reduced->finish();
+    });
+  }
+
+  void broadcast(const Tensor& inout, int root, const std::string& tag, Completion done) override {
+    const int size = group_.size();
+    require(root >= 0 && root < size, "broadcast", "a root inside the group");
+    const std::uint64_t op = next_op();
+    const bool is_root = me_ == root;
+    auto operation = start(CollectiveKind::broadcast, inout, tag, std::move(done), is_root ? size - 1 : 1, {},
+                           is_root ? static_cast<std::int64_t>(inout.bytes()) : 0);
+    operation->keep = {inout};
+    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
+      if (is_root) {
+        for (int j = 0; j < size; ++j) {
+          if (j != me) world->send(rank, ranks[j], inout.raw(), inout.bytes(), make_tag(id, op, me), operation);
+        }
+        if (size == 1) operation->finish();
+      } else {
+        world->recv(rank, inout.raw(), inout.bytes(), make_tag(id, op, root), operation);
+      }
+    });
+  }
+
+  void all_to_all_v(const Tensor& send, const std::vector<std::int64_t>& send_counts, const Tensor& recv,
+                    const std::vector<std::int64_t>& recv_counts, const std::string& tag, Completion done) override {
+    const int size = group_.size();
+    require(static_cast<int>(send_counts.size()) == size && static_cast<int>(recv_counts.size()) == size &&
+                send.dtype() == recv.dtype() && sum(send_counts) == send.numel() && sum(recv_counts) == recv.numel(),
+            "all_to_all_v", "one count per member, summing to the send and recv sizes");
+    const std::uint64_t op = next_op();
+    const std::size_t element = element_size(send.dtype());
+    int transfers = 0;
+    for (int j = 0; j < size; ++j) {
+      if (j == me_) continue;
+      transfers += (send_counts[j] > 0) + (recv_counts[j] > 0);  // empty blocks travel on neither side
+    }
+    auto operation = start(CollectiveKind::all_to_all_v, send, tag, std::move(done), transfers);
+    operation->keep = {send, recv};
+    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
+      auto* in = static_cast<const std::byte*>(send.raw());
+      auto* out = static_cast<std::byte*>(recv.raw());
+      std::int64_t in_at = 0, out_at = 0;
+      for (int j = 0; j < size; ++j) {
+        const std::size_t sb = static_cast<std::size_t>(send_counts[j]) * element;
+        const std::size_t rb = static_cast<std::size_t>(recv_counts[j]) * element;
+        if (j == me) {
+          std::memmove(out + out_at * static_cast<std::int64_t>(element), in + in_at * static_cast<std::int64_t>(element), sb);
+        } else {
+          if (sb > 0) world->send(rank, ranks[j], in + in_at * static_cast<std::int64_t>(element), sb,
+                                   make_tag(id, op, me), operation);
+          if (rb > 0) world->recv(rank, out + out_at * static_cast<std::int64_t>(element), rb, make_tag(id, op, j),
+                                   operation);
+        }
+        in_at += send_counts[j];
+        out_at += recv_counts[j];
+      }
+      if (transfers == 0) operation->finish();
+    });
+  }
+
+  void send(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
+    require(peer >= 0 && peer < group_.size() && peer != me_, "send", "another member of the group");
+    const std::uint64_t op = kPointToPoint | (sent_[peer]++ & 0x7FFFFF);
+    auto operation = start(CollectiveKind::send, tensor, tag, std::move(done), 1);
+    operation->keep = {tensor};
+    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
+      world->send(rank, ranks[peer], tensor.raw(), tensor.bytes(), make_tag(id, op, me), operation);
+    });
+  }
+
+  void recv(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
+    require(peer >= 0 && peer < group_.size() && peer != me_, "recv", "another member of the group");
+    const std::uint64_t op = kPointToPoint | (received_[peer]++ & 0x7FFFFF);
+    auto operation = start(CollectiveKind::recv, tensor, tag, std::move(done), 1, {}, 0);
+    operation->keep = {tensor};
+    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] { world->recv(rank, tensor.raw(), tensor.bytes(), make_tag(id, op, peer), operation); });
+  }
+
+ private:
+  static std::int64_t sum(const std::vector<std::int64_t>& v) {
+    std::int64_t s = 0;
+    for (std::int64_t x : v) s += x;
+    return s;
+  }
+
+  void require(bool ok, const char* op, const char* expected) const {
+    if (!ok) throw std::invalid_argument("ucx comm: " + std::string(op) + " on " + group_.describe() + ": expected " + expected);
+  }
+
+  std::uint64_t next_op() { return ops_++ & 0x7FFFFF; }
+
+  // The members' parts summed over the fixed pairwise tree of member index, into out.
+  static void tree_sum_into(const std::vector<std::vector<float>>& parts, float* out) {
+    auto tree = make_tree_sum<std::vector<float>>([](std::vector<float>& left, const std::vector<float>& right) {
+      for (std::size_t k = 0; k < left.size(); ++k) left[k] += right[k];
+    });
+    for (const auto& p : parts) tree.push(p);
+    const std::vector<float> total = tree.finish();
+    std::memcpy(out, total.data(), total.size() * sizeof(float));
+  }
+
+  // An operation of `transfers` transfers; when they are done: `local` (a reduction), the record,
+  // then the caller's completion. `bytes` < 0: the send tensor's.
+  std::shared_ptr<Operation> start(CollectiveKind kind, const Tensor& send, const std::string& tag, Completion done,
+                                   int transfers, std::function<void()> local = {}, std::int64_t bytes = -1) {
+    CollectiveRecord record;
+    record.kind = kind;
+    record.group = group_.describe();
+    record.axis = group_.axis;
+    record.dtype = send.dtype();
+    record.bytes = bytes < 0 ? static_cast<std::int64_t>(send.bytes()) : bytes;
+    record.tag = tag;
+    record.rank = rank_;
+    const auto& recorder = world_->recorder;
+    record.start_us = recorder->now_us();
+    record.step = recorder->step();
+    auto op = std::make_shared<Operation>();
+    op->remaining = transfers;
+    op->finish = [recorder, record, local = std::move(local), done = std::move(done)]() mutable {
+      if (local) local();
+      record.end_us = recorder->now_us();
+      recorder->append(std::move(record));
+      done();
+    };
+    return op;
+  }
+
+  std::shared_ptr<UcxWorld::Impl> world_;
+  Group group_;
+  int rank_, me_;
+  std::uint64_t id_;
+  std::uint64_t ops_ = 0;
+  std::map<int, std::uint64_t> sent_, received_;  // send/recv streams per peer
+};
+
+}  // namespace
+
+UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr<CollectiveRecorder> recorder)
+    : impl_(std::make_shared<Impl>()) {
+  auto& im = *impl_;
+  im.world_size = world_size;
+  im.local = std::move(local_ranks);
+  im.recorder = recorder ? std::move(recorder) : std::make_shared<CollectiveRecorder>();
+  for (int r : im.local) {
+    if (r < 0 || r >= world_size) throw std::invalid_argument("ucx: rank " + std::to_string(r) + " outside the job");
+  }
+  im.thread = std::thread([impl = impl_.get()] { impl->loop(); });
+  try {
+    im.call<void>([impl = impl_.get()] {
+      ucp_config_t* config = nullptr;
+      check(ucp_config_read(nullptr, nullptr, &config), "reading the configuration");
+      ucp_params_t params{};
+      params.field_mask = UCP_PARAM_FIELD_FEATURES;
+      params.features = UCP_FEATURE_TAG;
+      const ucs_status_t status = ucp_init(&params, config, &impl->context);
+      ucp_config_release(config);
+      check(status, "ucp_init");
+      for (int r : impl->local) {
+        ucp_worker_params_t wp{};
+        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+        ucp_worker_h worker = nullptr;
+        check(ucp_worker_create(impl->context, &wp, &worker), "creating a worker");
+        impl->workers[r] = worker;
+      }
+    });
+  } catch (...) {
+    im.stop();
+    throw;
+  }
+}
+
+UcxWorld::~UcxWorld() { impl_->stop(); }
+
+int UcxWorld::world_size() const { return impl_->world_size; }
+const std::vector<int>& UcxWorld::local_ranks() const { return impl_->local; }
+const std::shared_ptr<CollectiveRecorder>& UcxWorld::recorder() const { return impl_->recorder; }
+
+std::map<int, WorkerAddress> UcxWorld::local_addresses() const {
+  return impl_->call<std::map<int, WorkerAddress>>([impl = impl_.get()] {
+    std::map<int, WorkerAddress> out;
+    for (auto& [rank, worker] : impl->workers) {
+      ucp_address_t* address = nullptr;
+      std::size_t length = 0;
+      check(ucp_worker_get_address(worker, &address, &length), "worker address");
+      const auto* bytes = reinterpret_cast<const std::byte*>(address);
+      out[rank] = WorkerAddress(bytes, bytes + length);
+      ucp_worker_release_address(worker, address);
+    }
+    return out;
+  });
+}
+
+void UcxWorld::connect(const std::map<int, WorkerAddress>& addresses) {
+  for (int r = 0; r < impl_->world_size; ++r) {
+    if (!addresses.count(r)) throw std::invalid_argument("ucx: no worker address for rank " + std::to_string(r));
+  }
+  impl_->call<void>([impl = impl_.get(), addresses] {
+    for (auto& [rank, worker] : impl->workers) {
+      for (const auto& [remote, address] : addresses) {
+        if (remote == rank) continue;
+        ucp_ep_params_t params{};
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+        ucp_ep_h ep = nullptr;
+        check(ucp_ep_create(worker, &params, &ep), "creating an endpoint");
+        impl->endpoints[{rank, remote}] = ep;
+      }
+    }
+  });
+}
+
+std::unique_ptr<Communicator> UcxWorld::communicator(const Group& group, int rank) {
+  if (std::find(impl_->local.begin(), impl_->local.end(), rank) == impl_->local.end()) {
+    throw std::invalid_argument("ucx: rank " + std::to_string(rank) + " does not live in this process");
+  }
+  group.index_of(rank);  // throws when it is not a member
+  return std::make_unique<UcxCommunicator>(impl_, group, rank);
+}
+
+}  // namespace atl

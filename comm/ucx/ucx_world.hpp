@@ -1,0 +1,63 @@
+// The `ucx` backend's transport (issue 11): one UCX worker per rank of this process, endpoints to
+// every rank of the job, and one progress thread that makes every UCX call (so the workers run in
+// UCX's single-thread mode and nothing else touches them). Collectives are built from tagged
+// point-to-point messages between the group's members, as direct exchanges:
+//   all_gather      each member sends its block to every other member;
+//   reduce_scatter  member i receives chunk i of every member's buffer, then sums them over the
+//                   fixed pairwise tree of member index (kernels/tree_sum.hpp): the sim backend's
+//                   order, so a UCX run is bitwise equal to a sim run of the same mesh (and moves
+//                   the same bytes as a ring);
+//   all_reduce      a reduce_scatter of equal chunks, then an all_gather of the sums;
+//   broadcast       the root sends to every member;
+//   all_to_all_v    member i sends send_counts[j] elements to member j;
+//   send / recv     FIFO per (sender, receiver) pair.
+// A tag is (group id: a hash of the group's description, the group's operation number, the
+// sender's member index); every member numbers its group's collectives in the same order, so
+// messages never need a rendezvous. Nothing here is a UCX type in the Communicator interface.
+//
+// Connecting: local_addresses() gives this process's workers' addresses; connect() takes every
+// rank's (from the rendezvous) and creates the endpoints. In one process (tests), connect with
+// local_addresses(). A transport error in a collective is fatal: the process prints it and
+// aborts (issue 11's failure detection stops the job's other processes).
+#pragma once
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "comm/collective_record.hpp"
+#include "comm/communicator.hpp"
+#include "kernels/rank_group.hpp"
+
+namespace atl {
+
+using WorkerAddress = std::vector<std::byte>;
+
+class UcxWorld {
+ public:
+  // Workers for `local_ranks` (ranks of a `world_size`-rank job). Throws std::runtime_error when
+  // UCX cannot start.
+  UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr<CollectiveRecorder> recorder = nullptr);
+  ~UcxWorld();
+  UcxWorld(const UcxWorld&) = delete;
+  UcxWorld& operator=(const UcxWorld&) = delete;
+
+  int world_size() const;
+  const std::vector<int>& local_ranks() const;
+  const std::shared_ptr<CollectiveRecorder>& recorder() const;
+
+  std::map<int, WorkerAddress> local_addresses() const;
+  // Every rank's worker address; call once, before any communicator is used.
+  void connect(const std::map<int, WorkerAddress>& addresses);
+
+  // The communicator of local rank `rank` in `group` (std::invalid_argument when it is not a
+  // member or not local).
+  std::unique_ptr<Communicator> communicator(const Group& group, int rank);
+
+  struct Impl;  // ucx_world.cpp
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace atl
