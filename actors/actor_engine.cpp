@@ -33,11 +33,16 @@ std::shared_ptr<CommBackend> make_comm_backend(const RunConfig& config, int worl
   return std::make_shared<SimBackend>(world, sim_options(config));
 }
 
-void check_runnable(const RunConfig& config, const Mesh& mesh) {
+// `given`: the process was handed a backend (a multi-process launch brings its ucx backend).
+void check_runnable(const RunConfig& config, const Mesh& mesh, bool given) {
   mesh.require_runnable();
-  if (config.topology.backend != Backend::sim) {
+  if (config.topology.backend == Backend::nccl) {
+    throw ConfigError(config.source_file, "topology.backend", "nccl is not built yet; expected sim or ucx");
+  }
+  if (config.topology.backend == Backend::ucx && !given) {
     throw ConfigError(config.source_file, "topology.backend",
-                      std::string("only sim runs in this build, got ") + backend_name(config.topology.backend));
+                      "ucx runs one atoll-train per node (--nnodes, or torchrun's or Slurm's variables, or "
+                      "scripts/launch); this engine was given no ucx backend");
   }
   micro_batches_per_rank(config, mesh);  // throws unless every rank gets whole micro-batches
 }
@@ -163,7 +168,7 @@ struct ActorEngine::Impl {
 ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::make_unique<Impl>()) {
   const RunConfig& config = in.config;
   Mesh mesh(config.topology.mesh, config.source_file);
-  check_runnable(config, mesh);
+  check_runnable(config, mesh, process.backend != nullptr);
   auto& im = *impl_;
   im.model = in.model;
   im.plan = std::make_shared<const Plan>(make_plan(in.model->specs(), in.model->sharding_rules(), mesh, config.precision));

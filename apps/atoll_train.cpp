@@ -1,7 +1,9 @@
 // atoll-train CONFIG.yaml [--set key.path=value ...]: train a model as the config says.
-// Exit codes: 0 done, 2 bad config or command line (nothing written), 3 a non-finite loss or
-// gradient, 143 / 130 stopped by SIGTERM / SIGINT after saving (docs/failures.md), 1 failure
-// while running.
+// With topology.backend: ucx, one atoll-train runs per node (--node-rank/--nnodes/--master-addr/
+// --master-port, or torchrun's or Slurm's variables; scripts/launch starts them on one machine).
+// Exit codes: 0 done, 2 bad config or command line (nothing written; nodes running different
+// jobs), 3 a non-finite loss or gradient, 143 / 130 stopped by SIGTERM / SIGINT after saving
+// (docs/failures.md), 1 failure while running.
 #include <iostream>
 #include <new>
 
@@ -9,6 +11,8 @@
 
 #include "actors/actor_engine.hpp"
 #include "apps/fatal_exit.hpp"
+#include "apps/node_launch.hpp"
+#include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "apps/graceful_stop.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/config.hpp"
@@ -29,6 +33,11 @@ int main(int argc, char** argv) {
                                 "continue from a checkpoint: its directory, or with no value the latest complete "
                                 "one under checkpoint.dir")
                      ->expected(0, 1);
+  atl::NodeFlags node;
+  app.add_option("--node-rank", node.node_rank, "ucx: this node's rank (else NODE_RANK or SLURM_NODEID)");
+  app.add_option("--nnodes", node.nnodes, "ucx: the number of nodes (else NNODES or SLURM_NNODES)");
+  app.add_option("--master-addr", node.master_addr, "ucx: node 0's address (else MASTER_ADDR or Slurm's first host)");
+  app.add_option("--master-port", node.master_port, "ucx: node 0's rendezvous port (else MASTER_PORT; 29500)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -43,6 +52,14 @@ int main(int argc, char** argv) {
   options.stop_requested = atl::graceful_stop_signal;
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
+    if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
+      const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr);
+      // Node 0 writes the run; the others print to stderr behind their node rank.
+      options.writer = launch.spec.node_rank == 0;
+      auto node_out = atl::prefixed_stream(std::cerr, "[node " + std::to_string(launch.spec.node_rank) + "] ");
+      atl::run_training(config, options, launch.engine, options.writer ? std::cout : *node_out);
+      return 0;
+    }
     const atl::EngineFactory engine = config.topology.engine == atl::Engine::reference ? atl::make_reference_engine
                                                                                       : atl::make_actor_engine;
     atl::run_training(config, options, engine, std::cout);
@@ -53,6 +70,9 @@ int main(int argc, char** argv) {
   } catch (const atl::NonFiniteError& e) {
     std::cerr << "atoll-train: non-finite training: " << e.what() << "\n";
     return 3;
+  } catch (const atl::JobMismatch& e) {  // another node runs a different job
+    std::cerr << "atoll-train: config error: " << e.what() << "\n";
+    return 2;
   } catch (const atl::ConfigError& e) {
     std::cerr << "atoll-train: config error: " << e.what() << "\n";
     return 2;

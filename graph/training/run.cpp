@@ -286,16 +286,17 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   // A process reads only its ranks' rows of each global batch and skips the others'.
   const std::vector<RowRange> ranges = engine->rows_read(t.global_batch);
   std::optional<Batch> first_batch = read_rows(*data, t.global_batch, t.seq_len, ranges);
-  check_outputs(config, options);
-
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
-  if (fs::exists(metrics_path) && !options.overwrite && !options.resume) {
-    throw ConfigError(config.source_file, "run_dir",
-                      "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it");
+  if (options.writer) {
+    check_outputs(config, options);
+    if (fs::exists(metrics_path) && !options.overwrite && !options.resume) {
+      throw ConfigError(config.source_file, "run_dir",
+                        "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it");
+    }
+    fs::create_directories(run_dir);
   }
-  fs::create_directories(run_dir);
 
   nlohmann::json run_json;
   run_json["config"] = to_json(config);
@@ -307,13 +308,13 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["compute_threads"] = threads;
   run_json["data"] = data->describe();
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
-  write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
+  if (options.writer) write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
 
   // metrics.jsonl is the live record: one line appended and flushed per step, so a crash keeps
   // every finished step. It starts as the history this run continues (empty for a fresh run;
   // on resume, the lines before the resumed step), written durably in one piece.
   std::string history;
-  if (options.resume && fs::exists(metrics_path)) {
+  if (options.writer && options.resume && fs::exists(metrics_path)) {
     std::ifstream old(metrics_path);
     for (std::string line; std::getline(old, line);) {
       // A line cut short by a crash is not history.
@@ -322,9 +323,12 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       }
     }
   }
-  write_file_durably(metrics_path, history);
-  std::ofstream metrics(metrics_path, std::ios::app);
-  if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
+  std::ofstream metrics;
+  if (options.writer) {
+    write_file_durably(metrics_path, history);
+    metrics.open(metrics_path, std::ios::app);
+    if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
+  }
 
   const auto& mesh = config.topology.mesh;
   const std::string experts =
@@ -345,7 +349,12 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   std::int64_t last_saved = -1;
   fs::path last_saved_path;
   auto save = [&](std::int64_t s) {
-    TrainingState state = engine->state();
+    TrainingState state = engine->state();  // a collective: every process takes part
+    if (!options.writer) {
+      last_saved = s;
+      last_saved_path = fs::path(config.checkpoint.dir) / "(written by node 0)";
+      return last_saved_path;
+    }
     CheckpointContents contents{s,
                                 std::move(state.master),
                                 std::move(state.exp_avg),
@@ -359,7 +368,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     return saved;
   };
   auto write_trace = [&] {
-    if (options.trace_path.empty()) return;
+    if (options.trace_path.empty() || !options.writer) return;
     auto trace = engine->chrome_trace();
     if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
     write_file_durably(options.trace_path, *trace);
@@ -407,7 +416,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       line["skipped_steps"] = skipped;
       line["nonfinite"] = r.nonfinite;
     }
-    metrics << line.dump() << "\n" << std::flush;
+    if (options.writer) metrics << line.dump() << "\n" << std::flush;
     if (!r.applied) {
       if (!t.skip_nonfinite_steps) {
         throw NonFiniteError(fmt::format("step {}: {}; the step was not applied and no checkpoint was saved "

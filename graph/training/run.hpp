@@ -41,6 +41,10 @@ struct RunOptions {
   std::optional<std::string> resume;
   // Polled after every step: a non-zero signal number ends the run there (RunStopped).
   std::function<int()> stop_requested;
+  // Writes run_dir (run.json, metrics.jsonl), checkpoints and the trace: node 0 of a multi-process
+  // job. Every other process takes part in every collective (checkpoints' included) and writes
+  // nothing.
+  bool writer = true;
 };
 
 struct EngineInputs {

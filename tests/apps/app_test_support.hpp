@@ -73,13 +73,12 @@ struct Result {
   std::string err;
 };
 
-// Runs apps/<binary> with `args`; stdout and stderr go to files in `scratch` and are read back.
-inline Result run_app(const std::string& binary, const std::vector<std::string>& args, const fs::path& scratch) {
+// Runs a shell command line; stdout and stderr go to files in `scratch` and are read back.
+inline Result run_shell(const std::string& command_line, const fs::path& scratch) {
+  fs::create_directories(scratch);
   const fs::path out_path = scratch / "stdout.txt";
   const fs::path err_path = scratch / "stderr.txt";
-  std::string command = shell_quote(app_binary(binary).string());
-  // Appended piecewise: `" " + std::string&&` trips a false -Wrestrict in GCC 12.
-  for (const auto& a : args) command.append(" ").append(shell_quote(a));
+  std::string command = command_line;
   command.append(" >").append(shell_quote(out_path.string()));
   command.append(" 2>").append(shell_quote(err_path.string()));
   const int status = std::system(command.c_str());
@@ -88,6 +87,14 @@ inline Result run_app(const std::string& binary, const std::vector<std::string>&
   r.out = read_file(out_path);
   r.err = read_file(err_path);
   return r;
+}
+
+// Runs apps/<binary> with `args` (run_shell).
+inline Result run_app(const std::string& binary, const std::vector<std::string>& args, const fs::path& scratch) {
+  std::string command = shell_quote(app_binary(binary).string());
+  // Appended piecewise: `" " + std::string&&` trips a false -Wrestrict in GCC 12.
+  for (const auto& a : args) command.append(" ").append(shell_quote(a));
+  return run_shell(command, scratch);
 }
 
 inline std::string last_line(const std::string& text) {

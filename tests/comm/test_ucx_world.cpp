@@ -10,6 +10,7 @@
 #include <random>
 
 #include "comm/sim/sim_world.hpp"
+#include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "comm/ucx/ucx_world.hpp"
 #include "kernels/tensor.hpp"
 #include "tests/comm/fired.hpp"
@@ -148,4 +149,12 @@ TEST_CASE("ucx: overlapping groups in flight at once keep their messages apart, 
   }
   for (int k = 0; k < 3; ++k) CHECK(got[static_cast<std::size_t>(k)].data<float>()[4] == static_cast<float>(k));
   CHECK_THROWS_AS(b.ucx.communicator(pair_a, 2), std::invalid_argument);  // not a member
+}
+
+TEST_CASE("rendezvous: the first differing key of two job descriptions", "[comm][rendezvous]") {
+  CHECK(first_difference(R"({"a":1,"b":{"c":2}})", R"({"a":1,"b":{"c":2}})").empty());
+  CHECK(first_difference(R"({"a":1,"b":{"c":2,"d":3}})", R"({"a":1,"b":{"c":5,"d":4}})") == "b.c");
+  CHECK(first_difference(R"({"a":[1,2]})", R"({"a":[1,3]})") == "a[1]");
+  CHECK(first_difference(R"({"a":1})", R"({"a":1,"z":0})") == "z");
+  CHECK(first_difference(R"({"a":"x"})", R"({"a":1})") == "a");
 }

@@ -1,0 +1,91 @@
+#include "apps/node_launch.hpp"
+
+#include <streambuf>
+
+#include "actors/actor_engine.hpp"
+#include "comm/rendezvous/tcp_rendezvous.hpp"
+#include "comm/ucx/ucx_backend.hpp"
+#include "graph/plan/mesh.hpp"
+
+namespace atl {
+
+NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log) {
+  NodeLaunch launch;
+  try {
+    launch.spec = resolve_node_spec(flags, process_environment());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config.source_file, "topology.backend", std::string("ucx launch: ") + e.what());
+  }
+  const NodeSpec& spec = launch.spec;
+  const Mesh mesh(config.topology.mesh, config.source_file);
+  std::vector<int> ranks;
+  try {
+    ranks = node_ranks(mesh.world_size(), spec.nnodes, spec.node_rank);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config.source_file, "topology.mesh", e.what());
+  }
+  const auto token = process_environment()("ATOLL_JOB_TOKEN");
+  if (spec.nnodes > 1 && !token) {
+    throw ConfigError(config.source_file, "topology.backend",
+                      "a multi-node ucx job needs ATOLL_JOB_TOKEN (scripts/launch generates one)");
+  }
+  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks);
+  nlohmann::json job = to_json(config);
+  job.erase("source_file");  // nodes may name the same config by different paths
+  RendezvousSettings settings;
+  settings.master_addr = spec.master_addr;
+  settings.master_port = spec.master_port;
+  settings.node_rank = spec.node_rank;
+  settings.nnodes = spec.nnodes;
+  settings.token = token.value_or("");
+  settings.job = job.dump();
+  settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };
+  world->connect(rendezvous(settings, world->local_addresses()));
+  launch.engine = [world, ranks](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
+    return std::make_unique<ActorEngine>(std::move(in), ProcessOptions{ranks, std::make_shared<UcxBackend>(world)});
+  };
+  return launch;
+}
+
+namespace {
+
+class PrefixedBuffer : public std::streambuf {
+ public:
+  PrefixedBuffer(std::ostream& out, std::string prefix) : out_(out), prefix_(std::move(prefix)) {}
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    if (at_line_start_) out_ << prefix_;
+    out_.put(static_cast<char>(c));
+    at_line_start_ = c == '\n';
+    return c;
+  }
+  int sync() override {
+    out_.flush();
+    return 0;
+  }
+
+ private:
+  std::ostream& out_;
+  std::string prefix_;
+  bool at_line_start_ = true;
+};
+
+class PrefixedStream : public std::ostream {
+ public:
+  PrefixedStream(std::ostream& out, std::string prefix) : std::ostream(nullptr), buffer_(out, std::move(prefix)) {
+    rdbuf(&buffer_);
+  }
+
+ private:
+  PrefixedBuffer buffer_;
+};
+
+}  // namespace
+
+std::unique_ptr<std::ostream> prefixed_stream(std::ostream& out, std::string prefix) {
+  return std::make_unique<PrefixedStream>(out, std::move(prefix));
+}
+
+}  // namespace atl

@@ -1,0 +1,27 @@
+// atoll-train's multi-process launch (topology.backend: ucx, issue 11): where this node sits
+// (flags, torchrun's or Slurm's variables), its ranks, the rendezvous with the other nodes over
+// TCP (job token from ATOLL_JOB_TOKEN), and the UCX engine factory for its ranks.
+#pragma once
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "graph/config.hpp"
+#include "graph/launch/node_spec.hpp"
+#include "graph/training/run.hpp"
+
+namespace atl {
+
+struct NodeLaunch {
+  NodeSpec spec;
+  EngineFactory engine;  // an actor engine of this node's ranks over UCX
+};
+
+// Throws ConfigError (topology.mesh: nodes do not split the mesh; ATOLL_JOB_TOKEN missing), or
+// JobMismatch when another node runs a different job, std::runtime_error when the rendezvous fails.
+NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log);
+
+// An ostream that writes each line to `out` behind `prefix` ("[node 1] ").
+std::unique_ptr<std::ostream> prefixed_stream(std::ostream& out, std::string prefix);
+
+}  // namespace atl

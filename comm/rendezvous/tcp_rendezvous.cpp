@@ -1,0 +1,299 @@
+#include "comm/rendezvous/tcp_rendezvous.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace atl {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+class Socket {
+ public:
+  explicit Socket(int fd = -1) : fd_(fd) {}
+  ~Socket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket& operator=(Socket&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::runtime_error("rendezvous: " + what + (errno ? std::string(" (") + std::strerror(errno) + ")" : ""));
+}
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left > 0 ? static_cast<int>(left) : 0;
+}
+
+// Waits until fd is readable (or writable); false on timeout.
+bool wait_for(int fd, short events, Clock::time_point deadline) {
+  pollfd p{fd, events, 0};
+  for (;;) {
+    const int n = ::poll(&p, 1, remaining_ms(deadline));
+    if (n > 0) return true;
+    if (n == 0) return false;
+    if (errno != EINTR) fail("poll");
+  }
+}
+
+void write_all(int fd, const void* data, std::size_t bytes, Clock::time_point deadline) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    if (!wait_for(fd, POLLOUT, deadline)) fail("timed out sending");
+    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("send");
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void read_all(int fd, void* data, std::size_t bytes, Clock::time_point deadline) {
+  auto* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    if (!wait_for(fd, POLLIN, deadline)) fail("timed out waiting for a message");
+    const ssize_t n = ::recv(fd, p, bytes, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      errno = 0;
+      fail("the peer closed the connection");
+    }
+    if (n < 0) fail("recv");
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+constexpr std::uint32_t kMaxMessage = 64u << 20;
+
+void send_message(int fd, const json& message, Clock::time_point deadline) {
+  const std::string text = message.dump();
+  const std::uint32_t length = htonl(static_cast<std::uint32_t>(text.size()));
+  write_all(fd, &length, 4, deadline);
+  write_all(fd, text.data(), text.size(), deadline);
+}
+
+json receive_message(int fd, Clock::time_point deadline) {
+  std::uint32_t length = 0;
+  read_all(fd, &length, 4, deadline);
+  length = ntohl(length);
+  if (length > kMaxMessage) {
+    errno = 0;
+    fail("a message of " + std::to_string(length) + " bytes (more than the limit)");
+  }
+  std::string text(length, '\0');
+  read_all(fd, text.data(), length, deadline);
+  json out = json::parse(text, nullptr, false);
+  if (out.is_discarded() || !out.is_object()) {
+    errno = 0;
+    fail("a malformed message");
+  }
+  return out;
+}
+
+std::string hex(const WorkerAddress& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (std::byte b : bytes) {
+    out.push_back(digits[static_cast<unsigned>(b) >> 4]);
+    out.push_back(digits[static_cast<unsigned>(b) & 15]);
+  }
+  return out;
+}
+
+WorkerAddress unhex(const std::string& text) {
+  auto value = [](char c) -> unsigned {
+    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
+    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
+    throw std::runtime_error("rendezvous: a malformed worker address");
+  };
+  if (text.size() % 2) throw std::runtime_error("rendezvous: a malformed worker address");
+  WorkerAddress out;
+  for (std::size_t i = 0; i < text.size(); i += 2) out.push_back(static_cast<std::byte>(value(text[i]) * 16 + value(text[i + 1])));
+  return out;
+}
+
+json addresses_json(const std::map<int, WorkerAddress>& addresses) {
+  json out = json::object();
+  for (const auto& [rank, address] : addresses) out[std::to_string(rank)] = hex(address);
+  return out;
+}
+
+std::map<int, WorkerAddress> addresses_from(const json& j) {
+  std::map<int, WorkerAddress> out;
+  for (const auto& [rank, address] : j.items()) out[std::stoi(rank)] = unhex(address.get<std::string>());
+  return out;
+}
+
+sockaddr_in resolve(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
+    errno = 0;
+    fail("cannot resolve the master address '" + host + "'");
+  }
+  sockaddr_in addr{};
+  std::memcpy(&addr, found->ai_addr, sizeof(addr));
+  ::freeaddrinfo(found);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  return addr;
+}
+
+std::string path_of(const std::string& parent, const std::string& key) { return parent.empty() ? key : parent + "." + key; }
+
+std::string difference(const json& a, const json& b, const std::string& path) {
+  if (a.type() != b.type()) return path;
+  if (a.is_object()) {
+    for (const auto& [key, value] : a.items()) {
+      if (!b.contains(key)) return path_of(path, key);
+      if (std::string d = difference(value, b.at(key), path_of(path, key)); !d.empty()) return d;
+    }
+    for (const auto& [key, value] : b.items()) {
+      if (!a.contains(key)) return path_of(path, key);
+    }
+    return "";
+  }
+  if (a.is_array()) {
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      if (std::string d = difference(a[i], b[i], path + "[" + std::to_string(i) + "]"); !d.empty()) return d;
+    }
+    return a.size() == b.size() ? "" : path;
+  }
+  return a == b ? "" : (path.empty() ? "(the whole description)" : path);
+}
+
+std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine) {
+  const auto deadline = Clock::now() + s.timeout;
+  Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
+  if (listener.fd() < 0) fail("socket");
+  const int one = 1;
+  ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr = resolve(s.master_addr, s.master_port);
+  if (::bind(listener.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    fail("cannot listen on " + s.master_addr + ":" + std::to_string(s.master_port));
+  }
+  if (::listen(listener.fd(), 64) != 0) fail("listen");
+  struct Joined {
+    Socket socket;
+    json hello;
+  };
+  std::map<int, Joined> joined;
+  while (static_cast<int>(joined.size()) < s.nnodes - 1) {
+    if (!wait_for(listener.fd(), POLLIN, deadline)) {
+      errno = 0;
+      fail(std::to_string(joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined before the timeout");
+    }
+    Socket peer(::accept(listener.fd(), nullptr, nullptr));
+    if (peer.fd() < 0) continue;
+    json hello;
+    try {
+      // A short deadline per connection: a silent peer cannot hold the rendezvous.
+      hello = receive_message(peer.fd(), std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+    } catch (const std::exception& e) {
+      if (s.log) s.log(std::string("dropped a connection that sent no valid greeting: ") + e.what());
+      continue;
+    }
+    if (!hello.contains("token") || hello["token"] != s.token) {
+      if (s.log) s.log("refused a connection with a wrong job token");
+      continue;
+    }
+    const int node = hello.value("node", -1);
+    if (node < 1 || node >= s.nnodes || joined.count(node)) {
+      if (s.log) s.log("refused a connection claiming node " + std::to_string(node));
+      continue;
+    }
+    joined[node] = Joined{std::move(peer), std::move(hello)};
+  }
+  // Every node runs the same job, or none does.
+  std::string mismatch_key;
+  int mismatch_node = -1;
+  for (const auto& [node, j] : joined) {
+    const std::string d = first_difference(s.job, j.hello.value("job", std::string()));
+    if (!d.empty()) {
+      mismatch_key = d;
+      mismatch_node = node;
+      break;
+    }
+  }
+  std::map<int, WorkerAddress> all = mine;
+  for (const auto& [node, j] : joined) {
+    for (auto& [rank, address] : addresses_from(j.hello.at("addresses"))) all[rank] = address;
+  }
+  const json reply = mismatch_key.empty()
+                         ? json{{"addresses", addresses_json(all)}}
+                         : json{{"mismatch", mismatch_key}, {"node", mismatch_node}};
+  for (const auto& [node, j] : joined) send_message(j.socket.fd(), reply, deadline);
+  if (!mismatch_key.empty()) {
+    throw JobMismatch(mismatch_key, "node " + std::to_string(mismatch_node) + " runs a different job: the first "
+                                        "differing config key is " + mismatch_key);
+  }
+  return all;
+}
+
+std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine) {
+  const auto deadline = Clock::now() + s.timeout;
+  const sockaddr_in addr = resolve(s.master_addr, s.master_port);
+  Socket socket;
+  for (;;) {  // node 0 may not listen yet
+    socket = Socket(::socket(AF_INET, SOCK_STREAM, 0));
+    if (socket.fd() < 0) fail("socket");
+    if (::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    if (remaining_ms(deadline) == 0) {
+      fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " did not answer before the timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  send_message(socket.fd(), json{{"token", s.token}, {"node", s.node_rank}, {"job", s.job},
+                                 {"addresses", addresses_json(mine)}},
+               deadline);
+  const json reply = receive_message(socket.fd(), deadline);
+  if (reply.contains("mismatch")) {
+    const std::string key = reply["mismatch"].get<std::string>();
+    throw JobMismatch(key, "node " + std::to_string(reply.value("node", -1)) + " and node 0 run different jobs: the "
+                           "first differing config key is " + key);
+  }
+  return addresses_from(reply.at("addresses"));
+}
+
+}  // namespace
+
+std::string first_difference(const std::string& left_json, const std::string& right_json) {
+  const json a = json::parse(left_json, nullptr, false), b = json::parse(right_json, nullptr, false);
+  if (a.is_discarded() || b.is_discarded()) return left_json == right_json ? "" : "(the whole description)";
+  return difference(a, b, "");
+}
+
+std::map<int, WorkerAddress> rendezvous(const RendezvousSettings& settings, const std::map<int, WorkerAddress>& mine) {
+  if (settings.nnodes < 1 || settings.node_rank < 0 || settings.node_rank >= settings.nnodes) {
+    throw std::invalid_argument("rendezvous: node " + std::to_string(settings.node_rank) + " of " +
+                                std::to_string(settings.nnodes));
+  }
+  if (settings.nnodes == 1) return mine;
+  return settings.node_rank == 0 ? coordinate(settings, mine) : join(settings, mine);
+}
+
+}  // namespace atl

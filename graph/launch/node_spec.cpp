@@ -1,0 +1,110 @@
+#include "graph/launch/node_spec.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace atl {
+
+namespace {
+
+int parse_int(const std::string& text, const std::string& what) {
+  std::size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw std::invalid_argument(what + ": expected an integer, got '" + text + "'");
+  return value;
+}
+
+// The first source that has a field: flags, then torchrun's variables, then Slurm's.
+template <class T>
+struct Field {
+  std::optional<T> value;
+  std::string from;
+  void offer(const std::optional<T>& v, const std::string& source) {
+    if (!value && v) {
+      value = v;
+      from = source;
+    }
+  }
+};
+
+}  // namespace
+
+Environment process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::string(v);
+  };
+}
+
+std::string first_slurm_host(const std::string& nodelist) {
+  const std::size_t cut = nodelist.find_first_of(",[");
+  if (cut == std::string::npos || nodelist[cut] == ',') return nodelist.substr(0, cut);
+  const std::string prefix = nodelist.substr(0, cut);
+  const std::size_t end = nodelist.find_first_of("-,]", cut + 1);
+  if (end == std::string::npos) throw std::invalid_argument("SLURM_JOB_NODELIST: malformed '" + nodelist + "'");
+  return prefix + nodelist.substr(cut + 1, end - cut - 1);
+}
+
+NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env) {
+  auto integer = [&](const char* name) -> std::optional<int> {
+    if (auto v = env(name)) return parse_int(*v, name);
+    return std::nullopt;
+  };
+  Field<int> node, nnodes, port;
+  Field<std::string> addr;
+  node.offer(flags.node_rank, "--node-rank");
+  nnodes.offer(flags.nnodes, "--nnodes");
+  port.offer(flags.master_port, "--master-port");
+  addr.offer(flags.master_addr, "--master-addr");
+  // torchrun: NODE_RANK (GROUP_RANK), NNODES (or WORLD_SIZE / LOCAL_WORLD_SIZE), MASTER_ADDR/PORT.
+  node.offer(integer("NODE_RANK"), "NODE_RANK (torchrun)");
+  node.offer(integer("GROUP_RANK"), "GROUP_RANK (torchrun)");
+  nnodes.offer(integer("NNODES"), "NNODES (torchrun)");
+  if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local && *local > 0) {
+    nnodes.offer(*world / *local, "WORLD_SIZE / LOCAL_WORLD_SIZE (torchrun)");
+  }
+  addr.offer(env("MASTER_ADDR"), "MASTER_ADDR (torchrun)");
+  port.offer(integer("MASTER_PORT"), "MASTER_PORT (torchrun)");
+  // Slurm: SLURM_NODEID, SLURM_NNODES, the first host of SLURM_JOB_NODELIST.
+  node.offer(integer("SLURM_NODEID"), "SLURM_NODEID (Slurm)");
+  nnodes.offer(integer("SLURM_NNODES"), "SLURM_NNODES (Slurm)");
+  if (auto list = env("SLURM_JOB_NODELIST")) addr.offer(first_slurm_host(*list), "SLURM_JOB_NODELIST (Slurm)");
+
+  NodeSpec spec;
+  if (nnodes.value) spec.nnodes = *nnodes.value;
+  if (node.value) spec.node_rank = *node.value;
+  if (addr.value) spec.master_addr = *addr.value;
+  if (port.value) spec.master_port = *port.value;
+  if (spec.nnodes < 1) throw std::invalid_argument(nnodes.from + ": expected a positive node count");
+  if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes) {
+    throw std::invalid_argument((node.from.empty() ? std::string("the node rank") : node.from) + ": expected a node rank in [0, " +
+                                std::to_string(spec.nnodes) + "), got " + std::to_string(spec.node_rank));
+  }
+  if (spec.master_port < 1 || spec.master_port > 65535) {
+    throw std::invalid_argument(port.from + ": expected a port in 1..65535, got " + std::to_string(spec.master_port));
+  }
+  for (const auto* f : {&node.from, &nnodes.from, &addr.from, &port.from}) {
+    if (f->empty()) continue;
+    spec.source += (spec.source.empty() ? "" : ", ") + *f;
+  }
+  return spec;
+}
+
+std::vector<int> node_ranks(int world, int nnodes, int node_rank) {
+  if (nnodes < 1 || world % nnodes != 0) {
+    throw std::invalid_argument(std::to_string(nnodes) + " nodes cannot split a " + std::to_string(world) +
+                                "-rank mesh evenly");
+  }
+  const int per = world / nnodes;
+  std::vector<int> out;
+  for (int r = node_rank * per; r < (node_rank + 1) * per; ++r) out.push_back(r);
+  return out;
+}
+
+}  // namespace atl

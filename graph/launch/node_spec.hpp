@@ -1,0 +1,41 @@
+// Where this process sits in a multi-process job (issue 11): its node rank, the node count and
+// node 0's address, from explicit flags, torchrun's variables or Slurm's, in that order of
+// precedence, each field taken from the first source that has it. Node n runs ranks
+// [n W / N, (n+1) W / N) of a W-rank mesh.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace atl {
+
+struct NodeFlags {  // atoll-train --node-rank, --nnodes, --master-addr, --master-port
+  std::optional<int> node_rank, nnodes, master_port;
+  std::optional<std::string> master_addr;
+};
+
+struct NodeSpec {
+  int node_rank = 0;
+  int nnodes = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source;  // where each field came from, e.g. "nnodes from NNODES (torchrun)"
+};
+
+// An environment lookup (std::getenv in the app, a map in tests).
+using Environment = std::function<std::optional<std::string>(const std::string&)>;
+Environment process_environment();
+
+// Throws std::invalid_argument naming the flag or variable that is malformed or out of range
+// (node rank outside [0, nnodes), a port outside 1..65535).
+NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env);
+
+// The first host of a Slurm node list: "node[01-04,07],gpu2" -> "node01".
+std::string first_slurm_host(const std::string& nodelist);
+
+// The ranks node `node_rank` of `nnodes` runs of a `world`-rank mesh; std::invalid_argument
+// unless nnodes divides world.
+std::vector<int> node_ranks(int world, int nnodes, int node_rank);
+
+}  // namespace atl

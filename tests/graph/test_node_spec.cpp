@@ -1,0 +1,65 @@
+// Where a process sits in a multi-process job (issue 11): flags over torchrun's variables over
+// Slurm's, field by field; Slurm node lists; ranks per node.
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "graph/launch/node_spec.hpp"
+
+using namespace atl;
+
+namespace {
+
+Environment env_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    const auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by field", "[launch]") {
+  const auto slurm = env_of({{"SLURM_NODEID", "2"}, {"SLURM_NNODES", "4"}, {"SLURM_JOB_NODELIST", "gpu[07-10]"}});
+  NodeSpec s = resolve_node_spec({}, slurm);
+  CHECK(s.node_rank == 2);
+  CHECK(s.nnodes == 4);
+  CHECK(s.master_addr == "gpu07");
+  CHECK(s.master_port == 29500);
+  CHECK(s.source.find("SLURM_NODEID (Slurm)") != std::string::npos);
+
+  const auto both = env_of({{"SLURM_NODEID", "2"}, {"SLURM_NNODES", "4"}, {"SLURM_JOB_NODELIST", "gpu[07-10]"},
+                            {"NODE_RANK", "1"}, {"WORLD_SIZE", "16"}, {"LOCAL_WORLD_SIZE", "8"},
+                            {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "1234"}});
+  s = resolve_node_spec({}, both);
+  CHECK(s.node_rank == 1);     // torchrun before Slurm
+  CHECK(s.nnodes == 2);        // WORLD_SIZE / LOCAL_WORLD_SIZE
+  CHECK(s.master_addr == "10.0.0.5");
+  CHECK(s.master_port == 1234);
+
+  NodeFlags flags;
+  flags.node_rank = 0;
+  flags.master_port = 4321;
+  s = resolve_node_spec(flags, both);
+  CHECK(s.node_rank == 0);  // flags first
+  CHECK(s.nnodes == 2);
+  CHECK(s.master_port == 4321);
+
+  CHECK(resolve_node_spec({}, env_of({})).nnodes == 1);  // nothing given: one node
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"NODE_RANK", "3"}, {"NNODES", "2"}})),
+                    Catch::Contains("NODE_RANK (torchrun): expected a node rank in [0, 2), got 3"));
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"MASTER_PORT", "http"}})),
+                    Catch::Contains("MASTER_PORT: expected an integer"));
+}
+
+TEST_CASE("node spec: the first host of a Slurm node list, and each node's ranks", "[launch]") {
+  CHECK(first_slurm_host("node[01-04,07],gpu2") == "node01");
+  CHECK(first_slurm_host("a,b,c") == "a");
+  CHECK(first_slurm_host("gpu-[3,5]") == "gpu-3");
+  CHECK(first_slurm_host("solo") == "solo");
+  CHECK_THROWS_AS(first_slurm_host("bad[1"), std::invalid_argument);
+  CHECK(node_ranks(8, 2, 1) == std::vector<int>{4, 5, 6, 7});
+  CHECK(node_ranks(4, 4, 0) == std::vector<int>{0});
+  CHECK_THROWS_WITH(node_ranks(6, 4, 0), Catch::Contains("4 nodes cannot split a 6-rank mesh evenly"));
+}
