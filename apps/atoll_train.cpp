@@ -12,6 +12,7 @@
 #include "actors/actor_engine.hpp"
 #include "apps/fatal_exit.hpp"
 #include "apps/node_launch.hpp"
+#include "comm/rendezvous/control_plane.hpp"
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "apps/graceful_stop.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
@@ -33,6 +34,10 @@ int main(int argc, char** argv) {
                                 "continue from a checkpoint: its directory, or with no value the latest complete "
                                 "one under checkpoint.dir")
                      ->expected(0, 1);
+  auto* resume_if_any = app.add_flag("--resume-if-any", options.resume_if_any,
+                                     "continue from the latest complete checkpoint under checkpoint.dir if there is "
+                                     "one, else start fresh (what scripts/launch --max-restarts uses)");
+  resume_if_any->excludes(resume);
   atl::NodeFlags node;
   app.add_option("--node-rank", node.node_rank, "ucx: this node's rank (else NODE_RANK or SLURM_NODEID)");
   app.add_option("--nnodes", node.nnodes, "ucx: the number of nodes (else NNODES or SLURM_NNODES)");
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
   }
 
   if (resume->count() > 0) options.resume = resume_from;
+  if (options.resume_if_any) options.resume = "";
   atl::install_graceful_stop();
   atl::exit_on_escaped_exception("atoll-train");
   options.stop_requested = atl::graceful_stop_signal;
@@ -58,6 +64,7 @@ int main(int argc, char** argv) {
       options.writer = launch.spec.node_rank == 0;
       auto node_out = atl::prefixed_stream(std::cerr, "[node " + std::to_string(launch.spec.node_rank) + "] ");
       atl::run_training(config, options, launch.engine, options.writer ? std::cout : *node_out);
+      launch.control->finish();  // a goodbye: the other nodes do not count this one as lost
       return 0;
     }
     const atl::EngineFactory engine = config.topology.engine == atl::Engine::reference ? atl::make_reference_engine

@@ -1,8 +1,10 @@
 #include "apps/node_launch.hpp"
 
+#include <cstdlib>
 #include <streambuf>
 
 #include "actors/actor_engine.hpp"
+#include "comm/rendezvous/control_plane.hpp"
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "comm/ucx/ucx_backend.hpp"
 #include "graph/plan/mesh.hpp"
@@ -40,7 +42,19 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   settings.token = token.value_or("");
   settings.job = job.dump();
   settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };
-  world->connect(rendezvous(settings, world->local_addresses()));
+  RendezvousLinks links;
+  world->connect(rendezvous(settings, world->local_addresses(), &links));
+  ControlPlaneSettings control;
+  control.node_rank = spec.node_rank;
+  const int world_size = mesh.world_size(), nnodes = spec.nnodes, me = spec.node_rank;
+  control.on_lost = [&log, world_size, nnodes, me](int node, const std::string& why) {
+    const std::vector<int> lost = node_ranks(world_size, nnodes, node);
+    log << "atoll-train: node " << me << ": lost node " << node << " (ranks " << lost.front() << ".." << lost.back()
+        << "): " << why << "; stopping\n"
+        << std::flush;
+    std::_Exit(1);  // the collectives in flight would wait forever; checkpoints are written atomically
+  };
+  launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));
   launch.engine = [world, ranks](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
     return std::make_unique<ActorEngine>(std::move(in), ProcessOptions{ranks, std::make_shared<UcxBackend>(world)});
   };

@@ -12,13 +12,19 @@
 
 namespace atl {
 
+class ControlPlane;
+
 struct NodeLaunch {
   NodeSpec spec;
   EngineFactory engine;  // an actor engine of this node's ranks over UCX
+  // Heartbeats with the other nodes; a lost node stops this process (exit 1, naming the node and
+  // its ranks). finish() after a successful run.
+  std::shared_ptr<ControlPlane> control;
 };
 
 // Throws ConfigError (topology.mesh: nodes do not split the mesh; ATOLL_JOB_TOKEN missing), or
 // JobMismatch when another node runs a different job, std::runtime_error when the rendezvous fails.
+// `log`: the rendezvous's and the control plane's messages.
 NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log);
 
 // An ostream that writes each line to `out` behind `prefix` ("[node 1] ").

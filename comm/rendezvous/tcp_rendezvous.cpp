@@ -10,11 +10,16 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/rendezvous/framing.hpp"
+
 namespace atl {
+
+using namespace framing;
 
 namespace {
 
@@ -33,85 +38,11 @@ class Socket {
     return *this;
   }
   int fd() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
 };
-
-[[noreturn]] void fail(const std::string& what) {
-  throw std::runtime_error("rendezvous: " + what + (errno ? std::string(" (") + std::strerror(errno) + ")" : ""));
-}
-
-int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left > 0 ? static_cast<int>(left) : 0;
-}
-
-// Waits until fd is readable (or writable); false on timeout.
-bool wait_for(int fd, short events, Clock::time_point deadline) {
-  pollfd p{fd, events, 0};
-  for (;;) {
-    const int n = ::poll(&p, 1, remaining_ms(deadline));
-    if (n > 0) return true;
-    if (n == 0) return false;
-    if (errno != EINTR) fail("poll");
-  }
-}
-
-void write_all(int fd, const void* data, std::size_t bytes, Clock::time_point deadline) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    if (!wait_for(fd, POLLOUT, deadline)) fail("timed out sending");
-    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("send");
-    p += n;
-    bytes -= static_cast<std::size_t>(n);
-  }
-}
-
-void read_all(int fd, void* data, std::size_t bytes, Clock::time_point deadline) {
-  auto* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    if (!wait_for(fd, POLLIN, deadline)) fail("timed out waiting for a message");
-    const ssize_t n = ::recv(fd, p, bytes, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) {
-      errno = 0;
-      fail("the peer closed the connection");
-    }
-    if (n < 0) fail("recv");
-    p += n;
-    bytes -= static_cast<std::size_t>(n);
-  }
-}
-
-constexpr std::uint32_t kMaxMessage = 64u << 20;
-
-void send_message(int fd, const json& message, Clock::time_point deadline) {
-  const std::string text = message.dump();
-  const std::uint32_t length = htonl(static_cast<std::uint32_t>(text.size()));
-  write_all(fd, &length, 4, deadline);
-  write_all(fd, text.data(), text.size(), deadline);
-}
-
-json receive_message(int fd, Clock::time_point deadline) {
-  std::uint32_t length = 0;
-  read_all(fd, &length, 4, deadline);
-  length = ntohl(length);
-  if (length > kMaxMessage) {
-    errno = 0;
-    fail("a message of " + std::to_string(length) + " bytes (more than the limit)");
-  }
-  std::string text(length, '\0');
-  read_all(fd, text.data(), length, deadline);
-  json out = json::parse(text, nullptr, false);
-  if (out.is_discarded() || !out.is_object()) {
-    errno = 0;
-    fail("a malformed message");
-  }
-  return out;
-}
 
 std::string hex(const WorkerAddress& bytes) {
   static const char* digits = "0123456789abcdef";
@@ -186,7 +117,8 @@ std::string difference(const json& a, const json& b, const std::string& path) {
   return a == b ? "" : (path.empty() ? "(the whole description)" : path);
 }
 
-std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine) {
+std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
+                                        RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
   Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
   if (listener.fd() < 0) fail("socket");
@@ -251,10 +183,14 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
     throw JobMismatch(mismatch_key, "node " + std::to_string(mismatch_node) + " runs a different job: the first "
                                         "differing config key is " + mismatch_key);
   }
+  if (links) {
+    for (auto& [node, j] : joined) links->sockets[node] = j.socket.release();
+  }
   return all;
 }
 
-std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine) {
+std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
+                                  RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
   const sockaddr_in addr = resolve(s.master_addr, s.master_port);
   Socket socket;
@@ -276,7 +212,9 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
     throw JobMismatch(key, "node " + std::to_string(reply.value("node", -1)) + " and node 0 run different jobs: the "
                            "first differing config key is " + key);
   }
-  return addresses_from(reply.at("addresses"));
+  std::map<int, WorkerAddress> all = addresses_from(reply.at("addresses"));
+  if (links) links->sockets[0] = socket.release();
+  return all;
 }
 
 }  // namespace
@@ -287,13 +225,14 @@ std::string first_difference(const std::string& left_json, const std::string& ri
   return difference(a, b, "");
 }
 
-std::map<int, WorkerAddress> rendezvous(const RendezvousSettings& settings, const std::map<int, WorkerAddress>& mine) {
+std::map<int, WorkerAddress> rendezvous(const RendezvousSettings& settings, const std::map<int, WorkerAddress>& mine,
+                                        RendezvousLinks* links) {
   if (settings.nnodes < 1 || settings.node_rank < 0 || settings.node_rank >= settings.nnodes) {
     throw std::invalid_argument("rendezvous: node " + std::to_string(settings.node_rank) + " of " +
                                 std::to_string(settings.nnodes));
   }
   if (settings.nnodes == 1) return mine;
-  return settings.node_rank == 0 ? coordinate(settings, mine) : join(settings, mine);
+  return settings.node_rank == 0 ? coordinate(settings, mine, links) : join(settings, mine, links);
 }
 
 }  // namespace atl

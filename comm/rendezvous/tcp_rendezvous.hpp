@@ -40,9 +40,16 @@ struct RendezvousSettings {
   std::function<void(const std::string&)> log;  // node 0: a refused connection, say
 };
 
+// The connections the rendezvous leaves open (node 0: one per other node; the others: one to
+// node 0), for the control plane's heartbeats (comm/rendezvous/control_plane.hpp).
+struct RendezvousLinks {
+  std::map<int, int> sockets;  // node -> connected socket (owned: closed by the control plane)
+};
+
 // Every rank's worker address; `mine` are this node's. Throws JobMismatch when the descriptions
-// differ, std::runtime_error on a timeout or a broken connection.
-std::map<int, WorkerAddress> rendezvous(const RendezvousSettings& settings, const std::map<int, WorkerAddress>& mine);
+// differ, std::runtime_error on a timeout or a broken connection. `links`: keep the connections.
+std::map<int, WorkerAddress> rendezvous(const RendezvousSettings& settings, const std::map<int, WorkerAddress>& mine,
+                                        RendezvousLinks* links = nullptr);
 
 // The first key path whose values differ between two JSON texts ("" when equal): objects by key
 // in order, arrays by index ("a.b[2]").

@@ -21,12 +21,6 @@ namespace atl {
 
 namespace {
 
-[[noreturn]] void fatal(const std::string& what) {
-  std::fprintf(stderr, "atoll ucx: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
 void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) throw std::runtime_error(std::string("ucx: ") + what + ": " + ucs_status_string(status));
 }
@@ -61,6 +55,12 @@ struct UcxWorld::Impl {
   std::map<int, ucp_worker_h> workers;
   std::map<std::pair<int, int>, ucp_ep_h> endpoints;  // (local rank, remote rank)
   int in_flight = 0;
+  bool failed = false;  // a transfer failed: a peer is gone
+
+  // UCX reports a broken endpoint here (peer error handling) instead of aborting the process.
+  static void endpoint_failed(void* arg, ucp_ep_h, ucs_status_t status) {
+    static_cast<Impl*>(arg)->transfer_failed("connection", status);
+  }
   // The task queue: everything UCX runs on the progress thread.
   std::mutex mutex;
   std::condition_variable wake;
@@ -124,20 +124,36 @@ struct UcxWorld::Impl {
     if (--op->remaining == 0) op->finish();
   }
 
+  // A transfer to or from a process that died fails here; its operation never completes, and
+  // the job's control plane (which sees the process go) stops this one, naming the lost node.
+  void transfer_failed(const char* what, ucs_status_t status) {
+    if (!failed) {
+      std::fprintf(stderr, "atoll ucx: a %s failed (%s); a peer process is gone\n", what, ucs_status_string(status));
+      std::fflush(stderr);
+    }
+    failed = true;
+  }
+
   static void send_done(void* request, ucs_status_t status, void* user) {
     auto* r = static_cast<Request*>(user);
-    if (status != UCS_OK) fatal(std::string("send failed: ") + ucs_status_string(status));
     r->impl->in_flight -= 1;
-    part_done(r->op);
+    if (status == UCS_OK) {
+      part_done(r->op);
+    } else {
+      r->impl->transfer_failed("send", status);
+    }
     delete r;
     ucp_request_free(request);
   }
 
   static void recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
     auto* r = static_cast<Request*>(user);
-    if (status != UCS_OK) fatal(std::string("receive failed: ") + ucs_status_string(status));
     r->impl->in_flight -= 1;
-    part_done(r->op);
+    if (status == UCS_OK) {
+      part_done(r->op);
+    } else {
+      r->impl->transfer_failed("receive", status);
+    }
     delete r;
     ucp_request_free(request);
   }
@@ -148,7 +164,8 @@ struct UcxWorld::Impl {
       part_done(r->op);
       delete r;
     } else if (UCS_PTR_IS_ERR(status)) {
-      fatal(std::string(what) + ": " + ucs_status_string(UCS_PTR_STATUS(status)));
+      delete r;
+      transfer_failed(what, UCS_PTR_STATUS(status));
     } else {
       in_flight += 1;
     }
@@ -498,8 +515,12 @@ void UcxWorld::connect(const std::map<int, WorkerAddress>& addresses) {
       for (const auto& [remote, address] : addresses) {
         if (remote == rank) continue;
         ucp_ep_params_t params{};
-        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                            UCP_EP_PARAM_FIELD_ERR_HANDLER;
         params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        params.err_handler.cb = &Impl::endpoint_failed;
+        params.err_handler.arg = impl;
         ucp_ep_h ep = nullptr;
         check(ucp_ep_create(worker, &params, &ep), "creating an endpoint");
         impl->endpoints[{rank, remote}] = ep;

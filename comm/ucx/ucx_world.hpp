@@ -17,8 +17,10 @@
 //
 // Connecting: local_addresses() gives this process's workers' addresses; connect() takes every
 // rank's (from the rendezvous) and creates the endpoints. In one process (tests), connect with
-// local_addresses(). A transport error in a collective is fatal: the process prints it and
-// aborts (issue 11's failure detection stops the job's other processes).
+// local_addresses(). Endpoints use UCX's peer error handling: a transfer to or from a process
+// that died fails without aborting this one; the operation never completes, the failure is
+// printed once, and the job's control plane (comm/rendezvous/control_plane.hpp), which sees the
+// process go, stops this process naming the lost node.
 #pragma once
 #include <cstddef>
 #include <map>

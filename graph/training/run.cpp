@@ -213,16 +213,23 @@ struct StartingPoint {
 StartingPoint starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
   namespace fs = std::filesystem;
   StartingPoint start;
+  std::optional<fs::path> resume_dir;
   if (options.resume) {
-    fs::path dir = *options.resume;
-    if (dir.empty()) {
+    resume_dir = fs::path(*options.resume);
+    if (resume_dir->empty()) {
       auto latest = latest_checkpoint(config.checkpoint.dir);
-      if (!latest) {
+      if (latest) {
+        resume_dir = *latest;
+      } else if (options.resume_if_any) {
+        resume_dir.reset();  // nothing saved yet: start fresh
+      } else {
         throw ConfigError(config.source_file, "checkpoint.dir",
                           "--resume found no complete checkpoint under '" + config.checkpoint.dir + "'");
       }
-      dir = *latest;
     }
+  }
+  if (resume_dir) {
+    const fs::path dir = *resume_dir;
     CheckpointContents c = load_checkpoint(dir);
     TensorMap master = model_weights_from(model, c.model, dir.string());
     check_resumable_state(c.trainer_state, dir);

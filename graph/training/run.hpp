@@ -39,6 +39,9 @@ struct RunOptions {
   // Continue from a checkpoint (optimizer state, step, data position): a checkpoint directory, or
   // "" for the latest complete one under checkpoint.dir. Unset: start fresh.
   std::optional<std::string> resume;
+  // With resume "": start fresh when checkpoint.dir holds no complete checkpoint yet (a launcher
+  // restarting a failed job) instead of failing.
+  bool resume_if_any = false;
   // Polled after every step: a non-zero signal number ends the run there (RunStopped).
   std::function<int()> stop_requested;
   // Writes run_dir (run.json, metrics.jsonl), checkpoints and the trace: node 0 of a multi-process

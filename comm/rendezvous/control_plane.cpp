@@ -1,0 +1,131 @@
+#include "comm/rendezvous/control_plane.hpp"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/rendezvous/framing.hpp"
+
+namespace atl {
+
+using framing::Clock;
+using json = nlohmann::json;
+
+struct ControlPlane::Impl {
+  ControlPlaneSettings settings;
+  struct Peer {
+    int fd = -1;
+    Clock::time_point last_seen;
+    bool finished = false;
+  };
+  std::map<int, Peer> peers;
+  std::atomic<bool> stopping{false};
+  bool reported = false;
+  std::mutex send_mutex;  // heartbeats (control thread) and goodbyes (finish) share the sockets
+  std::thread thread;
+
+  void lost(int node, const std::string& why) {
+    if (reported) return;
+    reported = true;
+    if (settings.node_rank == 0) {  // tell everyone else which node is gone
+      for (auto& [other, peer] : peers) {
+        if (other == node || peer.finished) continue;
+        try {
+          send(peer.fd, json{{"lost", node}, {"why", why}});
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    if (settings.on_lost) settings.on_lost(node, why);
+  }
+
+  void send(int fd, const json& message) {
+    std::lock_guard<std::mutex> lock(send_mutex);
+    framing::send_message(fd, message, Clock::now() + std::chrono::seconds(1));
+  }
+
+  void loop() {
+    auto next_beat = Clock::now();
+    while (!stopping) {
+      const auto now = Clock::now();
+      if (now >= next_beat) {
+        for (auto& [node, peer] : peers) {
+          if (peer.finished) continue;
+          try {
+            send(peer.fd, json{{"heartbeat", settings.node_rank}});
+          } catch (const std::exception&) {
+            // The receive side decides: a goodbye may be waiting to be read, else the broken
+            // connection reads as lost there.
+          }
+        }
+        next_beat = now + settings.heartbeat;
+      }
+      std::vector<pollfd> fds;
+      std::vector<int> nodes;
+      for (auto& [node, peer] : peers) {
+        if (peer.finished) continue;
+        fds.push_back({peer.fd, POLLIN, 0});
+        nodes.push_back(node);
+      }
+      if (fds.empty()) return;
+      ::poll(fds.data(), fds.size(), static_cast<int>(settings.heartbeat.count()));
+      for (std::size_t i = 0; i < fds.size() && !stopping; ++i) {
+        Peer& peer = peers[nodes[i]];
+        if (fds[i].revents != 0) {
+          try {
+            const json m = framing::receive_message(peer.fd, Clock::now() + std::chrono::seconds(1));
+            peer.last_seen = Clock::now();
+            if (m.contains("goodbye")) peer.finished = true;
+            if (m.contains("lost")) lost(m["lost"].get<int>(), "node 0 lost it: " + m.value("why", std::string()));
+          } catch (const std::exception& e) {
+            if (!stopping) lost(nodes[i], std::string("its connection broke: ") + e.what());
+          }
+        } else if (Clock::now() - peer.last_seen > settings.timeout) {
+          lost(nodes[i], "no heartbeat for " + std::to_string(settings.timeout.count() / 1000.0).substr(0, 4) + " s");
+        }
+      }
+    }
+  }
+
+  void close_all() {
+    for (auto& [node, peer] : peers) {
+      if (peer.fd >= 0) ::close(peer.fd);
+      peer.fd = -1;
+    }
+  }
+};
+
+ControlPlane::ControlPlane(ControlPlaneSettings settings, RendezvousLinks links) : impl_(std::make_unique<Impl>()) {
+  impl_->settings = std::move(settings);
+  for (const auto& [node, fd] : links.sockets) impl_->peers[node] = Impl::Peer{fd, Clock::now(), false};
+  impl_->thread = std::thread([impl = impl_.get()] { impl->loop(); });
+}
+
+void ControlPlane::finish() {
+  if (!impl_->thread.joinable()) return;
+  impl_->stopping = true;
+  impl_->thread.join();
+  for (auto& [node, peer] : impl_->peers) {
+    if (peer.finished) continue;
+    try {
+      impl_->send(peer.fd, json{{"goodbye", impl_->settings.node_rank}});
+    } catch (const std::exception&) {
+    }
+  }
+  impl_->close_all();
+}
+
+ControlPlane::~ControlPlane() {
+  if (impl_->thread.joinable()) {
+    impl_->stopping = true;
+    impl_->thread.join();
+  }
+  impl_->close_all();
+}
+
+}  // namespace atl

@@ -1,0 +1,40 @@
+// The control plane of a multi-process job after the rendezvous (issue 11): heartbeats over the
+// rendezvous connections (node 0 to every node, every node to node 0) and failure detection. A
+// peer is lost when its connection breaks (a process that dies closes its sockets: detected at
+// once) or no heartbeat came for `timeout` (a stopped or cut-off node). Node 0 tells every other
+// node which node it lost; a node that loses node 0 knows it too. `on_lost` runs once, on the
+// control thread; the caller decides what stopping means (atoll-train exits 1 naming the node).
+// finish() says goodbye on success, so peers that finish later do not count this node as lost;
+// destroying a control plane without finish() closes the connections like a dying process.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/rendezvous/tcp_rendezvous.hpp"
+
+namespace atl {
+
+struct ControlPlaneSettings {
+  int node_rank = 0;
+  std::chrono::milliseconds heartbeat{500};
+  std::chrono::milliseconds timeout{std::chrono::seconds(5)};
+  std::function<void(int lost_node, const std::string& why)> on_lost;
+};
+
+class ControlPlane {
+ public:
+  ControlPlane(ControlPlaneSettings settings, RendezvousLinks links);
+  ~ControlPlane();
+  ControlPlane(const ControlPlane&) = delete;
+  ControlPlane& operator=(const ControlPlane&) = delete;
+  void finish();  // this node is done: goodbye to every peer, then close
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace atl

@@ -1,0 +1,22 @@
+// Length-prefixed JSON messages over a TCP socket, with deadlines: the rendezvous and the control
+// plane's language (internal to comm/rendezvous).
+#pragma once
+#include <chrono>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace atl::framing {
+
+using Clock = std::chrono::steady_clock;
+
+// Throws std::runtime_error "control channel: <what> (<errno text>)".
+[[noreturn]] void fail(const std::string& what);
+int remaining_ms(Clock::time_point deadline);
+// Waits until fd is readable (POLLIN) or writable (POLLOUT); false on timeout.
+bool wait_for(int fd, short events, Clock::time_point deadline);
+// A 4-byte big-endian length, then the JSON text. Throws on a timeout or a broken connection.
+void send_message(int fd, const nlohmann::json& message, Clock::time_point deadline);
+nlohmann::json receive_message(int fd, Clock::time_point deadline);
+
+}  // namespace atl::framing
