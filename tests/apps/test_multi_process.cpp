@@ -22,7 +22,7 @@ std::string joined(const std::vector<std::string>& args) {
 }
 
 std::vector<std::string> train_args(const std::string& config, const fs::path& run_dir,
-                                    std::initializer_list<const char*> sets) {
+                                    const std::vector<const char*>& sets) {
   std::vector<std::string> args{source_path(config).string(), "--set", "run_dir=" + run_dir.string(), "--set",
                                 "train.steps=10", "--set", "checkpoint.every=10"};
   for (const char* s : sets) {
@@ -64,16 +64,21 @@ TEST_CASE("apps: two atoll-train processes over UCX equal the sim run bitwise, c
   TempDir tmp;
   struct Case {
     const char* config;
-    std::initializer_list<const char*> sets;
+    std::vector<const char*> sets;
   };
-  const Case cases[] = {
-      {"configs/beam-tiny.yaml", {"topology.mesh.dp_shard=4"}},
-      {"configs/flint-tiny.yaml", {"topology.mesh.dp_shard=2", "topology.mesh.dp_replicate=2", "precision=fp32"}},
-      {"configs/inkling2-tiny.yaml", {"topology.mesh.dp_shard=4", "topology.mesh.ep=2"}},
-  };
+  // Every family on dp_shard 4 and on HSDP 2 x 2, fp32 and bf16; and expert parallelism across
+  // the processes.
+  std::vector<Case> cases;
+  for (const char* config : {"configs/beam-tiny.yaml", "configs/flint-tiny.yaml", "configs/inkling2-tiny.yaml"}) {
+    for (const char* precision : {"precision=fp32", "precision=bf16"}) {
+      cases.push_back({config, {"topology.mesh.dp_shard=4", precision}});
+      cases.push_back({config, {"topology.mesh.dp_shard=2", "topology.mesh.dp_replicate=2", precision}});
+    }
+  }
+  cases.push_back({"configs/inkling2-tiny.yaml", {"topology.mesh.dp_shard=4", "topology.mesh.ep=2"}});
   int n = 0;
   for (const Case& c : cases) {
-    INFO(c.config);
+    INFO(c.config << " " << c.sets.front() << " " << c.sets.back());
     const fs::path sim_dir = tmp.path / ("sim" + std::to_string(n)), ucx_dir = tmp.path / ("ucx" + std::to_string(n));
     ++n;
     const Result sim = run_app("atoll-train", train_args(c.config, sim_dir, c.sets), tmp.path);
@@ -208,4 +213,24 @@ TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restar
   REQUIRE(a.size() == 300);
   REQUIRE(b.size() == 300);
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
+}
+
+TEST_CASE("apps: nodes placed by Slurm's variables (and a --master-port flag) train together", "[apps][ucx]") {
+  TempDir tmp;
+  const int port = free_port();
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run", {"topology.mesh.dp_shard=2"});
+  auto command = [&](int node) {
+    return "SLURM_NODEID=" + std::to_string(node) + " SLURM_NNODES=2 SLURM_JOB_NODELIST=127.0.0.1 ATOLL_JOB_TOKEN=t " +
+           shell_quote(app_binary("atoll-train").string()) + joined(args) +
+           " --set topology.backend=ucx --master-port " + std::to_string(port);
+  };
+  Result node1;
+  std::thread second([&] { node1 = run_shell(command(1), tmp.path / "n1"); });
+  const Result node0 = run_shell(command(0), tmp.path / "n0");
+  second.join();
+  INFO(node0.err << node1.err);
+  CHECK(node0.exit_code == 0);
+  CHECK(node1.exit_code == 0);
+  CHECK(node1.err.find("[node 1] final loss=") != std::string::npos);
+  CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 10);
 }
