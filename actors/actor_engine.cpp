@@ -90,6 +90,7 @@ struct ActorEngine::Impl {
   std::vector<comm_actor> comms;
   trainer_actor trainer;
   std::int64_t steps = 0;
+  bool stop_requested = false;  // request_stop: the next steps carry it to every process
 
   ~Impl() { stop_all(); }
 
@@ -311,7 +312,8 @@ StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   im.check_usable();
   const std::size_t records_before = im.recorder->size();
   im.recorder->set_step(++im.steps);
-  StepResult result = Impl::TrainerLine(im).ask<StepResult>(step_atom::value, ProcessStep{rows, record_routing});
+  StepResult result =
+      Impl::TrainerLine(im).ask<StepResult>(step_atom::value, ProcessStep{rows, record_routing, im.stop_requested});
   const auto records = im.recorder->records();
   for (std::size_t i = records_before; i < records.size(); ++i) {
     const auto& rec = records[i];
@@ -330,6 +332,8 @@ StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   }
   return result;
 }
+
+void ActorEngine::request_stop() { impl_->stop_requested = true; }
 
 TrainingState ActorEngine::state() const {
   auto& im = *impl_;

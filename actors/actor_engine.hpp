@@ -38,6 +38,8 @@ class ActorEngine : public TrainingEngine {
   // The blocks of this process's data-parallel ranks.
   std::vector<RowRange> rows_read(std::int64_t global_rows) const override;
   StepResult step(const Batch& rows, bool record_routing = false) override;
+  bool agrees_on_stop() const override { return true; }
+  void request_stop() override;
   // The whole model and optimizer state, all-gathered through collectives over every shard group
   // (so every process of a job must call it, as with step()).
   TrainingState state() const override;

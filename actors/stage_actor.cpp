@@ -203,6 +203,7 @@ void report(stage_pointer self, const StepInstruction& ins) {
                         auto& s2 = self->state;
                         StageReport out;
                         out.targets = s2.targets;
+                        out.stop = s2.stop_any;
                         out.tokens = s2.tokens;
                         const std::size_t micro = s2.loss_sums.size(), experts = s2.load.counts.size();
                         const std::size_t per_rank = micro + n + experts;
@@ -233,14 +234,16 @@ void report(stage_pointer self, const StepInstruction& ins) {
 // Mesh::require_runnable enforces); with cp or pp, one rank per data-parallel index must count.
 void count(stage_pointer self, const StepInstruction& ins) {
   auto& st = self->state;
-  const Tensor send = Tensor::empty({2}, DType::i64);
+  // targets, tokens, and whether this rank's process asks to stop after this step
+  const Tensor send = Tensor::empty({3}, DType::i64);
   send.data<std::int64_t>()[0] = send.data<std::int64_t>()[1] = 0;
+  send.data<std::int64_t>()[2] = st.step.stop ? 1 : 0;
   for (const Batch& b : st.step.micro_batches) {
     send.data<std::int64_t>()[0] += b.target_count();
     send.data<std::int64_t>()[1] += b.valid_count();
   }
   const int world = st.setup.plan->mesh.world_size();
-  const Tensor recv = Tensor::empty({2 * world}, DType::i64);
+  const Tensor recv = Tensor::empty({3 * world}, DType::i64);
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{st.seq_base + ins.collective, st.program->collectives[ins.collective].axis,
                                   CollectiveKind::all_gather, send, recv, "count", {}, {}})
@@ -249,9 +252,11 @@ void count(stage_pointer self, const StepInstruction& ins) {
             auto& s = self->state;
             if (!s.active) return;
             s.targets = s.tokens = 0;
+            s.stop_any = false;
             for (int r = 0; r < world; ++r) {
-              s.targets += recv.data<std::int64_t>()[2 * r];
-              s.tokens += recv.data<std::int64_t>()[2 * r + 1];
+              s.targets += recv.data<std::int64_t>()[3 * r];
+              s.tokens += recv.data<std::int64_t>()[3 * r + 1];
+              s.stop_any = s.stop_any || recv.data<std::int64_t>()[3 * r + 2] != 0;
             }
             s.grad_scale = loss_grad_scale(s.targets);
             s.counted = true;

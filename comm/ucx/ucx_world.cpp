@@ -25,7 +25,9 @@ void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) throw std::runtime_error(std::string("ucx: ") + what + ": " + ucs_status_string(status));
 }
 
-// One collective (or send/recv) of one rank: its transfers count down; the last one finishes it.
+// One collective (or send/recv) of one rank: its transfers count down, plus one part for the
+// posting itself (released when every transfer is posted and the local copies are done), so a
+// transfer that completes at once can never finish the operation before its data is all there.
 struct Operation {
   int remaining = 0;
   std::function<void()> finish;
@@ -237,7 +239,7 @@ class UcxCommunicator final : public Communicator {
     require(recv.bytes() == send.bytes() * static_cast<std::size_t>(size) && send.dtype() == recv.dtype(),
             "all_gather", "recv must hold size x send elements of send's dtype");
     const std::uint64_t op = next_op();
-    auto operation = start(CollectiveKind::all_gather, send, tag, std::move(done), 2 * (size - 1));
+    auto operation = start(CollectiveKind::all_gather, send, tag, std::move(done), 2 * (size - 1) + 1);
     operation->keep = {send, recv};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
       const std::size_t block = send.bytes();
@@ -248,7 +250,7 @@ class UcxCommunicator final : public Communicator {
         world->send(rank, ranks[j], send.raw(), block, make_tag(id, op, me), operation);
         world->recv(rank, out + static_cast<std::size_t>(j) * block, block, make_tag(id, op, j), operation);
       }
-      if (size == 1) operation->finish();
+      UcxWorld::Impl::part_done(operation);  // the posting's own part
     });
   }
 
@@ -259,7 +261,7 @@ class UcxCommunicator final : public Communicator {
     const std::uint64_t op = next_op();
     const std::int64_t n = recv.numel();
     auto parts = std::make_shared<std::vector<std::vector<float>>>(size, std::vector<float>(static_cast<std::size_t>(n)));
-    auto operation = start(CollectiveKind::reduce_scatter, send, tag, std::move(done), 2 * (size - 1),
+    auto operation = start(CollectiveKind::reduce_scatter, send, tag, std::move(done), 2 * (size - 1) + 1,
                            [parts, recv] { tree_sum_into(*parts, recv.data<float>()); });
     operation->keep = {send, recv};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
@@ -271,7 +273,7 @@ class UcxCommunicator final : public Communicator {
         world->recv(rank, (*parts)[static_cast<std::size_t>(j)].data(), static_cast<std::size_t>(n) * 4,
                      make_tag(id, op, j), operation);
       }
-      if (size == 1) operation->finish();
+      UcxWorld::Impl::part_done(operation);  // the posting's own part
     });
   }
 
@@ -286,10 +288,10 @@ class UcxCommunicator final : public Communicator {
         std::make_shared<std::vector<std::vector<float>>>(size, std::vector<float>(static_cast<std::size_t>(hi - lo)));
     float* data = inout.data<float>();
     // Phase 2 (after every chunk of phase 1 arrived and left): the sums to every member.
-    auto gathered = start(CollectiveKind::all_reduce, inout, tag, std::move(done), 2 * (size - 1));
+    auto gathered = start(CollectiveKind::all_reduce, inout, tag, std::move(done), 2 * (size - 1) + 1);
     gathered->keep = {inout};
     auto reduced = std::make_shared<Operation>();
-    reduced->remaining = 2 * (size - 1);
+    reduced->remaining = 2 * (size - 1) + 1;
     reduced->keep = {inout};
     reduced->finish = [=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
       tree_sum_into(*parts, data + lo);
@@ -300,7 +302,7 @@ class UcxCommunicator final : public Communicator {
                      make_tag(id, gather_op, me), gathered);
         world->recv(rank, data + jl, static_cast<std::size_t>(jh - jl) * 4, make_tag(id, gather_op, j), gathered);
       }
-      if (size == 1) gathered->finish();
+      UcxWorld::Impl::part_done(gathered);
     };
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
       std::memcpy((*parts)[static_cast<std::size_t>(me)].data(), data + lo, static_cast<std::size_t>(hi - lo) * 4);
@@ -312,7 +314,7 @@ class UcxCommunicator final : public Communicator {
         world->recv(rank, (*parts)[static_cast<std::size_t>(j)].data(), static_cast<std::size_t>(hi - lo) * 4,
                      make_tag(id, op, j), reduced);
       }
-      if (size == 1) reduced->finish();
+      UcxWorld::Impl::part_done(reduced);
     });
   }
 
@@ -321,7 +323,7 @@ class UcxCommunicator final : public Communicator {
     require(root >= 0 && root < size, "broadcast", "a root inside the group");
     const std::uint64_t op = next_op();
     const bool is_root = me_ == root;
-    auto operation = start(CollectiveKind::broadcast, inout, tag, std::move(done), is_root ? size - 1 : 1, {},
+    auto operation = start(CollectiveKind::broadcast, inout, tag, std::move(done), (is_root ? size - 1 : 1) + 1, {},
                            is_root ? static_cast<std::int64_t>(inout.bytes()) : 0);
     operation->keep = {inout};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
@@ -329,10 +331,10 @@ class UcxCommunicator final : public Communicator {
         for (int j = 0; j < size; ++j) {
           if (j != me) world->send(rank, ranks[j], inout.raw(), inout.bytes(), make_tag(id, op, me), operation);
         }
-        if (size == 1) operation->finish();
       } else {
         world->recv(rank, inout.raw(), inout.bytes(), make_tag(id, op, root), operation);
       }
+      UcxWorld::Impl::part_done(operation);
     });
   }
 
@@ -349,7 +351,7 @@ class UcxCommunicator final : public Communicator {
       if (j == me_) continue;
       transfers += (send_counts[j] > 0) + (recv_counts[j] > 0);  // empty blocks travel on neither side
     }
-    auto operation = start(CollectiveKind::all_to_all_v, send, tag, std::move(done), transfers);
+    auto operation = start(CollectiveKind::all_to_all_v, send, tag, std::move(done), transfers + 1);
     operation->keep = {send, recv};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
       auto* in = static_cast<const std::byte*>(send.raw());
@@ -358,9 +360,7 @@ class UcxCommunicator final : public Communicator {
       for (int j = 0; j < size; ++j) {
         const std::size_t sb = static_cast<std::size_t>(send_counts[j]) * element;
         const std::size_t rb = static_cast<std::size_t>(recv_counts[j]) * element;
-        if (j == me) {
-          std::memmove(out + out_at * static_cast<std::int64_t>(element), in + in_at * static_cast<std::int64_t>(element), sb);
-        } else {
+        if (j != me) {
           if (sb > 0) world->send(rank, ranks[j], in + in_at * static_cast<std::int64_t>(element), sb,
                                    make_tag(id, op, me), operation);
           if (rb > 0) world->recv(rank, out + out_at * static_cast<std::int64_t>(element), rb, make_tag(id, op, j),
@@ -369,26 +369,39 @@ class UcxCommunicator final : public Communicator {
         in_at += send_counts[j];
         out_at += recv_counts[j];
       }
-      if (transfers == 0) operation->finish();
+      // This member's own block, before the posting's part is released: the operation finishes
+      // only after it, however fast the transfers complete.
+      std::int64_t own_in = 0, own_out = 0;
+      for (int j = 0; j < me; ++j) {
+        own_in += send_counts[j];
+        own_out += recv_counts[j];
+      }
+      std::memmove(out + own_out * static_cast<std::int64_t>(element), in + own_in * static_cast<std::int64_t>(element),
+                   static_cast<std::size_t>(send_counts[me]) * element);
+      UcxWorld::Impl::part_done(operation);
     });
   }
 
   void send(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
     require(peer >= 0 && peer < group_.size() && peer != me_, "send", "another member of the group");
     const std::uint64_t op = kPointToPoint | (sent_[peer]++ & 0x7FFFFF);
-    auto operation = start(CollectiveKind::send, tensor, tag, std::move(done), 1);
+    auto operation = start(CollectiveKind::send, tensor, tag, std::move(done), 2);
     operation->keep = {tensor};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
       world->send(rank, ranks[peer], tensor.raw(), tensor.bytes(), make_tag(id, op, me), operation);
+      UcxWorld::Impl::part_done(operation);
     });
   }
 
   void recv(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
     require(peer >= 0 && peer < group_.size() && peer != me_, "recv", "another member of the group");
     const std::uint64_t op = kPointToPoint | (received_[peer]++ & 0x7FFFFF);
-    auto operation = start(CollectiveKind::recv, tensor, tag, std::move(done), 1, {}, 0);
+    auto operation = start(CollectiveKind::recv, tensor, tag, std::move(done), 2, {}, 0);
     operation->keep = {tensor};
-    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] { world->recv(rank, tensor.raw(), tensor.bytes(), make_tag(id, op, peer), operation); });
+    world_->post([=, world = world_, id = id_, rank = rank_] {
+      world->recv(rank, tensor.raw(), tensor.bytes(), make_tag(id, op, peer), operation);
+      UcxWorld::Impl::part_done(operation);
+    });
   }
 
  private:

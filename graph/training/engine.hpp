@@ -46,6 +46,9 @@ struct StepResult {
   // Router load per MoE layer over the whole step (every rank): the busiest expert's tokens over
   // the mean (graph/training/expert_load.hpp); empty for a model without MoE layers.
   std::vector<double> expert_load;
+  // Some process of the job asked to stop (request_stop before this step): every process learns it
+  // from the same step, so all stop after it together.
+  bool stop_requested = false;
 };
 
 // The loss gradient's scale for a step of `targets` scored tokens (the mean over the global
@@ -76,6 +79,11 @@ class TrainingEngine {
   // (global rows a multiple of micro_batch × data-parallel ranks). Loss and token counts are the
   // global batch's.
   virtual StepResult step(const Batch& rows, bool record_routing = false) = 0;
+  // Whether request_stop reaches every process of the job through the next step (the actor
+  // runtime: the step's count collective carries it). Otherwise a stop ends the run before the
+  // next step instead.
+  virtual bool agrees_on_stop() const { return false; }
+  virtual void request_stop() {}
   // Masters, AdamW moments and step, full (gathered from shards where sharded), spec order.
   virtual TrainingState state() const = 0;
   TensorMap master_weights() const { return state().master; }

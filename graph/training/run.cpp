@@ -381,25 +381,32 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     write_file_durably(options.trace_path, *trace);
     out << "trace written to " << options.trace_path << "\n";
   };
+  // A stop request (SIGTERM, SIGINT) ends the run between steps, saving the last finished one.
+  auto stop_after = [&](std::int64_t done, int signal) {
+    std::string saved = "no checkpoint (checkpoint.every is 0)";
+    if (done < first_step) {
+      saved = "no step was taken";
+    } else if (config.checkpoint.every > 0) {
+      saved = "checkpoint " + (last_saved == done ? last_saved_path : save(done)).string() +
+              " holds it; continue with --resume";
+    }
+    metrics.close();
+    try {
+      write_trace();
+    } catch (const std::exception& e) {  // the stop still ends as a stop (and keeps its exit code)
+      saved += std::string("; the trace was not written: ") + e.what();
+    }
+    const std::string name = signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : std::to_string(signal);
+    throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", name, done, t.steps, saved));
+  };
+  int stop_signal = 0;  // the signal this process was asked to stop by
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
-    // A stop request (SIGTERM, SIGINT) ends the run between steps, saving the last finished one.
-    if (const int signal = options.stop_requested ? options.stop_requested() : 0; signal != 0) {
-      const std::int64_t done = s - 1;
-      std::string saved = "no checkpoint (checkpoint.every is 0)";
-      if (done < first_step) {
-        saved = "no step was taken";
-      } else if (config.checkpoint.every > 0) {
-        saved = "checkpoint " + (last_saved == done ? last_saved_path : save(done)).string() +
-                " holds it; continue with --resume";
-      }
-      metrics.close();
-      try {
-        write_trace();
-      } catch (const std::exception& e) {  // the stop still ends as a stop (and keeps its exit code)
-        saved += std::string("; the trace was not written: ") + e.what();
-      }
-      const std::string name = signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : std::to_string(signal);
-      throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", name, done, t.steps, saved));
+    if (const int signal = options.stop_requested ? options.stop_requested() : 0; signal != 0 && stop_signal == 0) {
+      // An engine whose processes agree on the stop carries the request through the next step
+      // (every process stops after the same step); otherwise stop here.
+      if (!engine->agrees_on_stop()) stop_after(s - 1, signal);
+      stop_signal = signal;
+      engine->request_stop();
     }
     const auto step_start = clock::now();
     Batch batch = first_batch ? std::move(*first_batch) : read_rows(*data, t.global_batch, t.seq_len, ranges);
@@ -438,6 +445,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
           << std::flush;
     }
     if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) save(s);
+    // Some process asked to stop: every process learns it from this step and stops after it.
+    if (r.stop_requested && s < t.steps) stop_after(s, stop_signal != 0 ? stop_signal : SIGTERM);
     if (s == first_step || s % t.log_every == 0 || s == t.steps) {
       const double eta = elapsed / static_cast<double>(s - first_step + 1) * static_cast<double>(t.steps - s);
       out << fmt::format("step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  tokens/s {:.0f}  eta {}\n", s,

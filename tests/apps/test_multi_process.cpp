@@ -234,3 +234,55 @@ TEST_CASE("apps: nodes placed by Slurm's variables (and a --master-port flag) tr
   CHECK(node1.err.find("[node 1] final loss=") != std::string::npos);
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 10);
 }
+
+TEST_CASE("apps: SIGTERM to one node stops every node after the same step, saved, and --resume continues exactly",
+          "[apps][ucx]") {
+  TempDir tmp;
+  const int port = free_port();
+  const fs::path run_dir = tmp.path / "run";
+  auto args = train_args("configs/beam-tiny.yaml", run_dir, {"topology.mesh.dp_shard=4"});
+  for (std::string& a : args) {
+    if (a == "train.steps=10") a = "train.steps=300";
+  }
+  Result node1;
+  std::thread second([&] { node1 = run_shell(node_command(1, 2, port, args), tmp.path / "n1"); });
+  Result node0;
+  std::thread first([&] { node0 = run_shell(node_command(0, 2, port, args), tmp.path / "n0"); });
+  bool signalled = false;
+  for (int poll = 0; poll < 6000 && !signalled; ++poll) {  // a deadlock watchdog, not a timing claim
+    if (fs::exists(run_dir / "metrics.jsonl") && read_metrics(run_dir / "metrics.jsonl").size() >= 20) {
+      std::string pattern = "^";
+      pattern.append(app_binary("atoll-train").string()).append(" .*run_dir=").append(run_dir.string()).append(" ");
+      std::string command = "pkill -TERM -n -f ";  // the newest: one node only
+      command.append(shell_quote(pattern));
+      signalled = std::system(command.c_str()) == 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  first.join();
+  second.join();
+  INFO(node0.err << node1.err);
+  REQUIRE(signalled);
+  CHECK(node0.exit_code == 143);
+  CHECK(node1.exit_code == 143);
+  const auto stopped = read_metrics(run_dir / "metrics.jsonl");
+  REQUIRE(stopped.size() < 300);
+  const std::int64_t last = stopped.back().at("step").get<std::int64_t>();
+  CHECK(node0.err.find("after step " + std::to_string(last) + " of 300") != std::string::npos);
+  CHECK(node1.err.find("after step " + std::to_string(last) + " of 300") != std::string::npos);
+  // Resumed (both nodes), the run ends with the uninterrupted run's losses.
+  auto resumed = args;
+  resumed.push_back("--resume");
+  const Result again = run_shell(shell_quote(source_path("scripts/launch").string()) + " --nnodes 2 --" + joined(resumed),
+                                 tmp.path / "resume");
+  INFO(again.err);
+  REQUIRE(again.exit_code == 0);
+  const Result reference = run_app("atoll-train", train_args("configs/beam-tiny.yaml", tmp.path / "ref",
+                                                             {"topology.mesh.dp_shard=4", "train.steps=300"}),
+                                   tmp.path / "ref_out");
+  REQUIRE(reference.exit_code == 0);
+  const auto a = read_metrics(run_dir / "metrics.jsonl"), b = read_metrics(tmp.path / "ref" / "metrics.jsonl");
+  REQUIRE(a.size() == 300);
+  REQUIRE(b.size() == 300);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
+}
