@@ -1,5 +1,8 @@
 #include "apps/node_launch.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <streambuf>
 
@@ -14,18 +17,34 @@ namespace atl {
 NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log) {
   NodeLaunch launch;
   try {
-    launch.spec = resolve_node_spec(flags, process_environment());
+    launch.spec = resolve_node_spec(flags, process_environment(),
+                                    std::max<int>(1, static_cast<int>(config.topology.nodes.size())));
   } catch (const std::invalid_argument& e) {
     throw ConfigError(config.source_file, "topology.backend", std::string("ucx launch: ") + e.what());
   }
-  const NodeSpec& spec = launch.spec;
   const Mesh mesh(config.topology.mesh, config.source_file);
   std::vector<int> ranks;
-  try {
-    ranks = node_ranks(mesh.world_size(), spec.nnodes, spec.node_rank);
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(config.source_file, "topology.mesh", e.what());
+  std::vector<std::vector<int>> every_node;  // each node's ranks (messages about a lost node)
+  if (!config.topology.nodes.empty()) {  // a topology file lists the nodes
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    try {
+      NodePlacement placed = place_node(config.topology.nodes, mesh.world_size(), launch.spec, host);
+      launch.spec = placed.spec;
+      ranks = std::move(placed.ranks);
+      every_node = std::move(placed.all);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(config.source_file, "topology.nodes", e.what());
+    }
+  } else {
+    try {
+      for (int n = 0; n < launch.spec.nnodes; ++n) every_node.push_back(node_ranks(mesh.world_size(), launch.spec.nnodes, n));
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(config.source_file, "topology.mesh", e.what());
+    }
+    ranks = every_node[static_cast<std::size_t>(launch.spec.node_rank)];
   }
+  const NodeSpec& spec = launch.spec;
   const auto token = process_environment()("ATOLL_JOB_TOKEN");
   if (spec.nnodes > 1 && !token) {
     throw ConfigError(config.source_file, "topology.backend",
@@ -46,9 +65,9 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   world->connect(rendezvous(settings, world->local_addresses(), &links));
   ControlPlaneSettings control;
   control.node_rank = spec.node_rank;
-  const int world_size = mesh.world_size(), nnodes = spec.nnodes, me = spec.node_rank;
-  control.on_lost = [&log, world_size, nnodes, me](int node, const std::string& why) {
-    const std::vector<int> lost = node_ranks(world_size, nnodes, node);
+  const int me = spec.node_rank;
+  control.on_lost = [&log, every_node, me](int node, const std::string& why) {
+    const std::vector<int>& lost = every_node.at(static_cast<std::size_t>(node));
     log << "atoll-train: node " << me << ": lost node " << node << " (ranks " << lost.front() << ".." << lost.back()
         << "): " << why << "; stopping\n"
         << std::flush;

@@ -112,6 +112,21 @@ TopologyConfig read_topology(ConfigReader reader) {
   topology.ep_dispatch = reader.get_choice("ep_dispatch", "all_to_all", {"all_to_all", "all_gather"}) == "all_gather"
                              ? ExpertDispatchFlow::all_gather
                              : ExpertDispatchFlow::all_to_all;
+  if (YAML::Node list = reader.node("nodes"); list && !list.IsNull()) {
+    reader.check(list.IsSequence(), "nodes", "a list of {host, port, ranks} (empty: none)");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      ConfigReader n(list[i], reader.file(), reader.path("nodes") + "[" + std::to_string(i) + "]");
+      NodeEntry e;
+      e.host = n.require<std::string>("host");
+      n.check(!e.host.empty(), "host", "a host name or address");
+      e.port = n.get<std::int64_t>("port", 29500);
+      n.check(e.port >= 1 && e.port <= 65535, "port", "a port in 1..65535");
+      e.ranks = n.require<std::int64_t>("ranks");
+      n.check(e.ranks >= 1, "ranks", "a positive integer");
+      n.finish();
+      topology.nodes.push_back(e);
+    }
+  }
   if (reader.has("sim_delay_ms")) {
     ConfigReader delays = reader.section("sim_delay_ms");
     for (const char* kind :
@@ -291,6 +306,16 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(text.str(), path, sets);
 }
 
+namespace {
+
+nlohmann::json nodes_json(const std::vector<NodeEntry>& nodes) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& n : nodes) out.push_back({{"host", n.host}, {"port", n.port}, {"ranks", n.ranks}});
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json to_json(const RunConfig& c) {
   nlohmann::json model = yaml_to_json(c.model.overrides);
   if (!model.is_object()) model = nlohmann::json::object();
@@ -308,6 +333,7 @@ nlohmann::json to_json(const RunConfig& c) {
         {"engine", engine_name(c.topology.engine)},
         {"sim_delay_ms", c.topology.sim_delay_ms},
         {"ep_dispatch", expert_dispatch_flow_name(c.topology.ep_dispatch)},
+        {"nodes", nodes_json(c.topology.nodes)},
         {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},
       {"precision", precision_name(c.precision)},
       {"train",

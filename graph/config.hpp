@@ -36,11 +36,20 @@ struct MeshConfig {
 enum class Engine { actors, reference };
 const char* engine_name(Engine engine);
 
+// One node of a ucx job as the topology lists it (topology.nodes).
+struct NodeEntry {
+  std::string host;         // where it runs; node 0's host and port take the rendezvous
+  std::int64_t port = 29500;
+  std::int64_t ranks = 0;   // ranks it runs (the entries' ranks add up to the mesh's world size)
+};
+
 struct TopologyConfig {
   Backend backend = Backend::sim;
   Engine engine = Engine::actors;
   MeshConfig mesh;
   ExpertDispatchFlow ep_dispatch = ExpertDispatchFlow::all_to_all;  // how experts ops move tokens (ep > 1)
+  // ucx: the job's nodes in node order (empty: placement from flags, torchrun's or Slurm's variables).
+  std::vector<NodeEntry> nodes;
   // sim backend only: an injected delay (milliseconds) per collective kind, e.g. {all_gather: 5},
   // to study overlap and slow links. Numerics do not change.
   std::map<std::string, double> sim_delay_ms;

@@ -1,6 +1,7 @@
 #include "comm/rendezvous/control_plane.hpp"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -80,7 +81,10 @@ struct ControlPlane::Impl {
           try {
             const json m = framing::receive_message(peer.fd, Clock::now() + std::chrono::seconds(1));
             peer.last_seen = Clock::now();
-            if (m.contains("goodbye")) peer.finished = true;
+            if (m.contains("goodbye")) {
+              peer.finished = true;
+              ::shutdown(peer.fd, SHUT_WR);  // nothing more to say: its drain sees the end at once
+            }
             if (m.contains("lost")) lost(m["lost"].get<int>(), "node 0 lost it: " + m.value("why", std::string()));
           } catch (const std::exception& e) {
             if (!stopping) lost(nodes[i], std::string("its connection broke: ") + e.what());
@@ -115,6 +119,18 @@ void ControlPlane::finish() {
     try {
       impl_->send(peer.fd, json{{"goodbye", impl_->settings.node_rank}});
     } catch (const std::exception&) {
+    }
+    ::shutdown(peer.fd, SHUT_WR);
+  }
+  // Closing a socket with unread data sends a reset, which can overtake the goodbye and read as a
+  // crash on the other side: read what is still coming (heartbeats sent before the peer saw the
+  // goodbye) until the peer closes or 2 s pass, then close.
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (auto& [node, peer] : impl_->peers) {
+    char sink[4096];
+    while (framing::wait_for(peer.fd, POLLIN, deadline)) {
+      const ssize_t n = ::recv(peer.fd, sink, sizeof(sink), 0);
+      if (n <= 0) break;  // the peer closed (or the connection is gone)
     }
   }
   impl_->close_all();

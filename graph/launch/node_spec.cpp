@@ -51,7 +51,7 @@ std::string first_slurm_host(const std::string& nodelist) {
   return prefix + nodelist.substr(cut + 1, end - cut - 1);
 }
 
-NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env) {
+NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int default_nnodes) {
   auto integer = [&](const char* name) -> std::optional<int> {
     if (auto v = env(name)) return parse_int(*v, name);
     return std::nullopt;
@@ -77,6 +77,11 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env) {
   if (auto list = env("SLURM_JOB_NODELIST")) addr.offer(first_slurm_host(*list), "SLURM_JOB_NODELIST (Slurm)");
 
   NodeSpec spec;
+  spec.nnodes = default_nnodes;
+  spec.node_rank_given = node.value.has_value();
+  spec.nnodes_given = nnodes.value.has_value();
+  spec.master_addr_given = addr.value.has_value();
+  spec.master_port_given = port.value.has_value();
   if (nnodes.value) spec.nnodes = *nnodes.value;
   if (node.value) spec.node_rank = *node.value;
   if (addr.value) spec.master_addr = *addr.value;
@@ -105,6 +110,51 @@ std::vector<int> node_ranks(int world, int nnodes, int node_rank) {
   std::vector<int> out;
   for (int r = node_rank * per; r < (node_rank + 1) * per; ++r) out.push_back(r);
   return out;
+}
+
+NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const NodeSpec& given,
+                         const std::string& hostname) {
+  NodePlacement p;
+  p.spec = given;
+  const int n = static_cast<int>(nodes.size());
+  if (given.nnodes_given && given.nnodes != n) {
+    throw std::invalid_argument("the topology lists " + std::to_string(n) + " nodes, " + given.source + " says " +
+                                std::to_string(given.nnodes));
+  }
+  std::int64_t total = 0;
+  for (const NodeEntry& e : nodes) {
+    std::vector<int> ranks;
+    for (std::int64_t k = 0; k < e.ranks; ++k) ranks.push_back(static_cast<int>(total + k));
+    total += e.ranks;
+    p.all.push_back(std::move(ranks));
+  }
+  if (total != world) {
+    throw std::invalid_argument("the nodes' ranks add up to " + std::to_string(total) + ", the mesh has " +
+                                std::to_string(world));
+  }
+  p.spec.nnodes = n;
+  if (!given.master_addr_given) p.spec.master_addr = nodes.front().host;
+  if (!given.master_port_given) p.spec.master_port = static_cast<int>(nodes.front().port);
+  if (!given.node_rank_given) {
+    int match = -1, matches = 0;
+    for (int i = 0; i < n; ++i) {
+      if (nodes[static_cast<std::size_t>(i)].host == hostname) {
+        match = i;
+        ++matches;
+      }
+    }
+    if (matches != 1) {
+      throw std::invalid_argument(std::string(matches == 0 ? "no" : "more than one") + " node has this machine's host name '" +
+                                  hostname + "'; give --node-rank (or NODE_RANK)");
+    }
+    p.spec.node_rank = match;
+  }
+  if (p.spec.node_rank < 0 || p.spec.node_rank >= n) {
+    throw std::invalid_argument("node rank " + std::to_string(p.spec.node_rank) + " is not one of the topology's " +
+                                std::to_string(n) + " nodes");
+  }
+  p.ranks = p.all[static_cast<std::size_t>(p.spec.node_rank)];
+  return p;
 }
 
 }  // namespace atl

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "graph/config.hpp"
+
 namespace atl {
 
 struct NodeFlags {  // atoll-train --node-rank, --nnodes, --master-addr, --master-port
@@ -21,6 +23,8 @@ struct NodeSpec {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source;  // where each field came from, e.g. "nnodes from NNODES (torchrun)"
+  // Which fields a flag or variable gave (the others are defaults).
+  bool node_rank_given = false, nnodes_given = false, master_addr_given = false, master_port_given = false;
 };
 
 // An environment lookup (std::getenv in the app, a map in tests).
@@ -29,7 +33,8 @@ Environment process_environment();
 
 // Throws std::invalid_argument naming the flag or variable that is malformed or out of range
 // (node rank outside [0, nnodes), a port outside 1..65535).
-NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env);
+// `default_nnodes`: the node count when no flag or variable gives one (a topology's node list).
+NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int default_nnodes = 1);
 
 // The first host of a Slurm node list: "node[01-04,07],gpu2" -> "node01".
 std::string first_slurm_host(const std::string& nodelist);
@@ -37,5 +42,17 @@ std::string first_slurm_host(const std::string& nodelist);
 // The ranks node `node_rank` of `nnodes` runs of a `world`-rank mesh; std::invalid_argument
 // unless nnodes divides world.
 std::vector<int> node_ranks(int world, int nnodes, int node_rank);
+
+// Placement from a topology's node list (topology.nodes, in node order): the node count, node 0's
+// host and port (flags and variables win), each node's ranks in order of the list (their counts
+// must add up to `world`). This node is the one the flags or variables name, else the one entry
+// whose host is `hostname`. std::invalid_argument says what does not fit.
+struct NodePlacement {
+  NodeSpec spec;
+  std::vector<int> ranks;  // this node's
+  std::vector<std::vector<int>> all;  // every node's, for messages
+};
+NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const NodeSpec& given,
+                         const std::string& hostname);
 
 }  // namespace atl

@@ -286,3 +286,39 @@ TEST_CASE("apps: SIGTERM to one node stops every node after the same step, saved
   REQUIRE(b.size() == 300);
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
 }
+
+TEST_CASE("apps: nodes placed by topology.nodes (one rank on node 0, three on node 1) train like the sim",
+          "[apps][ucx]") {
+  TempDir tmp;
+  const int port = free_port();
+  const std::string nodes = "topology.nodes=[{host: 127.0.0.1, port: " + std::to_string(port) +
+                            ", ranks: 1}, {host: 127.0.0.1, ranks: 3}]";
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run", {"topology.mesh.dp_shard=4"});
+  auto command = [&](int node) {
+    return "ATOLL_JOB_TOKEN=t " + shell_quote(app_binary("atoll-train").string()) + joined(args) +
+           " --set topology.backend=ucx --set " + shell_quote(nodes) + " --node-rank " + std::to_string(node);
+  };
+  Result node1;
+  std::thread second([&] { node1 = run_shell(command(1), tmp.path / "n1"); });
+  const Result node0 = run_shell(command(0), tmp.path / "n0");
+  second.join();
+  INFO(node0.err << node1.err);
+  REQUIRE(node0.exit_code == 0);
+  REQUIRE(node1.exit_code == 0);
+  const Result sim = run_app("atoll-train", train_args("configs/beam-tiny.yaml", tmp.path / "sim",
+                                                       {"topology.mesh.dp_shard=4"}),
+                             tmp.path / "sim_out");
+  REQUIRE(sim.exit_code == 0);
+  const auto a = read_metrics(tmp.path / "run" / "metrics.jsonl"), b = read_metrics(tmp.path / "sim" / "metrics.jsonl");
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
+  // Ranks that do not add up to the mesh: exit 2 naming topology.nodes, nothing written.
+  const Result bad = run_shell("ATOLL_JOB_TOKEN=t " + shell_quote(app_binary("atoll-train").string()) +
+                                   joined(train_args("configs/beam-tiny.yaml", tmp.path / "bad",
+                                                     {"topology.mesh.dp_shard=2"})) +
+                                   " --set topology.backend=ucx --set " + shell_quote(nodes) + " --node-rank 0",
+                               tmp.path / "bad_out");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("topology.nodes: the nodes' ranks add up to 4, the mesh has 2") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path / "bad"));
+}

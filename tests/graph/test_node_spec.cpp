@@ -63,3 +63,29 @@ TEST_CASE("node spec: the first host of a Slurm node list, and each node's ranks
   CHECK(node_ranks(4, 4, 0) == std::vector<int>{0});
   CHECK_THROWS_WITH(node_ranks(6, 4, 0), Catch::Contains("4 nodes cannot split a 6-rank mesh evenly"));
 }
+
+TEST_CASE("node spec: a topology's node list places each node, flags and variables win", "[launch]") {
+  const std::vector<NodeEntry> nodes = {{"alpha", 29600, 1}, {"beta", 29500, 3}};
+  NodePlacement p = place_node(nodes, 4, resolve_node_spec({}, env_of({})), "beta");
+  CHECK(p.spec.node_rank == 1);  // by host name
+  CHECK(p.spec.nnodes == 2);
+  CHECK(p.spec.master_addr == "alpha");
+  CHECK(p.spec.master_port == 29600);
+  CHECK(p.ranks == std::vector<int>{1, 2, 3});
+  CHECK(p.all.front() == std::vector<int>{0});
+
+  NodeFlags flags;
+  flags.node_rank = 0;
+  flags.master_port = 4000;
+  p = place_node(nodes, 4, resolve_node_spec(flags, env_of({})), "elsewhere");
+  CHECK(p.spec.node_rank == 0);
+  CHECK(p.spec.master_port == 4000);
+  CHECK(p.ranks == std::vector<int>{0});
+
+  CHECK_THROWS_WITH(place_node(nodes, 8, resolve_node_spec(flags, env_of({})), "alpha"),
+                    Catch::Contains("the nodes' ranks add up to 4, the mesh has 8"));
+  CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({})), "gamma"),
+                    Catch::Contains("no node has this machine's host name 'gamma'"));
+  CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({{"NNODES", "3"}})), "alpha"),
+                    Catch::Contains("the topology lists 2 nodes"));
+}
