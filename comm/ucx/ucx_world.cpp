@@ -15,7 +15,6 @@
 #include <string>
 #include <thread>
 
-#include "kernels/tree_sum.hpp"
 
 namespace atl {
 
@@ -24,6 +23,16 @@ namespace {
 void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) throw std::runtime_error(std::string("ucx: ") + what + ": " + ucs_status_string(status));
 }
+
+// The members' chunks of a reduction, uninitialized until received (no zeroing of large buffers).
+struct Parts {
+  Parts(int members, std::int64_t n) : n(n) {
+    for (int i = 0; i < members; ++i) data.emplace_back(new float[static_cast<std::size_t>(std::max<std::int64_t>(n, 1))]);
+  }
+  std::int64_t n;
+  std::vector<std::unique_ptr<float[]>> data;
+  float* operator[](std::size_t i) { return data[i].get(); }
+};
 
 // One collective (or send/recv) of one rank: its transfers count down, plus one part for the
 // posting itself (released when every transfer is posted and the local copies are done), so a
@@ -260,17 +269,17 @@ class UcxCommunicator final : public Communicator {
             "reduce_scatter", "f32 send of size x recv elements");
     const std::uint64_t op = next_op();
     const std::int64_t n = recv.numel();
-    auto parts = std::make_shared<std::vector<std::vector<float>>>(size, std::vector<float>(static_cast<std::size_t>(n)));
+    auto parts = std::make_shared<Parts>(size, n);
     auto operation = start(CollectiveKind::reduce_scatter, send, tag, std::move(done), 2 * (size - 1) + 1,
                            [parts, recv] { tree_sum_into(*parts, recv.data<float>()); });
     operation->keep = {send, recv};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
       const float* in = send.data<float>();
-      std::memcpy((*parts)[static_cast<std::size_t>(me)].data(), in + me * n, static_cast<std::size_t>(n) * 4);
+      std::memcpy((*parts)[static_cast<std::size_t>(me)], in + me * n, static_cast<std::size_t>(n) * 4);
       for (int j = 0; j < size; ++j) {
         if (j == me) continue;
         world->send(rank, ranks[j], in + j * n, static_cast<std::size_t>(n) * 4, make_tag(id, op, me), operation);
-        world->recv(rank, (*parts)[static_cast<std::size_t>(j)].data(), static_cast<std::size_t>(n) * 4,
+        world->recv(rank, (*parts)[static_cast<std::size_t>(j)], static_cast<std::size_t>(n) * 4,
                      make_tag(id, op, j), operation);
       }
       UcxWorld::Impl::part_done(operation);  // the posting's own part
@@ -284,8 +293,7 @@ class UcxCommunicator final : public Communicator {
     const std::int64_t N = inout.numel();
     auto chunk = [=](int i) { return std::pair<std::int64_t, std::int64_t>{i * N / size, (i + 1) * N / size}; };
     const auto [lo, hi] = chunk(me_);
-    auto parts =
-        std::make_shared<std::vector<std::vector<float>>>(size, std::vector<float>(static_cast<std::size_t>(hi - lo)));
+    auto parts = std::make_shared<Parts>(size, hi - lo);
     float* data = inout.data<float>();
     // Phase 2 (after every chunk of phase 1 arrived and left): the sums to every member.
     auto gathered = start(CollectiveKind::all_reduce, inout, tag, std::move(done), 2 * (size - 1) + 1);
@@ -305,13 +313,13 @@ class UcxCommunicator final : public Communicator {
       UcxWorld::Impl::part_done(gathered);
     };
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
-      std::memcpy((*parts)[static_cast<std::size_t>(me)].data(), data + lo, static_cast<std::size_t>(hi - lo) * 4);
+      std::memcpy((*parts)[static_cast<std::size_t>(me)], data + lo, static_cast<std::size_t>(hi - lo) * 4);
       for (int j = 0; j < size; ++j) {
         if (j == me) continue;
         const auto [jl, jh] = chunk(j);
         world->send(rank, ranks[j], data + jl, static_cast<std::size_t>(jh - jl) * 4, make_tag(id, op, me),
                      reduced);
-        world->recv(rank, (*parts)[static_cast<std::size_t>(j)].data(), static_cast<std::size_t>(hi - lo) * 4,
+        world->recv(rank, (*parts)[static_cast<std::size_t>(j)], static_cast<std::size_t>(hi - lo) * 4,
                      make_tag(id, op, j), reduced);
       }
       UcxWorld::Impl::part_done(reduced);
@@ -418,13 +426,20 @@ class UcxCommunicator final : public Communicator {
   std::uint64_t next_op() { return ops_++ & 0x7FFFFF; }
 
   // The members' parts summed over the fixed pairwise tree of member index, into out.
-  static void tree_sum_into(const std::vector<std::vector<float>>& parts, float* out) {
-    auto tree = make_tree_sum<std::vector<float>>([](std::vector<float>& left, const std::vector<float>& right) {
-      for (std::size_t k = 0; k < left.size(); ++k) left[k] += right[k];
-    });
-    for (const auto& p : parts) tree.push(p);
-    const std::vector<float> total = tree.finish();
-    std::memcpy(out, total.data(), total.size() * sizeof(float));
+  // The members' parts summed over the fixed pairwise tree of member index (kernels/tree_sum.hpp:
+  // tree(lo, n) = tree(lo, p) + tree(lo + p, n - p), p the largest power of two below n), in place
+  // in the parts, into out.
+  static void tree_sum_into(Parts& parts, float* out) {
+    const std::function<float*(std::size_t, std::size_t)> tree = [&](std::size_t lo, std::size_t n) -> float* {
+      if (n == 1) return parts.data[lo].get();
+      std::size_t p = 1;
+      while (p * 2 < n) p *= 2;
+      float* left = tree(lo, p);
+      const float* right = tree(lo + p, n - p);
+      for (std::int64_t k = 0; k < parts.n; ++k) left[k] += right[k];
+      return left;
+    };
+    std::memcpy(out, tree(0, parts.data.size()), static_cast<std::size_t>(parts.n) * sizeof(float));
   }
 
   // An operation of `transfers` transfers; when they are done: `local` (a reduction), the record,

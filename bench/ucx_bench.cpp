@@ -1,0 +1,88 @@
+// atoll-bench-ucx: bus bandwidth of atoll's UCX all-gather and reduce-scatter between processes
+// (issue 11), one rank per process, for 1..64 MiB per collective. bench/ucx_bandwidth.sh starts
+// the processes and compares with ucx_perftest's tag bandwidth over the same transport.
+//   atoll-bench-ucx --node-rank R --nnodes N --master-port P [--max-mib 64]
+// Bus bandwidth as NCCL's tests define it: bytes of the whole gathered (or reduced) buffer over
+// the time, times (N-1)/N. Node 0 prints one line per size and collective.
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include <CLI/CLI.hpp>
+
+#include "comm/rendezvous/tcp_rendezvous.hpp"
+#include "comm/ucx/ucx_world.hpp"
+
+namespace {
+
+// Runs `post(done)` and waits for done().
+template <class Post>
+void blocking(Post post) {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finished = false;
+  post([&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    finished = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mutex);
+  cv.wait(lock, [&] { return finished; });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"atoll-bench-ucx: UCX all-gather and reduce-scatter bus bandwidth between processes"};
+  int node = 0, nnodes = 2, port = 29512, max_mib = 64;
+  app.add_option("--node-rank", node)->required();
+  app.add_option("--nnodes", nnodes);
+  app.add_option("--master-port", port);
+  app.add_option("--max-mib", max_mib);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    atl::UcxWorld world(nnodes, {node});
+    atl::RendezvousSettings settings;
+    settings.master_port = port;
+    settings.node_rank = node;
+    settings.nnodes = nnodes;
+    const char* token = std::getenv("ATOLL_JOB_TOKEN");
+    settings.token = token ? token : "bench";
+    settings.job = R"({"bench":"ucx"})";
+    world.connect(atl::rendezvous(settings, world.local_addresses()));
+    atl::Group group{"world", {}};
+    for (int r = 0; r < nnodes; ++r) group.ranks.push_back(r);
+    auto comm = world.communicator(group, node);
+    for (int mib = 1; mib <= max_mib; mib *= 2) {
+      const std::int64_t total = static_cast<std::int64_t>(mib) << 20;  // bytes of the whole buffer
+      const std::int64_t per_rank = total / 4 / nnodes;                 // f32 elements per rank
+      const atl::Tensor part = atl::Tensor::full({per_rank}, 1.0f);
+      const atl::Tensor whole = atl::Tensor::full({per_rank * nnodes}, 1.0f);
+      const int iterations = std::max(5, 256 / mib);
+      for (const char* name : {"all_gather", "reduce_scatter"}) {
+        const bool gather = name[0] == 'a';
+        auto once = [&] {
+          blocking([&](atl::Completion done) {
+            if (gather) {
+              comm->all_gather(part, whole, "bench", std::move(done));
+            } else {
+              comm->reduce_scatter(whole, part, "bench", std::move(done));
+            }
+          });
+        };
+        for (int w = 0; w < 2; ++w) once();  // warm-up: endpoints, registrations
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iterations; ++i) once();
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+        const double bus = static_cast<double>(total) / seconds * (nnodes - 1) / nnodes;
+        if (node == 0) std::printf("ucx %s %d MiB: bus bandwidth %.1f MB/s\n", name, mib, bus / 1e6);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "atoll-bench-ucx: %s\n", e.what());
+    return 1;
+  }
+}
