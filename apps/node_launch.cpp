@@ -50,7 +50,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
     throw ConfigError(config.source_file, "topology.backend",
                       "a multi-node ucx job needs ATOLL_JOB_TOKEN (scripts/launch generates one)");
   }
-  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks);
+  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, nullptr, config.topology.ucx_peer_errors);
   nlohmann::json job = to_json(config);
   job.erase("source_file");  // nodes may name the same config by different paths
   RendezvousSettings settings;

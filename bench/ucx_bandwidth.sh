@@ -11,12 +11,20 @@ max_mib="${1:-64}"
 export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}" ATOLL_JOB_TOKEN="${ATOLL_JOB_TOKEN:-bench}"
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-p=$(port)
-"$here/build/bench/atoll-bench-ucx" --node-rank 1 --nnodes 2 --master-port "$p" --max-mib "$max_mib" &
-atoll=$("$here/build/bench/atoll-bench-ucx" --node-rank 0 --nnodes 2 --master-port "$p" --max-mib "$max_mib")
-wait
+bench() {  # $1: peer error handling (true: tcp on one machine; false: shared memory)
+  local p
+  p=$(port)
+  "$here/build/bench/atoll-bench-ucx" --node-rank 1 --nnodes 2 --master-port "$p" --max-mib "$max_mib" \
+    --peer-errors "$1" > /dev/null &
+  "$here/build/bench/atoll-bench-ucx" --node-rank 0 --nnodes 2 --master-port "$p" --max-mib "$max_mib" --peer-errors "$1"
+  wait
+}
+atoll_on=$(bench true)
+atoll_off=$(bench false)
 
-echo "size      all_gather MB/s  reduce_scatter MB/s  ucx_perftest tag_bw MB/s  ratios (ag, rs)"
+echo "MB/s: all-gather (ag) and reduce-scatter (rs) bus bandwidth with UCX peer error handling on / off,"
+echo "ucx_perftest tag_bw (shared memory), and the ratios of the 'off' columns to it"
+echo "size     ag on  rs on  ag off  rs off  tag_bw   ratios (ag off, rs off)"
 for ((mib = 1; mib <= max_mib; mib *= 2)); do
   # perftest: one process sends to the other; the same per-rank message as the collectives' (half
   # the buffer each way between 2 ranks).
@@ -27,9 +35,10 @@ for ((mib = 1; mib <= max_mib; mib *= 2)); do
   sleep 0.3
   tag=$(ucx_perftest 127.0.0.1 -p "$p" -t tag_bw -s "$bytes" -n 40 2>/dev/null | awk '/^Final:/ {print $6}')
   wait "$server" 2>/dev/null || true
-  ag=$(echo "$atoll" | awk -v m="$mib" '$2 == "all_gather" && $3 == m {print $7}')
-  rs=$(echo "$atoll" | awk -v m="$mib" '$2 == "reduce_scatter" && $3 == m {print $7}')
-  printf "%3d MiB   %15s  %19s  %24s  %s, %s\n" "$mib" "$ag" "$rs" "$tag" \
+  col() { echo "$1" | awk -v m="$mib" -v c="$2" '$2 == c && $3 == m {print $7}'; }
+  ag_on=$(col "$atoll_on" all_gather); rs_on=$(col "$atoll_on" reduce_scatter)
+  ag=$(col "$atoll_off" all_gather); rs=$(col "$atoll_off" reduce_scatter)
+  printf "%3d MiB  %6.0f %6.0f  %6.0f  %6.0f  %6.0f   %s, %s\n" "$mib" "$ag_on" "$rs_on" "$ag" "$rs" "$tag" \
     "$(awk -v a="$ag" -v t="$tag" 'BEGIN {printf "%.2f", a / t}')" "$(awk -v a="$rs" -v t="$tag" 'BEGIN {printf "%.2f", a / t}')"
 done
 
@@ -43,8 +52,11 @@ print((lines[-1]["elapsed_s"] - lines[0]["elapsed_s"]) / (len(lines) - 1))' "$1"
 }
 common=(--set topology.mesh.dp_shard=4 --set train.global_batch=16 --set train.steps=6 --set train.log_every=100)
 "$here/build/apps/atoll-train" "$here/configs/beam-small.yaml" "${common[@]}" --set run_dir="$tmp/sim" > /dev/null
-"$here/scripts/launch" --nnodes 2 -- "$here/configs/beam-small.yaml" "${common[@]}" --set run_dir="$tmp/ucx" > /dev/null 2>&1
 sim=$(step_time "$tmp/sim/metrics.jsonl")
-ucx=$(step_time "$tmp/ucx/metrics.jsonl")
-echo "beam-small step (dp_shard 4): sim 4 ranks in one process ${sim} s, ucx 2 processes x 2 ranks ${ucx} s," \
-  "ratio $(awk -v a="$ucx" -v b="$sim" 'BEGIN {printf "%.3f", a / b}')"
+for peer in true false; do
+  "$here/scripts/launch" --nnodes 2 -- "$here/configs/beam-small.yaml" "${common[@]}" --set run_dir="$tmp/ucx_$peer" \
+    --set topology.ucx_peer_errors=$peer > /dev/null 2>&1
+  ucx=$(step_time "$tmp/ucx_$peer/metrics.jsonl")
+  echo "beam-small step (dp_shard 4): sim 4 ranks in one process ${sim} s, ucx 2 processes x 2 ranks" \
+    "(peer errors $peer) ${ucx} s, ratio $(awk -v a="$ucx" -v b="$sim" 'BEGIN {printf "%.3f", a / b}')"
+done

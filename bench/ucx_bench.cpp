@@ -37,13 +37,15 @@ void blocking(Post post) {
 int main(int argc, char** argv) {
   CLI::App app{"atoll-bench-ucx: UCX all-gather and reduce-scatter bus bandwidth between processes"};
   int node = 0, nnodes = 2, port = 29512, max_mib = 64;
+  bool peer_errors = true;
   app.add_option("--node-rank", node)->required();
   app.add_option("--nnodes", nnodes);
   app.add_option("--master-port", port);
   app.add_option("--max-mib", max_mib);
+  app.add_option("--peer-errors", peer_errors, "UCX peer error handling (tcp on one machine; shared memory without)");
   CLI11_PARSE(app, argc, argv);
   try {
-    atl::UcxWorld world(nnodes, {node});
+    atl::UcxWorld world(nnodes, {node}, nullptr, peer_errors);
     atl::RendezvousSettings settings;
     settings.master_port = port;
     settings.node_rank = node;
@@ -77,7 +79,10 @@ int main(int argc, char** argv) {
         for (int i = 0; i < iterations; ++i) once();
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
         const double bus = static_cast<double>(total) / seconds * (nnodes - 1) / nnodes;
-        if (node == 0) std::printf("ucx %s %d MiB: bus bandwidth %.1f MB/s\n", name, mib, bus / 1e6);
+        if (node == 0) {
+          std::printf("ucx %s %d MiB: bus bandwidth %.1f MB/s (peer errors %s)\n", name, mib, bus / 1e6,
+                      peer_errors ? "on" : "off");
+        }
       }
     }
     return 0;

@@ -112,6 +112,7 @@ TopologyConfig read_topology(ConfigReader reader) {
   topology.ep_dispatch = reader.get_choice("ep_dispatch", "all_to_all", {"all_to_all", "all_gather"}) == "all_gather"
                              ? ExpertDispatchFlow::all_gather
                              : ExpertDispatchFlow::all_to_all;
+  topology.ucx_peer_errors = reader.get<bool>("ucx_peer_errors", true);
   if (YAML::Node list = reader.node("nodes"); list && !list.IsNull()) {
     reader.check(list.IsSequence(), "nodes", "a list of {host, port, ranks} (empty: none)");
     for (std::size_t i = 0; i < list.size(); ++i) {
@@ -334,6 +335,7 @@ nlohmann::json to_json(const RunConfig& c) {
         {"sim_delay_ms", c.topology.sim_delay_ms},
         {"ep_dispatch", expert_dispatch_flow_name(c.topology.ep_dispatch)},
         {"nodes", nodes_json(c.topology.nodes)},
+        {"ucx_peer_errors", c.topology.ucx_peer_errors},
         {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},
       {"precision", precision_name(c.precision)},
       {"train",

@@ -50,6 +50,9 @@ struct TopologyConfig {
   ExpertDispatchFlow ep_dispatch = ExpertDispatchFlow::all_to_all;  // how experts ops move tokens (ep > 1)
   // ucx: the job's nodes in node order (empty: placement from flags, torchrun's or Slurm's variables).
   std::vector<NodeEntry> nodes;
+  // ucx: UCX's peer error handling (comm/ucx/ucx_world.hpp): survivors name a dead peer; off, one
+  // machine's processes talk over shared memory (faster) and a dead peer aborts them in UCX.
+  bool ucx_peer_errors = true;
   // sim backend only: an injected delay (milliseconds) per collective kind, e.g. {all_gather: 5},
   // to study overlap and slow links. Numerics do not change.
   std::map<std::string, double> sim_delay_ms;

@@ -67,6 +67,7 @@ struct UcxWorld::Impl {
   std::map<std::pair<int, int>, ucp_ep_h> endpoints;  // (local rank, remote rank)
   int in_flight = 0;
   bool failed = false;  // a transfer failed: a peer is gone
+  bool peer_errors = true;  // endpoints use UCX's peer error handling
 
   // UCX reports a broken endpoint here (peer error handling) instead of aborting the process.
   static void endpoint_failed(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -478,9 +479,11 @@ class UcxCommunicator final : public Communicator {
 
 }  // namespace
 
-UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr<CollectiveRecorder> recorder)
+UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr<CollectiveRecorder> recorder,
+                   bool peer_errors)
     : impl_(std::make_shared<Impl>()) {
   auto& im = *impl_;
+  im.peer_errors = peer_errors;
   im.world_size = world_size;
   im.local = std::move(local_ranks);
   im.recorder = recorder ? std::move(recorder) : std::make_shared<CollectiveRecorder>();
@@ -543,12 +546,14 @@ void UcxWorld::connect(const std::map<int, WorkerAddress>& addresses) {
       for (const auto& [remote, address] : addresses) {
         if (remote == rank) continue;
         ucp_ep_params_t params{};
-        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                            UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         params.address = reinterpret_cast<const ucp_address_t*>(address.data());
-        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-        params.err_handler.cb = &Impl::endpoint_failed;
-        params.err_handler.arg = impl;
+        if (impl->peer_errors) {
+          params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+          params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+          params.err_handler.cb = &Impl::endpoint_failed;
+          params.err_handler.arg = impl;
+        }
         ucp_ep_h ep = nullptr;
         check(ucp_ep_create(worker, &params, &ep), "creating an endpoint");
         impl->endpoints[{rank, remote}] = ep;

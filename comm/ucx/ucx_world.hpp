@@ -39,7 +39,12 @@ class UcxWorld {
  public:
   // Workers for `local_ranks` (ranks of a `world_size`-rank job). Throws std::runtime_error when
   // UCX cannot start.
-  UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr<CollectiveRecorder> recorder = nullptr);
+  // `peer_errors`: UCX's peer error handling (a dead peer fails transfers; the control plane then
+  // names it). UCX 1.13 supports it over network transports only (tcp on one machine), so without
+  // it a single machine gets shared memory, ~2-4x the bandwidth, and a dead peer aborts the
+  // survivors inside UCX (they still exit non-zero).
+  UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr<CollectiveRecorder> recorder = nullptr,
+           bool peer_errors = true);
   ~UcxWorld();
   UcxWorld(const UcxWorld&) = delete;
   UcxWorld& operator=(const UcxWorld&) = delete;
