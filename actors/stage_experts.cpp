@@ -158,6 +158,11 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
   if (!exchange_inputs(self, ins, true, run, nodes)) return;
   auto rows = std::make_shared<ExpertRowsOut>();
   if (!guarded(self, [&] { *rows = run->expert_rows(op); })) return;
+  // In precision bf16 the rows and the expert outputs are bf16 values (MODELS.md §10.1.12: the
+  // MLP input and every bulk linear output are rounded): they travel as bf16, exactly, in half the
+  // bytes. Gradients are fp32 and travel as such.
+  const DType wire = st.setup.plan->precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  const Tensor x_send = wire == DType::f32 ? rows->x_rows : rows->x_rows.to(wire);
   const auto experts = static_cast<std::int64_t>(rows->expert_rows.size());
   const Tensor all_counts = Tensor::empty({ep * experts}, DType::i64);
   post(self, nodes.at(0), CollectiveKind::all_gather, i64_tensor(rows->expert_rows), all_counts, {}, {}, [=] {
@@ -168,7 +173,7 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
     const ExpertExchange x = record.rows;
     const std::int64_t H = record.hidden;
     s.exchanges[{mb, op}] = record;
-    const Tensor x_in = Tensor::empty({x.received(), H}), w_in = Tensor::empty({x.received()});
+    const Tensor x_in = Tensor::empty({x.received(), H}, wire), w_in = Tensor::empty({x.received()});
     auto arrived = std::make_shared<int>(0);
     auto both_arrived = [=] {
       if (++*arrived < 2) return;
@@ -179,26 +184,32 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
                     compute(
                         self, group_task(self->state, op),
                         [=] {
+                          const Tensor x_rows = wire == DType::f32 ? x_in : x_in.to(DType::f32);
                           std::vector<ExpertSourceRows> sources;
                           std::int64_t at = 0;
                           for (std::size_t j = 0; j < x.recv_rows.size(); ++j) {
                             const std::int64_t n = x.recv_rows[j];
-                            sources.push_back({x_in.slice_rows(at, at + n), w_in.slice_rows(at, at + n),
+                            sources.push_back({x_rows.slice_rows(at, at + n), w_in.slice_rows(at, at + n),
                                                x.source_offsets[j]});
                             at += n;
                           }
                           *out = run->expert_group_forward(op, *weights, std::move(sources));
+                          if (wire != DType::f32) *out = out->to(wire);
                         },
                         [=] {
-                          const Tensor back = Tensor::empty({x.sent(), H});
+                          const Tensor back = Tensor::empty({x.sent(), H}, wire);
                           post(self, nodes.at(3), CollectiveKind::all_to_all_v, *out, back,
                                element_counts(x.recv_rows, H), element_counts(x.send_rows, H), [=] {
-                                 if (guarded(self, [&] { run->set_expert_output(op, back); })) next_instruction(self);
+                                 if (guarded(self, [&] {
+                                       run->set_expert_output(op, wire == DType::f32 ? back : back.to(DType::f32));
+                                     })) {
+                                   next_instruction(self);
+                                 }
                                });
                         });
                   });
     };
-    post(self, nodes.at(1), CollectiveKind::all_to_all_v, rows->x_rows, x_in, element_counts(x.send_rows, H),
+    post(self, nodes.at(1), CollectiveKind::all_to_all_v, x_send, x_in, element_counts(x.send_rows, H),
          element_counts(x.recv_rows, H), both_arrived);
     post(self, nodes.at(2), CollectiveKind::all_to_all_v, rows->w_rows, w_in, x.send_rows, x.recv_rows,
          both_arrived);

@@ -113,9 +113,10 @@ TEST_CASE("Dispatch and combine move valid tokens x K rows of H fp32 values, exp
   const auto layers = static_cast<std::int64_t>(first.routing[0].size());
   const std::int64_t K = first.routing[0][0].indices.size(1), H = 64;
   REQUIRE(layers == 4);
-  CHECK(first.bytes_dispatch == layers * first.tokens * K * H * 4);
+  // Precision bf16: the rows and outputs are bf16 values and travel as bf16 (2 bytes each).
+  CHECK(first.bytes_dispatch == layers * first.tokens * K * H * 2);
   CHECK(first.bytes_combine == first.bytes_dispatch);
-  CHECK(out.steps[1].bytes_dispatch == layers * out.steps[1].tokens * K * H * 4);
+  CHECK(out.steps[1].bytes_dispatch == layers * out.steps[1].tokens * K * H * 2);
   // Expert-group gathers and reductions run over ep_shard only; nothing else does.
   const auto* actor = dynamic_cast<const ActorEngine*>(engine.get());
   REQUIRE(actor != nullptr);
