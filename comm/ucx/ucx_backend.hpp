@@ -17,7 +17,6 @@ class UcxBackend : public CommBackend {
     return world_->communicator(group, rank);
   }
   std::shared_ptr<CollectiveRecorder> recorder() const override { return world_->recorder(); }
-  const std::shared_ptr<UcxWorld>& world() const { return world_; }
 
  private:
   std::shared_ptr<UcxWorld> world_;

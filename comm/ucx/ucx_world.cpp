@@ -519,7 +519,6 @@ UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr
 UcxWorld::~UcxWorld() { impl_->stop(); }
 
 int UcxWorld::world_size() const { return impl_->world_size; }
-const std::vector<int>& UcxWorld::local_ranks() const { return impl_->local; }
 const std::shared_ptr<CollectiveRecorder>& UcxWorld::recorder() const { return impl_->recorder; }
 
 std::map<int, WorkerAddress> UcxWorld::local_addresses() const {

@@ -50,7 +50,6 @@ class UcxWorld {
   UcxWorld& operator=(const UcxWorld&) = delete;
 
   int world_size() const;
-  const std::vector<int>& local_ranks() const;
   const std::shared_ptr<CollectiveRecorder>& recorder() const;
 
   std::map<int, WorkerAddress> local_addresses() const;

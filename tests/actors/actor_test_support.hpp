@@ -7,6 +7,8 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -129,6 +131,24 @@ inline bool same_routing(const std::vector<std::vector<RoutingRecord>>& a,
     }
   }
   return true;
+}
+
+// Two engines of one job (two "processes") take part in every collective: each call runs on both
+// at once, the second on a thread of its own.
+inline std::pair<StepResult, StepResult> step_both(TrainingEngine& first, const Batch& mine, TrainingEngine& second,
+                                                   const Batch& theirs, bool record_routing = false) {
+  StepResult a, b;
+  std::thread other([&] { b = second.step(theirs, record_routing); });
+  a = first.step(mine, record_routing);
+  other.join();
+  return {std::move(a), std::move(b)};
+}
+inline std::pair<TrainingState, TrainingState> state_of_both(TrainingEngine& first, TrainingEngine& second) {
+  TrainingState a, b;
+  std::thread other([&] { b = second.state(); });
+  a = first.state();
+  other.join();
+  return {std::move(a), std::move(b)};
 }
 
 }  // namespace atl::testing

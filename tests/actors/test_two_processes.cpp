@@ -65,10 +65,7 @@ TEST_CASE("Two engines on one sim backend, each with half the ranks, match one e
       const Batch theirs = read_rows(*second_source, rows, seq, second->rows_read(rows));
       CHECK(mine.rows() == 4);
       CHECK(first_source->cursor() == second_source->cursor());
-      StepResult a, b;
-      std::thread other([&] { b = second->step(theirs, s == 0); });
-      a = first->step(mine, s == 0);
-      other.join();
+      const auto [a, b] = step_both(*first, mine, *second, theirs, s == 0);
       for (const StepResult* r : {&a, &b}) {
         CHECK(r->loss == single.steps[static_cast<std::size_t>(s)].loss);
         CHECK(r->grad_norm == single.steps[static_cast<std::size_t>(s)].grad_norm);
@@ -84,10 +81,7 @@ TEST_CASE("Two engines on one sim backend, each with half the ranks, match one e
     }
     // The state gathers through collectives: both processes assemble the whole model, even when
     // every shard group spans both of them.
-    TrainingState a, b;
-    std::thread other([&] { b = second->state(); });
-    a = first->state();
-    other.join();
+    const auto [a, b] = state_of_both(*first, *second);
     CHECK(bitwise_equal(a.master, single.master));
     CHECK(bitwise_equal(b.master, single.master));
     const TrainingState reference = single_engine->state();

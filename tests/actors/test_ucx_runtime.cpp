@@ -56,19 +56,13 @@ TEST_CASE("Two engines over UCX, each with its own UCX context and two ranks, ma
       INFO("step " << s + 1);
       const Batch mine = read_rows(*first_source, rows, seq, first->rows_read(rows));
       const Batch theirs = read_rows(*second_source, rows, seq, second->rows_read(rows));
-      StepResult a, b;
-      std::thread other([&] { b = second->step(theirs); });
-      a = first->step(mine);
-      other.join();
+      const auto [a, b] = step_both(*first, mine, *second, theirs);
       for (const StepResult* r : {&a, &b}) {
         CHECK(r->loss == sim.steps[static_cast<std::size_t>(s)].loss);
         CHECK(r->grad_norm == sim.steps[static_cast<std::size_t>(s)].grad_norm);
       }
     }
-    TrainingState a, b;
-    std::thread other([&] { b = second->state(); });
-    a = first->state();
-    other.join();
+    const auto [a, b] = state_of_both(*first, *second);
     CHECK(bitwise_equal(a.master, sim.master));
     CHECK(bitwise_equal(b.master, sim.master));
     // Every collective went over UCX: each world recorded its own ranks'.

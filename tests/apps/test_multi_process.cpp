@@ -157,6 +157,25 @@ TEST_CASE("apps: a connection with a wrong job token is refused and the job goes
 
 namespace {
 
+// Once node 0 has written `after` steps to run_dir's metrics, sends `signal` (a pkill name) to the
+// newest atoll-train process of that run; false if the run never got there (a deadlock watchdog,
+// not a timing claim).
+bool signal_a_node(const fs::path& run_dir, std::size_t after, const char* signal) {
+  const fs::path metrics = run_dir / "metrics.jsonl";
+  for (int poll = 0; poll < 6000; ++poll) {
+    if (fs::exists(metrics) && read_metrics(metrics).size() >= after) {
+      // Appended piecewise: chained `+` on temporaries trips a false -Wrestrict in GCC 12.
+      std::string pattern = "^";
+      pattern.append(app_binary("atoll-train").string()).append(" .*run_dir=").append(run_dir.string()).append(" ");
+      std::string command = "pkill -";
+      command.append(signal).append(" -n -f ").append(shell_quote(pattern));
+      return std::system(command.c_str()) == 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 // Runs scripts/launch with `launch_args` in the background; once node 0 has written `after`
 // steps, SIGKILLs one node process of the run; returns the launcher's result.
 Result launch_and_kill_a_node(const std::string& launch_args, const fs::path& run_dir, std::size_t after,
@@ -165,19 +184,7 @@ Result launch_and_kill_a_node(const std::string& launch_args, const fs::path& ru
   std::thread launcher([&] {
     launched = run_shell(shell_quote(source_path("scripts/launch").string()) + " " + launch_args, scratch);
   });
-  const fs::path metrics = run_dir / "metrics.jsonl";
-  bool killed = false;
-  for (int poll = 0; poll < 6000 && !killed; ++poll) {  // a deadlock watchdog, not a timing claim
-    if (fs::exists(metrics) && read_metrics(metrics).size() >= after) {
-      // Appended piecewise: chained `+` on temporaries trips a false -Wrestrict in GCC 12.
-      std::string pattern = "^";
-      pattern.append(app_binary("atoll-train").string()).append(" .*run_dir=").append(run_dir.string()).append(" ");
-      std::string command = "pkill -KILL -n -f ";
-      command.append(shell_quote(pattern));
-      killed = std::system(command.c_str()) == 0;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const bool killed = signal_a_node(run_dir, after, "KILL");
   launcher.join();
   CHECK(killed);
   return launched;
@@ -250,17 +257,7 @@ TEST_CASE("apps: SIGTERM to one node stops every node after the same step, saved
   std::thread second([&] { node1 = run_shell(node_command(1, 2, port, args), tmp.path / "n1"); });
   Result node0;
   std::thread first([&] { node0 = run_shell(node_command(0, 2, port, args), tmp.path / "n0"); });
-  bool signalled = false;
-  for (int poll = 0; poll < 6000 && !signalled; ++poll) {  // a deadlock watchdog, not a timing claim
-    if (fs::exists(run_dir / "metrics.jsonl") && read_metrics(run_dir / "metrics.jsonl").size() >= 20) {
-      std::string pattern = "^";
-      pattern.append(app_binary("atoll-train").string()).append(" .*run_dir=").append(run_dir.string()).append(" ");
-      std::string command = "pkill -TERM -n -f ";  // the newest: one node only
-      command.append(shell_quote(pattern));
-      signalled = std::system(command.c_str()) == 0;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const bool signalled = signal_a_node(run_dir, 20, "TERM");  // the newest process: one node only
   first.join();
   second.join();
   INFO(node0.err << node1.err);
