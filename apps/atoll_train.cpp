@@ -63,8 +63,19 @@ int main(int argc, char** argv) {
       // Node 0 writes the run; the others print to stderr behind their node rank.
       options.writer = launch.spec.node_rank == 0;
       auto node_out = atl::prefixed_stream(std::cerr, "[node " + std::to_string(launch.spec.node_rank) + "] ");
-      atl::run_training(config, options, launch.engine, options.writer ? std::cout : *node_out);
-      launch.control->finish();  // a goodbye: the other nodes do not count this one as lost
+      // Ends every node agrees on (done, a stop every node takes after the same step, a
+      // non-finite step every node sees) say goodbye, so the other nodes do not count this one
+      // as lost while they finish; any other end closes the control channel like a crash.
+      try {
+        atl::run_training(config, options, launch.engine, options.writer ? std::cout : *node_out);
+      } catch (const atl::RunStopped&) {
+        launch.control->finish();
+        throw;
+      } catch (const atl::NonFiniteError&) {
+        launch.control->finish();
+        throw;
+      }
+      launch.control->finish();
       return 0;
     }
     const atl::EngineFactory engine = config.topology.engine == atl::Engine::reference ? atl::make_reference_engine
