@@ -2,7 +2,8 @@
 # Issue 11's transport benchmark, from one run on this machine (loopback, UCX_NET_DEVICES=lo):
 #  1. atoll's UCX all-gather and reduce-scatter bus bandwidth between 2 processes, 1..64 MiB,
 #     against ucx_perftest's tag bandwidth for the same message size over the same transport
-#     (the ratio; goal >= 0.8);
+#     (the ratio; goal >= 0.8), one way and both ways at once (every member of a 2-member
+#     exchange sends and receives; on one 2-core machine the two directions share the cores);
 #  2. beam-small's step time at 2 processes x 2 ranks (scripts/launch) against sim with dp_shard 4.
 # Usage: bench/ucx_bandwidth.sh [MAX_MIB]   (needs build/, ucx_perftest from ucx-utils)
 set -euo pipefail
@@ -22,24 +23,39 @@ bench() {  # $1: peer error handling (true: tcp on one machine; false: shared me
 atoll_on=$(bench true)
 atoll_off=$(bench false)
 
-echo "MB/s: all-gather (ag) and reduce-scatter (rs) bus bandwidth with UCX peer error handling on / off,"
-echo "ucx_perftest tag_bw (shared memory), and the ratios of the 'off' columns to it"
-echo "size     ag on  rs on  ag off  rs off  tag_bw   ratios (ag off, rs off)"
-for ((mib = 1; mib <= max_mib; mib *= 2)); do
-  # perftest: one process sends to the other; the same per-rank message as the collectives' (half
-  # the buffer each way between 2 ranks).
-  bytes=$((mib * 1048576 / 2))
-  p=$(port)
-  ucx_perftest -p "$p" > /dev/null 2>&1 &
-  server=$!
+# ucx_perftest's tag bandwidth for one message size (bytes), one way (one sender, one receiver), or
+# both ways at once (two sender/receiver pairs, one per direction: the load a 2-member exchange
+# puts on the machine, where every process sends and receives); MB/s per direction.
+perftest() {  # $1: bytes, $2: 1 or 2 directions
+  local ports=() servers=() out
+  for ((d = 0; d < $2; ++d)); do
+    ports+=("$(port)")
+    ucx_perftest -p "${ports[d]}" > /dev/null 2>&1 &
+    servers+=($!)
+  done
   sleep 0.3
-  tag=$(ucx_perftest 127.0.0.1 -p "$p" -t tag_bw -s "$bytes" -n 40 2>/dev/null | awk '/^Final:/ {print $6}')
-  wait "$server" 2>/dev/null || true
+  out=$(for p in "${ports[@]}"; do
+          ucx_perftest 127.0.0.1 -p "$p" -t tag_bw -s "$1" -n "$(( $1 < 8388608 ? 400 : 60 ))" 2>/dev/null | awk '/^Final:/ {print $6}' &
+        done; wait)
+  wait "${servers[@]}" 2>/dev/null || true
+  echo "$out" | awk '{s += $1; n += 1} END {printf "%.0f", n ? s / n : 0}'
+}
+
+echo "MB/s: all-gather (ag) and reduce-scatter (rs) bus bandwidth with UCX peer error handling on / off,"
+echo "ucx_perftest tag_bw over shared memory one way and both ways at once (per direction), and the"
+echo "ratios of the 'off' columns to each"
+echo "size     ag on  rs on  ag off  rs off  tag 1way tag 2way  ratios to 1 way  ratios to 2 ways"
+for ((mib = 1; mib <= max_mib; mib *= 2)); do
+  # The same per-rank message as the collectives' (half the buffer each way between 2 ranks).
+  bytes=$((mib * 1048576 / 2))
+  one=$(perftest "$bytes" 1)
+  two=$(perftest "$bytes" 2)
   col() { echo "$1" | awk -v m="$mib" -v c="$2" '$2 == c && $3 == m {print $7}'; }
   ag_on=$(col "$atoll_on" all_gather); rs_on=$(col "$atoll_on" reduce_scatter)
   ag=$(col "$atoll_off" all_gather); rs=$(col "$atoll_off" reduce_scatter)
-  printf "%3d MiB  %6.0f %6.0f  %6.0f  %6.0f  %6.0f   %s, %s\n" "$mib" "$ag_on" "$rs_on" "$ag" "$rs" "$tag" \
-    "$(awk -v a="$ag" -v t="$tag" 'BEGIN {printf "%.2f", a / t}')" "$(awk -v a="$rs" -v t="$tag" 'BEGIN {printf "%.2f", a / t}')"
+  ratio() { awk -v a="$1" -v t="$2" 'BEGIN {printf "%.2f", (t > 0 ? a / t : 0)}'; }
+  printf "%3d MiB  %6.0f %6.0f  %6.0f  %6.0f  %8.0f %8.0f  %4s, %4s       %4s, %4s\n" "$mib" "$ag_on" "$rs_on" "$ag" "$rs" \
+    "$one" "$two" "$(ratio "$ag" "$one")" "$(ratio "$rs" "$one")" "$(ratio "$ag" "$two")" "$(ratio "$rs" "$two")"
 done
 
 # beam-small: 2 processes x 2 ranks over UCX against the sim's 4 ranks in one process.

@@ -1,5 +1,7 @@
 #include "comm/ucx/ucx_world.hpp"
 
+#include "kernels/tree_sum_arrays.hpp"
+
 #include <ucp/api/ucp.h>
 
 #include <condition_variable>
@@ -24,16 +26,6 @@ void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) throw std::runtime_error(std::string("ucx: ") + what + ": " + ucs_status_string(status));
 }
 
-// The members' chunks of a reduction, uninitialized until received (no zeroing of large buffers).
-struct Parts {
-  Parts(int members, std::int64_t n) : n(n) {
-    for (int i = 0; i < members; ++i) data.emplace_back(new float[static_cast<std::size_t>(std::max<std::int64_t>(n, 1))]);
-  }
-  std::int64_t n;
-  std::vector<std::unique_ptr<float[]>> data;
-  float* operator[](std::size_t i) { return data[i].get(); }
-};
-
 // One collective (or send/recv) of one rank: its transfers count down, plus one part for the
 // posting itself (released when every transfer is posted and the local copies are done), so a
 // transfer that completes at once can never finish the operation before its data is all there.
@@ -48,6 +40,11 @@ std::uint64_t group_id(const Group& group) {  // FNV-1a of the description, 24 b
   for (char c : group.describe()) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return (h ^ (h >> 24) ^ (h >> 48)) & 0xFFFFFFull;
 }
+
+// Reductions travel in chunks of this many floats (256 KiB), summed as they arrive while the
+// next ones travel; kStagingDepth chunks per member are in flight at once.
+constexpr std::int64_t kChunkFloats = 64 * 1024;
+constexpr int kStagingDepth = 2;
 
 constexpr std::uint64_t kPointToPoint = 0x800000;  // op numbers of send/recv streams
 
@@ -68,6 +65,16 @@ struct UcxWorld::Impl {
   int in_flight = 0;
   bool failed = false;  // a transfer failed: a peer is gone
   bool peer_errors = true;  // endpoints use UCX's peer error handling
+  // Staging slots of reductions (kChunkFloats each), reused across operations: a step does not
+  // page-fault fresh buffers, and a reused slot is often still in cache when its chunk is summed.
+  std::vector<std::unique_ptr<float[]>> free_slots;
+
+  std::unique_ptr<float[]> take_slot() {
+    if (free_slots.empty()) return std::unique_ptr<float[]>(new float[kChunkFloats]);
+    auto slot = std::move(free_slots.back());
+    free_slots.pop_back();
+    return slot;
+  }
 
   // UCX reports a broken endpoint here (peer error handling) instead of aborting the process.
   static void endpoint_failed(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -234,6 +241,113 @@ struct UcxWorld::Impl {
 
 namespace {
 
+// This member's side of a reduction over a group, pipelined. Member j's range of the input goes
+// to member j in chunks of kChunkFloats; the members' chunks of this member's range arrive into
+// kStagingDepth staging slots per member, and each chunk is summed over the pairwise tree of member
+// index (kernels/tree_sum_arrays.hpp: the sim backend's order, so its bits) as soon as every
+// member's has arrived, in chunk order, while the next chunks travel. UCX matches the messages of
+// one tag from one endpoint in order, so a member's chunks share its tag. Progress thread only.
+class ChunkedReduction : public std::enable_shared_from_this<ChunkedReduction> {
+ public:
+  using Range = std::pair<std::int64_t, std::int64_t>;  // [begin, end) of the input
+
+  ChunkedReduction(UcxWorld::Impl& world, std::vector<int> ranks, int rank, int me, std::uint64_t id,
+                   std::uint64_t op, const float* in, std::vector<Range> ranges, float* out)
+      : world_(world), ranks_(std::move(ranks)), rank_(rank), me_(me), id_(id), op_(op), in_(in),
+        ranges_(std::move(ranges)), out_(out) {}
+
+  // Posts every transfer; `whole` finishes once every chunk is sent and every chunk summed.
+  void post(std::shared_ptr<Operation> whole) {
+    whole_ = std::move(whole);
+    const int size = static_cast<int>(ranks_.size());
+    const int own_chunks = chunks_of(me_);
+    int sends = 0;
+    for (int j = 0; j < size; ++j) sends += j == me_ ? 0 : chunks_of(j);
+    whole_->remaining = sends + own_chunks + 1;
+    ready_.assign(static_cast<std::size_t>(own_chunks), false);
+    slots_.resize(static_cast<std::size_t>(size * kStagingDepth));
+    for (int j = 0; j < size; ++j) {
+      for (int s = 0; j != me_ && s < kStagingDepth && s < own_chunks; ++s) slots_[slot_index(j, s)] = world_.take_slot();
+    }
+    for (int c = 0; c < std::min(kStagingDepth, own_chunks); ++c) post_chunk(c);
+    for (int j = 0; j < size; ++j) {
+      if (j == me_) continue;
+      for (int c = 0; c < chunks_of(j); ++c) {
+        world_.send(rank_, ranks_[static_cast<std::size_t>(j)], in_ + ranges_[static_cast<std::size_t>(j)].first + c * kChunkFloats,
+                    chunk_floats(j, c) * sizeof(float), make_tag(id_, op_, me_), whole_);
+      }
+    }
+    UcxWorld::Impl::part_done(whole_);  // the posting's own part
+  }
+
+ private:
+  std::int64_t length(int j) const { return ranges_[static_cast<std::size_t>(j)].second - ranges_[static_cast<std::size_t>(j)].first; }
+  int chunks_of(int j) const {  // an empty range still sends one (empty) message
+    return static_cast<int>(std::max<std::int64_t>(1, (length(j) + kChunkFloats - 1) / kChunkFloats));
+  }
+  std::size_t chunk_floats(int j, int c) const {
+    return static_cast<std::size_t>(std::min(kChunkFloats, length(j) - c * kChunkFloats));
+  }
+  std::size_t slot_index(int j, int c) const { return static_cast<std::size_t>(j * kStagingDepth + c % kStagingDepth); }
+
+  // Receives chunk c of this member's range from every other member.
+  void post_chunk(int c) {
+    const int size = static_cast<int>(ranks_.size());
+    auto arrived = std::make_shared<Operation>();
+    arrived->remaining = size;  // size - 1 receives and the posting
+    arrived->finish = [self = shared_from_this(), c] { self->arrived(c); };
+    for (int j = 0; j < size; ++j) {
+      if (j == me_) continue;
+      world_.recv(rank_, slots_[slot_index(j, c)].get(), chunk_floats(me_, c) * sizeof(float), make_tag(id_, op_, j),
+                  arrived);
+    }
+    UcxWorld::Impl::part_done(arrived);
+  }
+
+  // Sums the arrived chunks in order; a chunk that arrives while one is summed waits its turn.
+  void arrived(int c) {
+    ready_[static_cast<std::size_t>(c)] = true;
+    if (summing_) return;
+    summing_ = true;
+    const int chunks = static_cast<int>(ready_.size());
+    while (next_ < chunks && ready_[static_cast<std::size_t>(next_)]) {
+      const int k = next_++;
+      sum_chunk(k);
+      if (k + kStagingDepth < chunks) post_chunk(k + kStagingDepth);
+      if (next_ == chunks) {  // the slots go back before the operation can finish
+        for (auto& slot : slots_) {
+          if (slot) world_.free_slots.push_back(std::move(slot));
+        }
+      }
+      UcxWorld::Impl::part_done(whole_);
+    }
+    summing_ = false;
+  }
+
+  void sum_chunk(int k) {
+    const int size = static_cast<int>(ranks_.size());
+    const std::int64_t at = k * kChunkFloats;
+    std::vector<const float*> parts(static_cast<std::size_t>(size));
+    for (int j = 0; j < size; ++j) {
+      parts[static_cast<std::size_t>(j)] = j == me_ ? in_ + ranges_[static_cast<std::size_t>(me_)].first + at : slots_[slot_index(j, k)].get();
+    }
+    tree_sum_arrays(parts.data(), size, static_cast<std::int64_t>(chunk_floats(me_, k)), out_ + at);
+  }
+
+  UcxWorld::Impl& world_;
+  std::vector<int> ranks_;
+  int rank_, me_;
+  std::uint64_t id_, op_;
+  const float* in_;
+  std::vector<Range> ranges_;
+  float* out_;
+  std::shared_ptr<Operation> whole_;
+  std::vector<std::unique_ptr<float[]>> slots_;  // (member, slot) at member * kStagingDepth + slot
+  std::vector<bool> ready_;
+  int next_ = 0;
+  bool summing_ = false;
+};
+
 // One rank's communicator in one group.
 class UcxCommunicator final : public Communicator {
  public:
@@ -254,37 +368,31 @@ class UcxCommunicator final : public Communicator {
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
       const std::size_t block = send.bytes();
       auto* out = static_cast<std::byte*>(recv.raw());
-      std::memmove(out + static_cast<std::size_t>(me) * block, send.raw(), block);
       for (int j = 0; j < size; ++j) {
         if (j == me) continue;
         world->send(rank, ranks[j], send.raw(), block, make_tag(id, op, me), operation);
         world->recv(rank, out + static_cast<std::size_t>(j) * block, block, make_tag(id, op, j), operation);
       }
-      UcxWorld::Impl::part_done(operation);  // the posting's own part
     });
+    // This member's own block, copied here while the transfers travel; the posting's part is
+    // released after it, so the operation cannot finish first.
+    std::memmove(static_cast<std::byte*>(recv.raw()) + static_cast<std::size_t>(me_) * send.bytes(), send.raw(),
+                 send.bytes());
+    world_->post([operation] { UcxWorld::Impl::part_done(operation); });
   }
 
   void reduce_scatter(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
     const int size = group_.size();
     require(send.dtype() == DType::f32 && recv.dtype() == DType::f32 && send.numel() == recv.numel() * size,
             "reduce_scatter", "f32 send of size x recv elements");
-    const std::uint64_t op = next_op();
     const std::int64_t n = recv.numel();
-    auto parts = std::make_shared<Parts>(size, n);
-    auto operation = start(CollectiveKind::reduce_scatter, send, tag, std::move(done), 2 * (size - 1) + 1,
-                           [parts, recv] { tree_sum_into(*parts, recv.data<float>()); });
+    std::vector<ChunkedReduction::Range> ranges;
+    for (std::int64_t j = 0; j < size; ++j) ranges.emplace_back(j * n, (j + 1) * n);
+    auto reduction = std::make_shared<ChunkedReduction>(*world_, group_.ranks, rank_, me_, id_, next_op(),
+                                                        send.data<float>(), std::move(ranges), recv.data<float>());
+    auto operation = start(CollectiveKind::reduce_scatter, send, tag, std::move(done), 0);
     operation->keep = {send, recv};
-    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
-      const float* in = send.data<float>();
-      std::memcpy((*parts)[static_cast<std::size_t>(me)], in + me * n, static_cast<std::size_t>(n) * 4);
-      for (int j = 0; j < size; ++j) {
-        if (j == me) continue;
-        world->send(rank, ranks[j], in + j * n, static_cast<std::size_t>(n) * 4, make_tag(id, op, me), operation);
-        world->recv(rank, (*parts)[static_cast<std::size_t>(j)], static_cast<std::size_t>(n) * 4,
-                     make_tag(id, op, j), operation);
-      }
-      UcxWorld::Impl::part_done(operation);  // the posting's own part
-    });
+    world_->post([reduction, operation] { reduction->post(operation); });
   }
 
   void all_reduce(const Tensor& inout, const std::string& tag, Completion done) override {
@@ -292,39 +400,28 @@ class UcxCommunicator final : public Communicator {
     const int size = group_.size();
     const std::uint64_t op = next_op(), gather_op = next_op();  // two exchanges, numbered in order
     const std::int64_t N = inout.numel();
-    auto chunk = [=](int i) { return std::pair<std::int64_t, std::int64_t>{i * N / size, (i + 1) * N / size}; };
-    const auto [lo, hi] = chunk(me_);
-    auto parts = std::make_shared<Parts>(size, hi - lo);
+    std::vector<ChunkedReduction::Range> ranges;
+    for (std::int64_t i = 0; i < size; ++i) ranges.emplace_back(i * N / size, (i + 1) * N / size);
+    const auto [lo, hi] = ranges[static_cast<std::size_t>(me_)];
     float* data = inout.data<float>();
-    // Phase 2 (after every chunk of phase 1 arrived and left): the sums to every member.
+    auto reduction = std::make_shared<ChunkedReduction>(*world_, group_.ranks, rank_, me_, id_, op, data, ranges,
+                                                        data + lo);
+    // Phase 2 (after every chunk of phase 1 arrived, was summed and left): the sums to every member.
     auto gathered = start(CollectiveKind::all_reduce, inout, tag, std::move(done), 2 * (size - 1) + 1);
     gathered->keep = {inout};
     auto reduced = std::make_shared<Operation>();
-    reduced->remaining = 2 * (size - 1) + 1;
     reduced->keep = {inout};
     reduced->finish = [=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
-      tree_sum_into(*parts, data + lo);
       for (int j = 0; j < size; ++j) {
         if (j == me) continue;
-        const auto [jl, jh] = chunk(j);
+        const auto [jl, jh] = ranges[static_cast<std::size_t>(j)];
         world->send(rank, ranks[j], data + lo, static_cast<std::size_t>(hi - lo) * 4,
                      make_tag(id, gather_op, me), gathered);
         world->recv(rank, data + jl, static_cast<std::size_t>(jh - jl) * 4, make_tag(id, gather_op, j), gathered);
       }
       UcxWorld::Impl::part_done(gathered);
     };
-    world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
-      std::memcpy((*parts)[static_cast<std::size_t>(me)], data + lo, static_cast<std::size_t>(hi - lo) * 4);
-      for (int j = 0; j < size; ++j) {
-        if (j == me) continue;
-        const auto [jl, jh] = chunk(j);
-        world->send(rank, ranks[j], data + jl, static_cast<std::size_t>(jh - jl) * 4, make_tag(id, op, me),
-                     reduced);
-        world->recv(rank, (*parts)[static_cast<std::size_t>(j)], static_cast<std::size_t>(hi - lo) * 4,
-                     make_tag(id, op, j), reduced);
-      }
-      UcxWorld::Impl::part_done(reduced);
-    });
+    world_->post([reduction, reduced] { reduction->post(reduced); });
   }
 
   void broadcast(const Tensor& inout, int root, const std::string& tag, Completion done) override {
@@ -425,23 +522,6 @@ class UcxCommunicator final : public Communicator {
   }
 
   std::uint64_t next_op() { return ops_++ & 0x7FFFFF; }
-
-  // The members' parts summed over the fixed pairwise tree of member index, into out.
-  // The members' parts summed over the fixed pairwise tree of member index (kernels/tree_sum.hpp:
-  // tree(lo, n) = tree(lo, p) + tree(lo + p, n - p), p the largest power of two below n), in place
-  // in the parts, into out.
-  static void tree_sum_into(Parts& parts, float* out) {
-    const std::function<float*(std::size_t, std::size_t)> tree = [&](std::size_t lo, std::size_t n) -> float* {
-      if (n == 1) return parts.data[lo].get();
-      std::size_t p = 1;
-      while (p * 2 < n) p *= 2;
-      float* left = tree(lo, p);
-      const float* right = tree(lo + p, n - p);
-      for (std::int64_t k = 0; k < parts.n; ++k) left[k] += right[k];
-      return left;
-    };
-    std::memcpy(out, tree(0, parts.data.size()), static_cast<std::size_t>(parts.n) * sizeof(float));
-  }
 
   // An operation of `transfers` transfers; when they are done: `local` (a reduction), the record,
   // then the caller's completion. `bytes` < 0: the send tensor's.

@@ -3,10 +3,11 @@
 // UCX's single-thread mode and nothing else touches them). Collectives are built from tagged
 // point-to-point messages between the group's members, as direct exchanges:
 //   all_gather      each member sends its block to every other member;
-//   reduce_scatter  member i receives chunk i of every member's buffer, then sums them over the
-//                   fixed pairwise tree of member index (kernels/tree_sum.hpp): the sim backend's
-//                   order, so a UCX run is bitwise equal to a sim run of the same mesh (and moves
-//                   the same bytes as a ring);
+//   reduce_scatter  member i receives part i of every member's buffer, in 256 KiB chunks through
+//                   a few reused staging slots, and sums each chunk as soon as every member's has
+//                   arrived (while the next travel) over the fixed pairwise tree of member index
+//                   (kernels/tree_sum_arrays.hpp): the sim backend's order, so a UCX run is
+//                   bitwise equal to a sim run of the same mesh (and moves the bytes of a ring);
 //   all_reduce      a reduce_scatter of equal chunks, then an all_gather of the sums;
 //   broadcast       the root sends to every member;
 //   all_to_all_v    member i sends send_counts[j] elements to member j;
