@@ -26,8 +26,9 @@ atoll_off=$(bench false)
 # ucx_perftest's tag bandwidth for one message size (bytes), one way (one sender, one receiver), or
 # both ways at once (two sender/receiver pairs, one per direction: the load a 2-member exchange
 # puts on the machine, where every process sends and receives); MB/s per direction.
-perftest() {  # $1: bytes, $2: 1 or 2 directions
+perftest() {  # $1: bytes, $2: 1 or 2 directions, $3: UCX_TLS ("" for UCX's choice: shared memory)
   local ports=() servers=() out
+  if [[ -n "$3" ]]; then local -x UCX_TLS="$3"; fi
   for ((d = 0; d < $2; ++d)); do
     ports+=("$(port)")
     ucx_perftest -p "${ports[d]}" > /dev/null 2>&1 &
@@ -41,21 +42,25 @@ perftest() {  # $1: bytes, $2: 1 or 2 directions
   echo "$out" | awk '{s += $1; n += 1} END {printf "%.0f", n ? s / n : 0}'
 }
 
-echo "MB/s: all-gather (ag) and reduce-scatter (rs) bus bandwidth with UCX peer error handling on / off,"
-echo "ucx_perftest tag_bw over shared memory one way and both ways at once (per direction), and the"
-echo "ratios of the 'off' columns to each"
-echo "size     ag on  rs on  ag off  rs off  tag 1way tag 2way  ratios to 1 way  ratios to 2 ways"
+echo "MB/s: all-gather (ag) and reduce-scatter (rs) bus bandwidth with UCX peer error handling on (UCX"
+echo "picks tcp) and off (shared memory); ucx_perftest tag_bw over the same transport one way and both ways"
+echo "at once (per direction); the ratios of ag and rs to each"
+echo "          ------------- peer errors on: tcp -------------   --------- peer errors off: shared memory ---------"
+echo "size      ag     rs  tag 1way 2way  to 1 way    to 2 ways    ag     rs  tag 1way 2way  to 1 way    to 2 ways"
 for ((mib = 1; mib <= max_mib; mib *= 2)); do
   # The same per-rank message as the collectives' (half the buffer each way between 2 ranks).
   bytes=$((mib * 1048576 / 2))
-  one=$(perftest "$bytes" 1)
-  two=$(perftest "$bytes" 2)
   col() { echo "$1" | awk -v m="$mib" -v c="$2" '$2 == c && $3 == m {print $7}'; }
-  ag_on=$(col "$atoll_on" all_gather); rs_on=$(col "$atoll_on" reduce_scatter)
-  ag=$(col "$atoll_off" all_gather); rs=$(col "$atoll_off" reduce_scatter)
   ratio() { awk -v a="$1" -v t="$2" 'BEGIN {printf "%.2f", (t > 0 ? a / t : 0)}'; }
-  printf "%3d MiB  %6.0f %6.0f  %6.0f  %6.0f  %8.0f %8.0f  %4s, %4s       %4s, %4s\n" "$mib" "$ag_on" "$rs_on" "$ag" "$rs" \
-    "$one" "$two" "$(ratio "$ag" "$one")" "$(ratio "$rs" "$one")" "$(ratio "$ag" "$two")" "$(ratio "$rs" "$two")"
+  line="$(printf "%3d MiB" "$mib")"
+  for mode in on off; do
+    if [[ $mode == on ]]; then results=$atoll_on tls=tcp; else results=$atoll_off tls=""; fi
+    ag=$(col "$results" all_gather); rs=$(col "$results" reduce_scatter)
+    one=$(perftest "$bytes" 1 "$tls"); two=$(perftest "$bytes" 2 "$tls")
+    line+="$(printf " %6.0f %6.0f  %6.0f %6.0f  %4s, %4s  %4s, %4s" "$ag" "$rs" "$one" "$two" \
+      "$(ratio "$ag" "$one")" "$(ratio "$rs" "$one")" "$(ratio "$ag" "$two")" "$(ratio "$rs" "$two")")"
+  done
+  echo "$line"
 done
 
 # beam-small: 2 processes x 2 ranks over UCX against the sim's 4 ranks in one process.
