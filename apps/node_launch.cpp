@@ -60,11 +60,13 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   settings.nnodes = spec.nnodes;
   settings.token = token.value_or("");
   settings.job = job.dump();
+  settings.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.rendezvous_timeout_s * 1000));
   settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };
   RendezvousLinks links;
   world->connect(rendezvous(settings, world->local_addresses(), &links));
   ControlPlaneSettings control;
   control.node_rank = spec.node_rank;
+  control.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.heartbeat_timeout_s * 1000));
   const int me = spec.node_rank;
   control.on_lost = [&log, every_node, me](int node, const std::string& why) {
     const std::vector<int>& lost = every_node.at(static_cast<std::size_t>(node));

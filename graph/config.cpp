@@ -113,6 +113,12 @@ TopologyConfig read_topology(ConfigReader reader) {
                              ? ExpertDispatchFlow::all_gather
                              : ExpertDispatchFlow::all_to_all;
   topology.ucx_peer_errors = reader.get<bool>("ucx_peer_errors", true);
+  topology.rendezvous_timeout_s = reader.get<double>("rendezvous_timeout_s", topology.rendezvous_timeout_s);
+  reader.check(topology.rendezvous_timeout_s > 0 && topology.rendezvous_timeout_s <= 86400, "rendezvous_timeout_s",
+               "seconds in (0, 86400]");
+  topology.heartbeat_timeout_s = reader.get<double>("heartbeat_timeout_s", topology.heartbeat_timeout_s);
+  reader.check(topology.heartbeat_timeout_s >= 1 && topology.heartbeat_timeout_s <= 3600, "heartbeat_timeout_s",
+               "seconds in [1, 3600] (heartbeats go every 0.5 s)");
   if (YAML::Node list = reader.node("nodes"); list && !list.IsNull()) {
     reader.check(list.IsSequence(), "nodes", "a list of {host, port, ranks} (empty: none)");
     for (std::size_t i = 0; i < list.size(); ++i) {
@@ -336,6 +342,8 @@ nlohmann::json to_json(const RunConfig& c) {
         {"ep_dispatch", expert_dispatch_flow_name(c.topology.ep_dispatch)},
         {"nodes", nodes_json(c.topology.nodes)},
         {"ucx_peer_errors", c.topology.ucx_peer_errors},
+        {"rendezvous_timeout_s", c.topology.rendezvous_timeout_s},
+        {"heartbeat_timeout_s", c.topology.heartbeat_timeout_s},
         {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},
       {"precision", precision_name(c.precision)},
       {"train",

@@ -53,6 +53,9 @@ struct TopologyConfig {
   // ucx: UCX's peer error handling (comm/ucx/ucx_world.hpp): survivors name a dead peer; off, one
   // machine's processes talk over shared memory (faster) and a dead peer aborts them in UCX.
   bool ucx_peer_errors = true;
+  // ucx: how long nodes wait for every node to join, and for a silent peer before it counts as lost.
+  double rendezvous_timeout_s = 120;
+  double heartbeat_timeout_s = 5;
   // sim backend only: an injected delay (milliseconds) per collective kind, e.g. {all_gather: 5},
   // to study overlap and slow links. Numerics do not change.
   std::map<std::string, double> sim_delay_ms;

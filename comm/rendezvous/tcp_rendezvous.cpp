@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -117,6 +119,12 @@ std::string difference(const json& a, const json& b, const std::string& path) {
   return a == b ? "" : (path.empty() ? "(the whole description)" : path);
 }
 
+std::string seconds_text(std::chrono::milliseconds t) {
+  std::ostringstream out;
+  out << static_cast<double>(t.count()) / 1000.0;
+  return out.str();
+}
+
 std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
                                         RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
@@ -137,7 +145,12 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
   while (static_cast<int>(joined.size()) < s.nnodes - 1) {
     if (!wait_for(listener.fd(), POLLIN, deadline)) {
       errno = 0;
-      fail(std::to_string(joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined before the timeout");
+      std::string missing;
+      for (int n = 1; n < s.nnodes; ++n) {
+        if (!joined.count(n)) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+      }
+      fail(std::to_string(joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined within " +
+           seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s); missing: node " + missing);
     }
     Socket peer(::accept(listener.fd(), nullptr, nullptr));
     if (peer.fd() < 0) continue;
@@ -199,7 +212,8 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
     if (socket.fd() < 0) fail("socket");
     if (::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
     if (remaining_ms(deadline) == 0) {
-      fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " did not answer before the timeout");
+      fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " did not answer within " +
+           seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tests/apps/app_test_support.hpp"
+#include "tests/support/free_port.hpp"
 
 using namespace atl::testing;
 
@@ -30,25 +31,6 @@ std::vector<std::string> train_args(const std::string& config, const fs::path& r
     args.push_back(s);
   }
   return args;
-}
-
-// A free TCP port on 127.0.0.1 (the kernel's pick).
-sockaddr_in loopback(int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return addr;
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = loopback(0);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 std::string node_command(int node, int nnodes, int port, const std::vector<std::string>& args) {
@@ -122,6 +104,18 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
   CHECK(node1.exit_code == 2);
   CHECK(node0.err.find("train.lr") != std::string::npos);
   CHECK(node1.err.find("train.lr") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
+}
+
+TEST_CASE("apps: a node alone at the rendezvous exits 1 after topology.rendezvous_timeout_s, naming the missing node",
+          "[apps][ucx]") {
+  TempDir tmp;
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
+                               {"topology.mesh.dp_shard=2", "topology.rendezvous_timeout_s=1.5"});
+  const Result node0 = run_shell(node_command(0, 2, free_port(), args), tmp.path / "n0");
+  INFO(node0.err);
+  CHECK(node0.exit_code == 1);
+  CHECK_THAT(node0.err, Catch::Contains("1 of 2 nodes joined within 1.5 s (topology.rendezvous_timeout_s); missing: node 1"));
   CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
 }
 
