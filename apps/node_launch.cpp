@@ -10,6 +10,7 @@
 #include "comm/rendezvous/control_plane.hpp"
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "comm/ucx/ucx_backend.hpp"
+#include "graph/launch/job_token.hpp"
 #include "graph/plan/mesh.hpp"
 
 namespace atl {
@@ -45,10 +46,17 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
     ranks = every_node[static_cast<std::size_t>(launch.spec.node_rank)];
   }
   const NodeSpec& spec = launch.spec;
-  const auto token = process_environment()("ATOLL_JOB_TOKEN");
-  if (spec.nnodes > 1 && !token) {
-    throw ConfigError(config.source_file, "topology.backend",
-                      "a multi-node ucx job needs ATOLL_JOB_TOKEN (scripts/launch generates one)");
+  JobToken token;
+  try {
+    token = resolve_job_token(config.topology.job_token_file, process_environment()("ATOLL_JOB_TOKEN"));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config.source_file, "topology.job_token_file", e.what());
+  }
+  if (!token.warning.empty()) log << "atoll-train: warning: " << token.warning << "\n" << std::flush;
+  if (spec.nnodes > 1 && !token.token) {
+    throw ConfigError(config.source_file, "topology.job_token_file",
+                      "a multi-node ucx job needs a job token: ATOLL_JOB_TOKEN (scripts/launch generates one) or "
+                      "a file named here");
   }
   auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, nullptr, config.topology.ucx_peer_errors);
   nlohmann::json job = to_json(config);
@@ -58,7 +66,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   settings.master_port = spec.master_port;
   settings.node_rank = spec.node_rank;
   settings.nnodes = spec.nnodes;
-  settings.token = token.value_or("");
+  settings.token = token.token.value_or("");
   settings.job = job.dump();
   settings.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.rendezvous_timeout_s * 1000));
   settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };

@@ -113,6 +113,7 @@ TopologyConfig read_topology(ConfigReader reader) {
                              ? ExpertDispatchFlow::all_gather
                              : ExpertDispatchFlow::all_to_all;
   topology.ucx_peer_errors = reader.get<bool>("ucx_peer_errors", true);
+  topology.job_token_file = reader.get<std::string>("job_token_file", "");
   topology.rendezvous_timeout_s = reader.get<double>("rendezvous_timeout_s", topology.rendezvous_timeout_s);
   reader.check(topology.rendezvous_timeout_s > 0 && topology.rendezvous_timeout_s <= 86400, "rendezvous_timeout_s",
                "seconds in (0, 86400]");
@@ -342,6 +343,7 @@ nlohmann::json to_json(const RunConfig& c) {
         {"ep_dispatch", expert_dispatch_flow_name(c.topology.ep_dispatch)},
         {"nodes", nodes_json(c.topology.nodes)},
         {"ucx_peer_errors", c.topology.ucx_peer_errors},
+        {"job_token_file", c.topology.job_token_file},
         {"rendezvous_timeout_s", c.topology.rendezvous_timeout_s},
         {"heartbeat_timeout_s", c.topology.heartbeat_timeout_s},
         {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},

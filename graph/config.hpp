@@ -53,6 +53,8 @@ struct TopologyConfig {
   // ucx: UCX's peer error handling (comm/ucx/ucx_world.hpp): survivors name a dead peer; off, one
   // machine's processes talk over shared memory (faster) and a dead peer aborts them in UCX.
   bool ucx_peer_errors = true;
+  // ucx: a file holding the job token (graph/launch/job_token.hpp); "" for ATOLL_JOB_TOKEN only.
+  std::string job_token_file;
   // ucx: how long nodes wait for every node to join, and for a silent peer before it counts as lost.
   double rendezvous_timeout_s = 120;
   double heartbeat_timeout_s = 5;

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <thread>
 
 #include "tests/apps/app_test_support.hpp"
@@ -218,18 +219,29 @@ TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restar
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
 }
 
-TEST_CASE("apps: nodes placed by Slurm's variables (and a --master-port flag) train together", "[apps][ucx]") {
+TEST_CASE("apps: nodes placed by Slurm's variables (a --master-port flag, a job token file) train together",
+          "[apps][ucx]") {
   TempDir tmp;
   const int port = free_port();
-  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run", {"topology.mesh.dp_shard=2"});
-  auto command = [&](int node) {
-    return "SLURM_NODEID=" + std::to_string(node) + " SLURM_NNODES=2 SLURM_JOB_NODELIST=127.0.0.1 ATOLL_JOB_TOKEN=t " +
-           shell_quote(app_binary("atoll-train").string()) + joined(args) +
-           " --set topology.backend=ucx --master-port " + std::to_string(port);
+  const fs::path token = tmp.path / "token";
+  std::ofstream(token) << "t0ken\n";
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write);
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
+                               {"topology.mesh.dp_shard=2"});
+  auto command = [&](int node, const std::string& token_file) {
+    return "env -u ATOLL_JOB_TOKEN SLURM_NODEID=" + std::to_string(node) +
+           " SLURM_NNODES=2 SLURM_JOB_NODELIST=127.0.0.1 " + shell_quote(app_binary("atoll-train").string()) +
+           joined(args) + " --set topology.backend=ucx --master-port " + std::to_string(port) +
+           (token_file.empty() ? "" : " --set topology.job_token_file=" + shell_quote(token_file));
   };
+  // No token at all: a config error before any connection.
+  const Result tokenless = run_shell(command(0, ""), tmp.path / "none");
+  CHECK(tokenless.exit_code == 2);
+  CHECK_THAT(tokenless.err, Catch::Contains("topology.job_token_file: ") && Catch::Contains("needs a job token"));
+
   Result node1;
-  std::thread second([&] { node1 = run_shell(command(1), tmp.path / "n1"); });
-  const Result node0 = run_shell(command(0), tmp.path / "n0");
+  std::thread second([&] { node1 = run_shell(command(1, token.string()), tmp.path / "n1"); });
+  const Result node0 = run_shell(command(0, token.string()), tmp.path / "n0");
   second.join();
   INFO(node0.err << node1.err);
   CHECK(node0.exit_code == 0);

@@ -1,0 +1,46 @@
+#include "graph/launch/job_token.hpp"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace atl {
+
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
+}
+
+}  // namespace
+
+JobToken resolve_job_token(const std::string& token_file, const std::optional<std::string>& env_token) {
+  JobToken out;
+  if (env_token && !env_token->empty()) out.token = *env_token;
+  if (token_file.empty()) return out;
+  std::ifstream in(token_file, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot read the job token file '" + token_file + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::string token = trimmed(text.str());
+  if (token.empty()) throw std::invalid_argument("the job token file '" + token_file + "' is empty");
+  if (token.find_first_of(" \t\r\n") != std::string::npos) {
+    throw std::invalid_argument("the job token file '" + token_file + "' holds more than one word; expected one token");
+  }
+  if (out.token && *out.token != token) {
+    throw std::invalid_argument("ATOLL_JOB_TOKEN and the job token file '" + token_file +
+                                "' give different tokens; expected one source, or the same token");
+  }
+  struct stat st{};
+  if (::stat(token_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    out.warning = "the job token file '" + token_file + "' is readable by other users (chmod 600 it)";
+  }
+  out.token = token;
+  return out;
+}
+
+}  // namespace atl
