@@ -19,6 +19,7 @@
 #include "graph/config.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/training/run.hpp"
+#include "graph/training/starting_point.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"atoll-train: train a Mixture-of-Experts transformer (simulation mode runs the whole mesh here)"};
@@ -62,6 +63,13 @@ int main(int argc, char** argv) {
       const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr);
       // Node 0 writes the run; the others print to stderr behind their node rank.
       options.writer = launch.spec.node_rank == 0;
+      // Node 0 alone reads the checkpoint to start from; when it cannot, every node stops.
+      bool start_failed = false;
+      options.from_writer = [&start_failed, &launch](std::vector<std::byte> bytes) {
+        std::vector<std::byte> got = launch.from_node0(std::move(bytes));
+        start_failed = atl::is_start_failure(got);
+        return got;
+      };
       auto node_out = atl::prefixed_stream(std::cerr, "[node " + std::to_string(launch.spec.node_rank) + "] ");
       // Ends every node agrees on (done, a stop every node takes after the same step, a
       // non-finite step every node sees) say goodbye, so the other nodes do not count this one
@@ -73,6 +81,9 @@ int main(int argc, char** argv) {
         throw;
       } catch (const atl::NonFiniteError&) {
         launch.control->finish();
+        throw;
+      } catch (const std::exception&) {
+        if (start_failed) launch.control->finish();  // every node knows: an agreed end
         throw;
       }
       launch.control->finish();

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <future>
 #include <streambuf>
 
 #include "actors/actor_engine.hpp"
@@ -14,6 +16,40 @@
 #include "graph/plan/mesh.hpp"
 
 namespace atl {
+
+namespace {
+
+// Node 0's bytes to every node: a broadcast of the length, then of the bytes, among each node's
+// first rank (`me`: this node's first rank), then a barrier.
+std::vector<std::byte> broadcast_from_node0(UcxWorld& world, const std::vector<std::vector<int>>& every_node, int me,
+                                            std::vector<std::byte> bytes) {
+  Group firsts{"nodes", {}};
+  for (const auto& node : every_node) firsts.ranks.push_back(node.front());
+  auto comm = world.communicator(firsts, me);
+  const bool root = firsts.ranks.front() == me;
+  auto broadcast = [&](const Tensor& t) {
+    std::promise<void> done;
+    comm->broadcast(t, 0, "start", [&done] { done.set_value(); });
+    done.get_future().wait();
+  };
+  Tensor length = Tensor::empty({1}, DType::i64);
+  length.data<std::int64_t>()[0] = root ? static_cast<std::int64_t>(bytes.size()) : 0;
+  broadcast(length);
+  const std::int64_t n = length.data<std::int64_t>()[0];
+  Tensor payload = Tensor::empty({std::max<std::int64_t>(1, (n + 7) / 8)}, DType::i64);  // whole words
+  if (root) std::memcpy(payload.raw(), bytes.data(), bytes.size());
+  broadcast(payload);
+  // Every node holds the bytes before node 0 goes on (and, when they say node 0 failed, exits):
+  // nothing it sent can be lost with its process.
+  Tensor barrier = Tensor::zeros({1});
+  std::promise<void> done;
+  comm->all_reduce(barrier, "start", [&done] { done.set_value(); });
+  done.get_future().wait();
+  const auto* data = static_cast<const std::byte*>(payload.raw());
+  return std::vector<std::byte>(data, data + n);
+}
+
+}  // namespace
 
 NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log) {
   NodeLaunch launch;
@@ -84,6 +120,9 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
     std::_Exit(1);  // the collectives in flight would wait forever; checkpoints are written atomically
   };
   launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));
+  launch.from_node0 = [world, every_node, me = ranks.front()](std::vector<std::byte> bytes) {
+    return broadcast_from_node0(*world, every_node, me, std::move(bytes));
+  };
   launch.engine = [world, ranks](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
     return std::make_unique<ActorEngine>(std::move(in), ProcessOptions{ranks, std::make_shared<UcxBackend>(world)});
   };

@@ -2,9 +2,12 @@
 // (flags, torchrun's or Slurm's variables), its ranks, the rendezvous with the other nodes over
 // TCP (job token from ATOLL_JOB_TOKEN), and the UCX engine factory for its ranks.
 #pragma once
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "graph/config.hpp"
 #include "graph/launch/node_spec.hpp"
@@ -20,6 +23,9 @@ struct NodeLaunch {
   // Heartbeats with the other nodes; a lost node stops this process (exit 1, naming the node and
   // its ranks). finish() after a successful run.
   std::shared_ptr<ControlPlane> control;
+  // RunOptions::from_writer: node 0's bytes to every node, over UCX (a broadcast among each
+  // node's first rank).
+  std::function<std::vector<std::byte>(std::vector<std::byte>)> from_node0;
 };
 
 // Throws ConfigError (topology.mesh: nodes do not split the mesh; ATOLL_JOB_TOKEN missing), or

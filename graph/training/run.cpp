@@ -19,6 +19,7 @@
 #include "graph/reference/trainer.hpp"
 #include "graph/plan/mesh.hpp"
 #include "graph/training/preflight.hpp"
+#include "graph/training/starting_point.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/model_weights.hpp"
 #include "kernels/cpu/compute_pool.hpp"
@@ -203,13 +204,6 @@ void check_resumable_state(const nlohmann::json& state, const std::filesystem::p
 }
 
 // Where the run starts: a resumed checkpoint, weights to fine-tune from, or a fresh init.
-struct StartingPoint {
-  TrainingState state;
-  std::optional<nlohmann::json> data_cursor;
-  std::int64_t tokens = 0;  // tokens trained on before the start
-  std::string description = "fresh initialisation";
-};
-
 StartingPoint starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
   namespace fs = std::filesystem;
   StartingPoint start;
@@ -257,6 +251,24 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
   return start;  // a fresh model: the engine generates it (empty master)
 }
 
+// A multi-process job: node 0 finds and reads the starting point and hands it to every other
+// node (options.from_writer), or hands on why it could not.
+StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
+  if (!options.writer) {
+    const std::vector<std::byte> bytes = options.from_writer({});
+    return decode_starting_point(bytes);
+  }
+  StartingPoint start;
+  try {
+    start = starting_point(config, options, model);
+  } catch (const std::exception& e) {
+    options.from_writer(encode_start_failure(e.what()));
+    throw;
+  }
+  options.from_writer(encode_starting_point(start));
+  return start;
+}
+
 nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, const TrainingEngine& engine,
                                   std::int64_t step, std::int64_t tokens, const DataSource& data) {
   return {{"step", step},
@@ -279,7 +291,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   check_memory_preflight(config, *model);  // before the data source, the weights or the engine allocate
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
   const auto& t = config.train;
-  StartingPoint begin = starting_point(config, options, *model);
+  StartingPoint begin = options.from_writer ? shared_starting_point(config, options, *model)
+                                            : starting_point(config, options, *model);
   if (begin.data_cursor) data->restore(*begin.data_cursor);
   const std::int64_t tokens_before = begin.tokens;
   const std::string start_description = begin.description;

@@ -1,12 +1,14 @@
 // A training run end to end: validate the config against what the engine can run, build the
 // model and data, then step, report progress and write run_dir/{run.json, metrics.jsonl}.
 #pragma once
+#include <cstddef>
 #include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "graph/config.hpp"
 #include "graph/plan/mesh.hpp"
@@ -48,6 +50,11 @@ struct RunOptions {
   // job. Every other process takes part in every collective (checkpoints' included) and writes
   // nothing.
   bool writer = true;
+  // A multi-process job: hands node 0's bytes to every process (node 0 passes its own; the
+  // others' argument is ignored) and returns them. Set, node 0 alone finds and reads the
+  // checkpoint to start from and the others take its starting point, so they need no view of
+  // checkpoint.dir and cannot start anywhere else.
+  std::function<std::vector<std::byte>(std::vector<std::byte>)> from_writer;
 };
 
 struct EngineInputs {

@@ -292,6 +292,64 @@ TEST_CASE("apps: SIGTERM to one node stops every node after the same step, saved
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
 }
 
+TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with no view of it resumes too",
+          "[apps][ucx]") {
+  // Relative run_dir and checkpoint.dir, node 0 working in a/, node 1 in b/: the same config, but
+  // only node 0 sees the checkpoints (as on two machines without a shared file system).
+  TempDir tmp;
+  fs::create_directories(tmp.path / "a");
+  fs::create_directories(tmp.path / "b");
+  auto args = [&](int steps, bool resume) {
+    std::vector<std::string> a{source_path("configs/beam-tiny.yaml").string(), "--set", "run_dir=run",
+                               "--set", "train.steps=" + std::to_string(steps), "--set", "checkpoint.every=5",
+                               "--set", "topology.mesh.dp_shard=4"};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  auto job = [&](int steps, bool resume, const std::string& phase) {
+    const int port = free_port();
+    Result node1;
+    std::thread second([&] {
+      node1 = run_shell("cd " + shell_quote((tmp.path / "b").string()) + " && " +
+                            node_command(1, 2, port, args(steps, resume)),
+                        tmp.path / (phase + "1"));
+    });
+    const Result node0 = run_shell("cd " + shell_quote((tmp.path / "a").string()) + " && " +
+                                       node_command(0, 2, port, args(steps, resume)),
+                                   tmp.path / (phase + "0"));
+    second.join();
+    return std::pair{node0, node1};
+  };
+  // Nothing to resume yet: node 0 says why (exit 2) and node 1 hands on node 0's reason.
+  const auto [none0, none1] = job(10, true, "none");
+  CHECK(none0.exit_code == 2);
+  CHECK_THAT(none0.err, Catch::Contains("--resume found no complete checkpoint"));
+  CHECK(none1.exit_code == 1);
+  CHECK_THAT(none1.err, Catch::Contains("node 0 could not start: ") &&
+                            Catch::Contains("--resume found no complete checkpoint"));
+
+  const auto [first0, first1] = job(10, false, "first");
+  INFO(first0.err << first1.err);
+  REQUIRE(first0.exit_code == 0);
+  REQUIRE(first1.exit_code == 0);
+  CHECK_FALSE(fs::exists(tmp.path / "b" / "run"));  // node 1 writes nothing
+  const auto [again0, again1] = job(15, true, "again");
+  INFO(again0.err << again1.err);
+  REQUIRE(again0.exit_code == 0);
+  REQUIRE(again1.exit_code == 0);
+  CHECK(again1.err.find("resumed from run/checkpoints/step-00000010 at step 10") != std::string::npos);
+
+  const Result reference = run_app("atoll-train", train_args("configs/beam-tiny.yaml", tmp.path / "ref",
+                                                             {"topology.mesh.dp_shard=4", "train.steps=15"}),
+                                   tmp.path / "ref_out");
+  REQUIRE(reference.exit_code == 0);
+  const auto a = read_metrics(tmp.path / "a" / "run" / "metrics.jsonl");
+  const auto b = read_metrics(tmp.path / "ref" / "metrics.jsonl");
+  REQUIRE(a.size() == 15);
+  REQUIRE(b.size() == 15);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
+}
+
 TEST_CASE("apps: nodes placed by topology.nodes (one rank on node 0, three on node 1) train like the sim",
           "[apps][ucx]") {
   TempDir tmp;
