@@ -28,7 +28,8 @@ class Communicator {
   // `tag` names who asked (an FSDP unit's name, "loss", ...) for the collective record and trace.
   // recv[i*n .. (i+1)*n) = send of group member i; send [n], recv [size*n].
   virtual void all_gather(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) = 0;
-  // Sum over members of send[size*n]; member i receives block i in recv [n].
+  // Sum over members of send[size*n]; member i receives block i in recv [n]. recv is apart from
+  // send or exactly send's block i (in place).
   virtual void reduce_scatter(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) = 0;
   // In-place sum over members.
   virtual void all_reduce(const Tensor& inout, const std::string& tag, Completion done) = 0;

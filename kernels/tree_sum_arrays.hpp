@@ -7,7 +7,8 @@
 
 namespace atl {
 
-// `out` may alias any part (each block is summed aside, then stored).
+// `out` may be any part itself (each block is summed aside, then stored); it must not overlap a
+// part at another offset.
 void tree_sum_arrays(const float* const* parts, int count, std::int64_t n, float* out);
 
 }  // namespace atl

@@ -45,6 +45,7 @@ std::uint64_t group_id(const Group& group) {  // FNV-1a of the description, 24 b
 // next ones travel; kStagingDepth chunks per member are in flight at once.
 constexpr std::int64_t kChunkFloats = 64 * 1024;
 constexpr int kStagingDepth = 2;
+constexpr std::size_t kMaxFreeSlots = 64;  // the pool keeps at most 16 MiB of idle slots
 
 constexpr std::uint64_t kPointToPoint = 0x800000;  // op numbers of send/recv streams
 
@@ -269,7 +270,12 @@ class ChunkedReduction : public std::enable_shared_from_this<ChunkedReduction> {
     for (int j = 0; j < size; ++j) {
       for (int s = 0; j != me_ && s < kStagingDepth && s < own_chunks; ++s) slots_[slot_index(j, s)] = world_.take_slot();
     }
+    // Receives are matched in the order they are posted, so chunks are posted strictly in order:
+    // a chunk whose messages already wait here completes while posted, and its sum (which posts
+    // a later chunk) must wait until the first chunks are all posted.
+    summing_ = true;
     for (int c = 0; c < std::min(kStagingDepth, own_chunks); ++c) post_chunk(c);
+    summing_ = false;
     for (int j = 0; j < size; ++j) {
       if (j == me_) continue;
       for (int c = 0; c < chunks_of(j); ++c) {
@@ -277,6 +283,7 @@ class ChunkedReduction : public std::enable_shared_from_this<ChunkedReduction> {
                     chunk_floats(j, c) * sizeof(float), make_tag(id_, op_, me_), whole_);
       }
     }
+    drain();
     UcxWorld::Impl::part_done(whole_);  // the posting's own part
   }
 
@@ -304,10 +311,14 @@ class ChunkedReduction : public std::enable_shared_from_this<ChunkedReduction> {
     UcxWorld::Impl::part_done(arrived);
   }
 
-  // Sums the arrived chunks in order; a chunk that arrives while one is summed waits its turn.
+  // A chunk that arrives while chunks are posted or summed waits for that loop to take it.
   void arrived(int c) {
     ready_[static_cast<std::size_t>(c)] = true;
-    if (summing_) return;
+    if (!summing_) drain();
+  }
+
+  // Sums the arrived chunks in order, posting the chunk that takes each one's slots.
+  void drain() {
     summing_ = true;
     const int chunks = static_cast<int>(ready_.size());
     while (next_ < chunks && ready_[static_cast<std::size_t>(next_)]) {
@@ -316,7 +327,8 @@ class ChunkedReduction : public std::enable_shared_from_this<ChunkedReduction> {
       if (k + kStagingDepth < chunks) post_chunk(k + kStagingDepth);
       if (next_ == chunks) {  // the slots go back before the operation can finish
         for (auto& slot : slots_) {
-          if (slot) world_.free_slots.push_back(std::move(slot));
+          if (slot && world_.free_slots.size() < kMaxFreeSlots) world_.free_slots.push_back(std::move(slot));
+          slot.reset();
         }
       }
       UcxWorld::Impl::part_done(whole_);
@@ -376,8 +388,8 @@ class UcxCommunicator final : public Communicator {
     });
     // This member's own block, copied here while the transfers travel; the posting's part is
     // released after it, so the operation cannot finish first.
-    std::memmove(static_cast<std::byte*>(recv.raw()) + static_cast<std::size_t>(me_) * send.bytes(), send.raw(),
-                 send.bytes());
+    std::byte* own = static_cast<std::byte*>(recv.raw()) + static_cast<std::size_t>(me_) * send.bytes();
+    if (own != send.raw()) std::memmove(own, send.raw(), send.bytes());  // in place: nothing to copy
     world_->post([operation] { UcxWorld::Impl::part_done(operation); });
   }
 
@@ -386,6 +398,11 @@ class UcxCommunicator final : public Communicator {
     require(send.dtype() == DType::f32 && recv.dtype() == DType::f32 && send.numel() == recv.numel() * size,
             "reduce_scatter", "f32 send of size x recv elements");
     const std::int64_t n = recv.numel();
+    // Sums land in recv while send's other blocks still travel: only send's own block may be recv.
+    const float* in = send.data<float>();
+    const float* out = recv.data<float>();
+    require(out == in + me_ * n || out + n <= in || out >= in + size * n, "reduce_scatter",
+            "recv apart from send, or exactly send's own block");
     std::vector<ChunkedReduction::Range> ranges;
     for (std::int64_t j = 0; j < size; ++j) ranges.emplace_back(j * n, (j + 1) * n);
     auto reduction = std::make_shared<ChunkedReduction>(*world_, group_.ranks, rank_, me_, id_, next_op(),

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -148,6 +149,75 @@ TEST_CASE("ucx: reductions of many chunks (summed as they arrive) equal the sim'
   }
   // A sum of three normals is no normal: the check is not comparing inputs with themselves.
   CHECK_FALSE(same_bits(ucx_rs[0], random_tensor(3 * n, 30).slice_rows(0, n).clone()));
+}
+
+TEST_CASE("ucx: reductions with empty parts (fewer elements than members, none at all) equal the sim's",
+          "[comm][ucx]") {
+  Backends b;
+  const Group world{"world", {0, 1, 2, 3}};
+  auto sim = Backends::communicators(b.sim, world);
+  auto ucx = Backends::communicators(b.ucx, world);
+  for (std::int64_t n : {0, 1, 2, 3}) {
+    INFO("n " << n);
+    auto run = [&](const std::vector<std::unique_ptr<Communicator>>& comms) {
+      std::vector<Tensor> reduced, scattered;
+      Fired latch;
+      for (int m = 0; m < 4; ++m) {
+        // all_reduce of n elements over 4 members: some members own an empty range.
+        reduced.push_back(random_tensor(n, 60 + static_cast<std::uint32_t>(m)));
+        comms[static_cast<std::size_t>(m)]->all_reduce(reduced.back(), "ar", latch.tick());
+        // reduce_scatter of n elements per member (n = 0: nothing to sum anywhere).
+        scattered.push_back(Tensor::empty({n}));
+        comms[static_cast<std::size_t>(m)]->reduce_scatter(random_tensor(4 * n, 70 + static_cast<std::uint32_t>(m)),
+                                                           scattered.back(), "rs", latch.tick());
+      }
+      REQUIRE(latch.wait_for(8));
+      return std::pair{reduced, scattered};
+    };
+    const auto [sim_ar, sim_rs] = run(sim);
+    const auto [ucx_ar, ucx_rs] = run(ucx);
+    for (std::size_t m = 0; m < 4; ++m) {
+      CHECK(same_bits(sim_ar[m], ucx_ar[m]));
+      CHECK(same_bits(sim_rs[m], ucx_rs[m]));
+    }
+  }
+}
+
+TEST_CASE("ucx: a reduction whose chunks already wait at the receiver sums them in order", "[comm][ucx]") {
+  // Every message eager (UCX_RNDV_THRESH=inf, shared memory): member 1's chunks reach member 0
+  // before member 0 posts its receives, so receives complete while they are posted. Chunks must
+  // still be received into their own slots in order (3.5 chunks per member, 2 staging slots).
+  ::setenv("UCX_RNDV_THRESH", "inf", 1);
+  UcxWorld ucx(2, {0, 1}, nullptr, /*peer_errors=*/false);
+  ::unsetenv("UCX_RNDV_THRESH");
+  ucx.connect(ucx.local_addresses());
+  SimWorld sim(2);
+  const Group pair{"pair", {0, 1}}, side{"side", {0, 1}};
+  const std::int64_t n = 3 * 65536 + 32768;
+  const std::vector<Tensor> inputs = {random_tensor(2 * n, 50), random_tensor(2 * n, 51)};
+  auto reduce = [&](auto& world, bool member_1_first) {
+    auto c0 = world.communicator(pair, 0), c1 = world.communicator(pair, 1);
+    std::vector<Tensor> out = {Tensor::empty({n}), Tensor::empty({n})};
+    Fired latch;
+    c1->reduce_scatter(inputs[1], out[1], "rs", latch.tick());
+    if (member_1_first) {  // a message behind member 1's chunks: once it is in, they are too
+      auto s0 = world.communicator(side, 0), s1 = world.communicator(side, 1);
+      Fired side_latch;
+      Tensor got = Tensor::empty({1});
+      s0->recv(got, 1, "after", side_latch.tick());
+      s1->send(Tensor::full({1}, 1.0f), 0, "after", side_latch.tick());
+      REQUIRE(side_latch.wait_for(2));
+    }
+    c0->reduce_scatter(inputs[0], out[0], "rs", latch.tick());
+    REQUIRE(latch.wait_for(2));
+    return out;
+  };
+  const auto expected = reduce(sim, false);
+  for (int round = 0; round < 3; ++round) {
+    const auto got = reduce(ucx, true);
+    CHECK(same_bits(got[0], expected[0]));
+    CHECK(same_bits(got[1], expected[1]));
+  }
 }
 
 TEST_CASE("ucx: overlapping groups in flight at once keep their messages apart, send/recv pair in order",
