@@ -23,6 +23,7 @@ namespace {
 // first rank (`me`: this node's first rank), then a barrier.
 std::vector<std::byte> broadcast_from_node0(UcxWorld& world, const std::vector<std::vector<int>>& every_node, int me,
                                             std::vector<std::byte> bytes) {
+  if (every_node.size() == 1) return bytes;  // one node: nobody to tell
   Group firsts{"nodes", {}};
   for (const auto& node : every_node) firsts.ranks.push_back(node.front());
   auto comm = world.communicator(firsts, me);
@@ -39,12 +40,14 @@ std::vector<std::byte> broadcast_from_node0(UcxWorld& world, const std::vector<s
   Tensor payload = Tensor::empty({std::max<std::int64_t>(1, (n + 7) / 8)}, DType::i64);  // whole words
   if (root) std::memcpy(payload.raw(), bytes.data(), bytes.size());
   broadcast(payload);
+  if (root) payload = Tensor();  // node 0 keeps its own bytes, not a third copy
   // Every node holds the bytes before node 0 goes on (and, when they say node 0 failed, exits):
   // nothing it sent can be lost with its process.
   Tensor barrier = Tensor::zeros({1});
   std::promise<void> done;
   comm->all_reduce(barrier, "start", [&done] { done.set_value(); });
   done.get_future().wait();
+  if (root) return bytes;
   const auto* data = static_cast<const std::byte*>(payload.raw());
   return std::vector<std::byte>(data, data + n);
 }
@@ -96,7 +99,9 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   }
   auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, nullptr, config.topology.ucx_peer_errors);
   nlohmann::json job = to_json(config);
-  job.erase("source_file");  // nodes may name the same config by different paths
+  // Nodes may name the same config, and the same token, by different paths.
+  job.erase("source_file");
+  job["topology"].erase("job_token_file");
   RendezvousSettings settings;
   settings.master_addr = spec.master_addr;
   settings.master_port = spec.master_port;

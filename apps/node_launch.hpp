@@ -1,6 +1,7 @@
 // atoll-train's multi-process launch (topology.backend: ucx, issue 11): where this node sits
 // (flags, torchrun's or Slurm's variables), its ranks, the rendezvous with the other nodes over
-// TCP (job token from ATOLL_JOB_TOKEN), and the UCX engine factory for its ranks.
+// TCP (job token from ATOLL_JOB_TOKEN or topology.job_token_file), the UCX engine factory for its
+// ranks, and the channel that hands node 0's starting point to the other nodes.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -28,7 +29,8 @@ struct NodeLaunch {
   std::function<std::vector<std::byte>(std::vector<std::byte>)> from_node0;
 };
 
-// Throws ConfigError (topology.mesh: nodes do not split the mesh; ATOLL_JOB_TOKEN missing), or
+// Throws ConfigError (topology.mesh: nodes do not split the mesh; topology.job_token_file: no
+// token, or a bad token file), or
 // JobMismatch when another node runs a different job, std::runtime_error when the rendezvous fails.
 // `log`: the rendezvous's and the control plane's messages.
 NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log);

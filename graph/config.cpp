@@ -115,8 +115,8 @@ TopologyConfig read_topology(ConfigReader reader) {
   topology.ucx_peer_errors = reader.get<bool>("ucx_peer_errors", true);
   topology.job_token_file = reader.get<std::string>("job_token_file", "");
   topology.rendezvous_timeout_s = reader.get<double>("rendezvous_timeout_s", topology.rendezvous_timeout_s);
-  reader.check(topology.rendezvous_timeout_s > 0 && topology.rendezvous_timeout_s <= 86400, "rendezvous_timeout_s",
-               "seconds in (0, 86400]");
+  reader.check(topology.rendezvous_timeout_s >= 0.1 && topology.rendezvous_timeout_s <= 86400, "rendezvous_timeout_s",
+               "seconds in [0.1, 86400]");
   topology.heartbeat_timeout_s = reader.get<double>("heartbeat_timeout_s", topology.heartbeat_timeout_s);
   reader.check(topology.heartbeat_timeout_s >= 1 && topology.heartbeat_timeout_s <= 3600, "heartbeat_timeout_s",
                "seconds in [1, 3600] (heartbeats go every 0.5 s)");

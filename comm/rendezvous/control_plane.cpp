@@ -90,7 +90,7 @@ struct ControlPlane::Impl {
             if (!stopping) lost(nodes[i], std::string("its connection broke: ") + e.what());
           }
         } else if (Clock::now() - peer.last_seen > settings.timeout) {
-          lost(nodes[i], "no heartbeat for " + std::to_string(settings.timeout.count() / 1000.0).substr(0, 4) + " s");
+          lost(nodes[i], "no heartbeat for " + framing::seconds_text(settings.timeout) + " s (topology.heartbeat_timeout_s)");
         }
       }
     }

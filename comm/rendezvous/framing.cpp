@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <sstream>
 #include <stdexcept>
 
 namespace atl::framing {
@@ -15,6 +16,12 @@ using json = nlohmann::json;
 
 [[noreturn]] void fail(const std::string& what) {
   throw std::runtime_error("control channel: " + what + (errno ? std::string(" (") + std::strerror(errno) + ")" : ""));
+}
+
+std::string seconds_text(std::chrono::milliseconds t) {
+  std::ostringstream out;
+  out << static_cast<double>(t.count()) / 1000.0;
+  return out.str();
 }
 
 int remaining_ms(Clock::time_point deadline) {

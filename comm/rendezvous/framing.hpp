@@ -13,6 +13,8 @@ using Clock = std::chrono::steady_clock;
 // Throws std::runtime_error "control channel: <what> (<errno text>)".
 [[noreturn]] void fail(const std::string& what);
 int remaining_ms(Clock::time_point deadline);
+// "0.5", "120": a duration in seconds for messages.
+std::string seconds_text(std::chrono::milliseconds t);
 // Waits until fd is readable (POLLIN) or writable (POLLOUT); false on timeout.
 bool wait_for(int fd, short events, Clock::time_point deadline);
 // A 4-byte big-endian length, then the JSON text. Throws on a timeout or a broken connection.

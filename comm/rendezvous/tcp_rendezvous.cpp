@@ -119,12 +119,6 @@ std::string difference(const json& a, const json& b, const std::string& path) {
   return a == b ? "" : (path.empty() ? "(the whole description)" : path);
 }
 
-std::string seconds_text(std::chrono::milliseconds t) {
-  std::ostringstream out;
-  out << static_cast<double>(t.count()) / 1000.0;
-  return out.str();
-}
-
 std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
                                         RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
@@ -220,7 +214,14 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
   send_message(socket.fd(), json{{"token", s.token}, {"node", s.node_rank}, {"job", s.job},
                                  {"addresses", addresses_json(mine)}},
                deadline);
-  const json reply = receive_message(socket.fd(), deadline);
+  json reply;
+  try {
+    reply = receive_message(socket.fd(), deadline);
+  } catch (const std::exception& e) {  // node 0 gave up on a node that never came, or timed out itself
+    errno = 0;
+    fail("node 0 sent no address book within " + seconds_text(s.timeout) +
+         " s (topology.rendezvous_timeout_s; node 0 names the nodes that did not join): " + e.what());
+  }
   if (reply.contains("mismatch")) {
     const std::string key = reply["mismatch"].get<std::string>();
     throw JobMismatch(key, "node " + std::to_string(reply.value("node", -1)) + " and node 0 run different jobs: the "

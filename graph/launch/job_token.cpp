@@ -22,6 +22,10 @@ JobToken resolve_job_token(const std::string& token_file, const std::optional<st
   JobToken out;
   if (env_token && !env_token->empty()) out.token = *env_token;
   if (token_file.empty()) return out;
+  struct stat st{};
+  if (::stat(token_file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw std::invalid_argument("the job token file '" + token_file + "' is a directory; expected a file");
+  }
   std::ifstream in(token_file, std::ios::binary);
   if (!in) throw std::invalid_argument("cannot read the job token file '" + token_file + "'");
   std::ostringstream text;
@@ -35,8 +39,7 @@ JobToken resolve_job_token(const std::string& token_file, const std::optional<st
     throw std::invalid_argument("ATOLL_JOB_TOKEN and the job token file '" + token_file +
                                 "' give different tokens; expected one source, or the same token");
   }
-  struct stat st{};
-  if (::stat(token_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
     out.warning = "the job token file '" + token_file + "' is readable by other users (chmod 600 it)";
   }
   out.token = token;

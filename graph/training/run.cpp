@@ -259,13 +259,15 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
     return decode_starting_point(bytes);
   }
   StartingPoint start;
+  std::vector<std::byte> bytes;
   try {
     start = starting_point(config, options, model);
+    bytes = encode_starting_point(start);
   } catch (const std::exception& e) {
     options.from_writer(encode_start_failure(e.what()));
     throw;
   }
-  options.from_writer(encode_starting_point(start));
+  options.from_writer(std::move(bytes));
   return start;
 }
 

@@ -75,18 +75,7 @@ std::pair<json, std::size_t> header_of(std::span<const std::byte> bytes) {
   return {std::move(header), 8 + length};
 }
 
-}  // namespace
-
-bool is_start_failure(std::span<const std::byte> bytes) {
-  try {
-    return header_of(bytes).first.contains("failed");
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-}
-
-StartingPoint decode_starting_point(std::span<const std::byte> bytes) {
-  const auto [header, payload] = header_of(bytes);
+StartingPoint decode_body(const json& header, std::span<const std::byte> bytes, std::size_t payload) {
   if (header.contains("failed")) throw StartFailed("node 0 could not start: " + header.at("failed").get<std::string>());
   StartingPoint start;
   start.state.step = header.at("step").get<std::int64_t>();
@@ -106,6 +95,25 @@ StartingPoint decode_starting_point(std::span<const std::byte> bytes) {
   }
   if (at != bytes.size()) throw malformed("bytes left over after the last tensor");
   return start;
+}
+
+}  // namespace
+
+bool is_start_failure(std::span<const std::byte> bytes) {
+  try {
+    return header_of(bytes).first.contains("failed");
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+StartingPoint decode_starting_point(std::span<const std::byte> bytes) {
+  const auto [header, payload] = header_of(bytes);
+  try {
+    return decode_body(header, bytes, payload);
+  } catch (const nlohmann::json::exception& e) {  // a missing field or one of the wrong type
+    throw malformed(std::string("header: ") + e.what());
+  }
 }
 
 }  // namespace atl

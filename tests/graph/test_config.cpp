@@ -249,7 +249,7 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
       {"negative_threads", std::string(kMinimal) + "compute: {threads: -2}\n",
        "compute.threads: expected a non-negative integer, got -2"},
       {"zero_rendezvous_timeout", std::string(kMinimal) + "topology: {rendezvous_timeout_s: 0}\n",
-       "topology.rendezvous_timeout_s: expected seconds in (0, 86400], got 0"},
+       "topology.rendezvous_timeout_s: expected seconds in [0.1, 86400], got 0"},
       {"short_heartbeat_timeout", std::string(kMinimal) + "topology: {heartbeat_timeout_s: 0.2}\n",
        "topology.heartbeat_timeout_s: expected seconds in [1, 3600] (heartbeats go every 0.5 s), got 0.2"},
       {"huge_threads", std::string(kMinimal) + "compute: {threads: 100000}\n",

@@ -53,6 +53,8 @@ TEST_CASE("job token: a bad file is an error naming it, one others can read gets
   CHECK(error_of(empty, std::nullopt) == "the job token file '" + empty + "' is empty");
   const std::string two = write_token(dir, "two", "a b\n", 0600);
   CHECK(error_of(two, std::nullopt).find("holds more than one word") != std::string::npos);
+  CHECK(error_of(dir.path.string(), std::nullopt) ==
+        "the job token file '" + dir.path.string() + "' is a directory; expected a file");
   const std::string file = write_token(dir, "token", "s3cret", 0600);
   CHECK(error_of(file, std::string("other")) == "ATOLL_JOB_TOKEN and the job token file '" + file +
                                                     "' give different tokens; expected one source, or the same token");
@@ -60,4 +62,5 @@ TEST_CASE("job token: a bad file is an error naming it, one others can read gets
   const JobToken readable = resolve_job_token(open, std::nullopt);
   CHECK(*readable.token == "s3cret");
   CHECK(readable.warning == "the job token file '" + open + "' is readable by other users (chmod 600 it)");
+  CHECK(resolve_job_token(write_token(dir, "exec", "s3cret", 0700), std::nullopt).warning.empty());
 }

@@ -63,4 +63,14 @@ TEST_CASE("starting point: node 0's failure and malformed bytes", "[graph][launc
   longer.push_back(std::byte{0});
   CHECK_THROWS_WITH(decode_starting_point(longer), Catch::Contains("bytes left over"));
   CHECK_THROWS_AS(decode_starting_point(std::vector<std::byte>(4)), std::invalid_argument);
+  CHECK(is_start_failure(encode_start_failure("why")));
+  CHECK_FALSE(is_start_failure(bytes));
+  CHECK_FALSE(is_start_failure(std::vector<std::byte>(4)));
+  // A header without its fields: invalid_argument, not a JSON library error.
+  const std::string header = R"({"step":1})";
+  std::vector<std::byte> partial(8 + header.size());
+  const std::uint64_t length = header.size();
+  std::memcpy(partial.data(), &length, 8);
+  std::memcpy(partial.data() + 8, header.data(), header.size());
+  CHECK_THROWS_AS(decode_starting_point(partial), std::invalid_argument);
 }
