@@ -25,6 +25,9 @@ using namespace gemm_detail;
 // (MC x KC) streams through L2. MC is a multiple of every MR; KC is even (bf16 pairs).
 constexpr std::int64_t kKc = 256, kMc = 96, kNc = 512;
 constexpr std::int64_t kKcBf16 = 512;  // bf16 panels take half the bytes: twice the depth fits
+// Rows of an operand packed across k are k_stride apart, often a page or more: the hardware
+// prefetchers do not follow, so the packing loops ask for rows this far ahead.
+constexpr std::int64_t kPrefetchRows = 8;
 
 struct Operands {
   GemmShape s;
@@ -121,6 +124,7 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
       }
       for (std::int64_t k = 0; k < kc; ++k) {
         const float* col = src.base + k * src.k_stride + p0 * src.line_stride;
+        if (k + kPrefetchRows < kc) __builtin_prefetch(col + kPrefetchRows * src.k_stride);  // rows a page apart
         std::copy(col, col + lines, dst + k * width);
         std::fill(dst + k * width + lines, dst + (k + 1) * width, 0.0f);
       }
