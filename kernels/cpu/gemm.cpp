@@ -113,6 +113,10 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
   const PackKernels& pk = plan.pack;
   const std::int64_t pairs = (kc + 1) / 2, depth = route == Route::f32 ? kc : 2 * pairs;
   const bool k_contiguous = src.k_stride == 1;
+  if (route == Route::bf16_dot && !k_contiguous) {  // every panel at once: whole rows read in order
+    plan.pack.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width);
+    return;
+  }
   for (std::int64_t p0 = 0; p0 < count; p0 += width) {
     const std::int64_t lines = std::min(width, count - p0);
     if (route == Route::f32) {
@@ -161,10 +165,6 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
           }
         }
       }
-      continue;
-    }
-    if (dot) {
-      pk.bf16_pairs(src.base + p0 * src.line_stride, src.k_stride, kc, lines, dst_pairs, width);
       continue;
     }
     for (std::int64_t q = 0; q < pairs; ++q) {
@@ -219,35 +219,78 @@ void run_tile(const Plan& p, std::int64_t depth, const void* ap, const void* bp,
   }
 }
 
-void gemm_serial(const Operands& o, const Plan& p) {
+// One K block's packing geometry: its k count, the packed depth (bf16: padded to pairs) and the
+// bytes a panel holds per row (A) or column (B): 4 per k, or 4 per bf16 pair.
+struct KBlock {
+  std::int64_t kc, depth, stride;
+};
+
+std::int64_t block_k(const Plan& p) { return p.route == Route::bf16_dot ? kKcBf16 : kKc; }
+
+KBlock k_block(const Plan& p, std::int64_t k, std::int64_t pc) {
+  const std::int64_t kc = std::min(block_k(p), k - pc);
+  const std::int64_t depth = p.route == Route::f32 ? kc : (kc + 1) / 2 * 2;
+  return {kc, depth, static_cast<std::int64_t>(sizeof(float)) * (p.route == Route::bf16_dot ? depth / 2 : depth)};
+}
+
+// The tiles of C rows [ic, ic + mc) x columns [jc, jc + nc) from packed A panels (the block's first
+// at ap) and packed B panels.
+void multiply_block(const Operands& o, const Plan& p, const KBlock& kb, const char* ap, const void* bp,
+                    std::int64_t ic, std::int64_t mc, std::int64_t jc, std::int64_t nc, bool accumulate, float* tile) {
+  for (std::int64_t jr = 0; jr < nc; jr += p.nr) {
+    const char* b_panel = static_cast<const char*>(bp) + jr * kb.stride;
+    for (std::int64_t ir = 0; ir < mc; ir += p.mr) {
+      run_tile(p, kb.depth, ap + ir * kb.stride, b_panel, o.c + (ic + ir) * o.s.ldc + jc + jr, o.s.ldc,
+               std::min<std::int64_t>(p.mr, mc - ir), std::min<std::int64_t>(p.nr, nc - jr), accumulate, tile);
+    }
+  }
+}
+
+// A packed once per K block for all of its rows (at most kWholeARows), then every column block
+// of B against it: A is not packed again per column block, and an A read across k (TN) reads
+// whole rows in order. Each C element still sums its K blocks in order: the same bits.
+constexpr std::int64_t kWholeARows = 2048;
+
+void gemm_serial_whole_a(const Operands& o, const Plan& p) {
   const GemmShape& s = o.s;
   Scratch& scratch = tls_scratch;
-  const bool pairs = p.route != Route::f32;
+  const std::int64_t m_padded = (s.m + p.mr - 1) / p.mr * p.mr;
+  for (std::int64_t pc = 0; pc < s.k; pc += block_k(p)) {
+    const KBlock kb = k_block(p, s.k, pc);
+    void* ap = Scratch::grow(scratch.a, scratch.a_bytes, sizeof(float) * kb.depth * m_padded);
+    pack_a(o, p, 0, s.m, pc, kb.kc, ap);
+    for (std::int64_t jc = 0; jc < s.n; jc += kNc) {
+      const std::int64_t nc = std::min(kNc, s.n - jc);
+      void* bp = Scratch::grow(scratch.b, scratch.b_bytes, sizeof(float) * kb.depth * ((nc + p.nr - 1) / p.nr * p.nr));
+      pack_b(o, p, pc, kb.kc, jc, nc, bp);
+      for (std::int64_t ic = 0; ic < s.m; ic += kMc) {
+        multiply_block(o, p, kb, static_cast<const char*>(ap) + ic * kb.stride, bp, ic, std::min(kMc, s.m - ic), jc,
+                       nc, s.accumulate || pc > 0, scratch.tile);
+      }
+    }
+  }
+}
+
+// BLIS order: a B block (K block x column block) packed once, A packed per row block.
+void gemm_serial(const Operands& o, const Plan& p) {
+  const GemmShape& s = o.s;
+  if (s.m <= kWholeARows && (s.n > kNc || (s.trans_a && p.route == Route::bf16_dot))) {
+    gemm_serial_whole_a(o, p);
+    return;
+  }
+  Scratch& scratch = tls_scratch;
   for (std::int64_t jc = 0; jc < s.n; jc += kNc) {
     const std::int64_t nc = std::min(kNc, s.n - jc);
-    const std::int64_t nc_padded = (nc + p.nr - 1) / p.nr * p.nr;
-    const std::int64_t block_k = p.route == Route::bf16_dot ? kKcBf16 : kKc;
-    for (std::int64_t pc = 0; pc < s.k; pc += block_k) {
-      const std::int64_t kc = std::min(block_k, s.k - pc);
-      const std::int64_t depth = pairs ? (kc + 1) / 2 * 2 : kc;  // packed k per panel (bf16: padded to pairs)
-      // Bytes a panel holds per row (A) or column (B): 4 per k, or 4 per bf16 pair.
-      const std::int64_t stride = sizeof(float) * (p.route == Route::bf16_dot ? depth / 2 : depth);
-      void* bp = Scratch::grow(scratch.b, scratch.b_bytes, sizeof(float) * depth * nc_padded);
-      pack_b(o, p, pc, kc, jc, nc, bp);
-      const bool accumulate = s.accumulate || pc > 0;
+    for (std::int64_t pc = 0; pc < s.k; pc += block_k(p)) {
+      const KBlock kb = k_block(p, s.k, pc);
+      void* bp = Scratch::grow(scratch.b, scratch.b_bytes, sizeof(float) * kb.depth * ((nc + p.nr - 1) / p.nr * p.nr));
+      pack_b(o, p, pc, kb.kc, jc, nc, bp);
       for (std::int64_t ic = 0; ic < s.m; ic += kMc) {
         const std::int64_t mc = std::min(kMc, s.m - ic);
-        const std::int64_t mc_padded = (mc + p.mr - 1) / p.mr * p.mr;
-        void* ap = Scratch::grow(scratch.a, scratch.a_bytes, sizeof(float) * depth * mc_padded);
-        pack_a(o, p, ic, mc, pc, kc, ap);
-        for (std::int64_t jr = 0; jr < nc; jr += p.nr) {
-          const char* b_panel = static_cast<const char*>(bp) + jr * stride;
-          for (std::int64_t ir = 0; ir < mc; ir += p.mr) {
-            const char* a_panel = static_cast<const char*>(ap) + ir * stride;
-            run_tile(p, depth, a_panel, b_panel, o.c + (ic + ir) * s.ldc + jc + jr, s.ldc, std::min<std::int64_t>(p.mr, mc - ir),
-                     std::min<std::int64_t>(p.nr, nc - jr), accumulate, scratch.tile);
-          }
-        }
+        void* ap = Scratch::grow(scratch.a, scratch.a_bytes, sizeof(float) * kb.depth * ((mc + p.mr - 1) / p.mr * p.mr));
+        pack_a(o, p, ic, mc, pc, kb.kc, ap);
+        multiply_block(o, p, kb, static_cast<const char*>(ap), bp, ic, mc, jc, nc, s.accumulate || pc > 0,
+                       scratch.tile);
       }
     }
   }

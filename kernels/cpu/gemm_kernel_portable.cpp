@@ -46,15 +46,20 @@ void to_bf16_bits(const float* in, std::int64_t n, std::uint16_t* out) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(in[i]);
 }
 
-void bf16_pairs(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t lines, std::uint32_t* dst,
+void bf16_pairs(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count, std::uint32_t* dst,
                 std::int64_t width) {
-  for (std::int64_t k = 0; k < kc; k += 2, dst += width) {
-    const float* even = src + k * k_stride;
-    const float* odd = k + 1 < kc ? even + k_stride : nullptr;
-    for (std::int64_t l = 0; l < width; ++l) {
-      const std::uint32_t lo = l < lines ? float_to_bf16_bits(even[l]) : 0u;
-      const std::uint32_t hi = l < lines && odd ? float_to_bf16_bits(odd[l]) : 0u;
-      dst[l] = lo | hi << 16;
+  const std::int64_t pairs = (kc + 1) / 2;
+  for (std::int64_t p0 = 0; p0 < count; p0 += width, dst += pairs * width) {
+    const std::int64_t lines = std::min(width, count - p0);
+    std::uint32_t* row = dst;
+    for (std::int64_t k = 0; k < kc; k += 2, row += width) {
+      const float* even = src + k * k_stride + p0;
+      const float* odd = k + 1 < kc ? even + k_stride : nullptr;
+      for (std::int64_t l = 0; l < width; ++l) {
+        const std::uint32_t lo = l < lines ? float_to_bf16_bits(even[l]) : 0u;
+        const std::uint32_t hi = l < lines && odd ? float_to_bf16_bits(odd[l]) : 0u;
+        row[l] = lo | hi << 16;
+      }
     }
   }
 }

@@ -24,9 +24,10 @@ struct Bf16MicroKernel {
 
 // Packing helpers. transpose: dst[c * width + l] = src[l * src_stride + c] for l < lines, c < cols,
 // and 0 for lines <= l < width. to_bf16_bits: float_to_bf16_bits over n contiguous values.
-// bf16_pairs, for lines contiguous in memory (line l, k at src[k * k_stride + l]): the panel of
-// pairs, dst[q * width + l] = bits(k = 2q) | bits(k = 2q + 1) << 16 for l < lines (the odd one 0
-// past kc), and 0 for lines <= l < width.
+// bf16_pairs, for lines contiguous in memory (line l, k at src[k * k_stride + l]): `lines` lines
+// into panels of `width` lines, panel p at dst + p * pairs * width, dst[q * width + l] =
+// bits(k = 2q) | bits(k = 2q + 1) << 16 for its lines (the odd one 0 past kc), and 0 for the
+// last panel's lines past `lines`.
 using TransposeLines = void (*)(const std::uint32_t* src, std::int64_t src_stride, std::int64_t lines,
                                 std::int64_t cols, std::uint32_t* dst, std::int64_t width);
 using ToBf16Bits = void (*)(const float* in, std::int64_t n, std::uint16_t* out);

@@ -93,21 +93,29 @@ __attribute__((target("avx512f,avx512bw"))) void to_bf16_bits_avx512(const float
   }
 }
 
+// Every panel of the block at once, row pair by row pair: whole rows are read in order (the
+// hardware prefetcher follows them), each panel's pair row written at its place.
 __attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* src, std::int64_t k_stride, std::int64_t kc,
-                                                          std::int64_t lines, std::uint32_t* dst, std::int64_t width) {
-  for (std::int64_t k = 0; k < kc; k += 2, dst += width) {
+                                                          std::int64_t count, std::uint32_t* dst, std::int64_t width) {
+  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
+  for (std::int64_t k = 0; k < kc; k += 2) {
     const float* even = src + k * k_stride;
     const float* odd = k + 1 < kc ? even + k_stride : nullptr;
-    const bool ahead = k + kPrefetchRows + 1 < kc;
-    for (std::int64_t i = 0; i < width; i += 16) {
-      if (ahead) {
+    if (k + kPrefetchRows + 1 < kc) {  // the rows after next: a page or more away
+      for (std::int64_t i = 0; i < count; i += 16) {
         _mm_prefetch(reinterpret_cast<const char*>(even + kPrefetchRows * k_stride + i), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(even + (kPrefetchRows + 1) * k_stride + i), _MM_HINT_T0);
       }
-      const __mmask16 m = first_lanes(lines - i), store = first_lanes(width - i);
-      const __m512i lo = bf16_bits(_mm512_maskz_loadu_epi32(m, even + i));
-      const __m512i hi = odd ? bf16_bits(_mm512_maskz_loadu_epi32(m, odd + i)) : _mm512_setzero_si512();
-      _mm512_mask_storeu_epi32(dst + i, store, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+    std::uint32_t* row = dst + (k / 2) * width;
+    for (std::int64_t p = 0; p < panels; ++p, row += pairs * width) {
+      const std::int64_t first = p * width, lines = count - first < width ? count - first : width;
+      for (std::int64_t i = 0; i < width; i += 16) {
+        const __mmask16 m = first_lanes(lines - i), store = first_lanes(width - i);
+        const __m512i lo = bf16_bits(_mm512_maskz_loadu_epi32(m, even + first + i));
+        const __m512i hi = odd ? bf16_bits(_mm512_maskz_loadu_epi32(m, odd + first + i)) : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(row + i, store, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
     }
   }
 }

@@ -106,7 +106,8 @@ void for_each_case(unsigned seed, int trials, const Sizes& sizes,
 
 TEST_CASE("gemm computes exactly the documented FMA chain per element", "[gemm]") {
   // k past one K block (256 fp32, 512 bf16), odd and even; then n past one column block (512)
-  // and m past one row block (96), so A is packed again for each column block.
+  // and m past one row block (96): A packed once for all its rows (up to 2048) and every column
+  // block, over one K block and several; and m past 2048, where A is packed per column block.
   const auto exact = [](const Case& t, GemmOperands op) {
     const std::vector<float> c = run(t, op);
     std::int64_t wrong = 0;
@@ -119,6 +120,8 @@ TEST_CASE("gemm computes exactly the documented FMA chain per element", "[gemm]"
   };
   for_each_case(11, 40, {1, 40, 1, 70, 1, 600}, exact);
   for_each_case(16, 4, {97, 200, 513, 700, 1, 256}, exact);
+  for_each_case(17, 2, {97, 150, 513, 600, 520, 700}, exact);
+  for_each_case(18, 1, {2049, 2100, 513, 530, 1, 40}, exact);
 }
 
 TEST_CASE("gemm agrees with a double-precision product within a K-derived bound", "[gemm]") {
