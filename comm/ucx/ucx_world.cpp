@@ -69,6 +69,9 @@ struct UcxWorld::Impl {
   // Staging slots of reductions (kChunkFloats each), reused across operations: a step does not
   // page-fault fresh buffers, and a reused slot is often still in cache when its chunk is summed.
   std::vector<std::unique_ptr<float[]>> free_slots;
+  // Every group a communicator was made for, by tag id (communicator(), any thread).
+  std::mutex ids_mutex;
+  std::map<std::uint64_t, std::string> ids;
 
   std::unique_ptr<float[]> take_slot() {
     if (free_slots.empty()) return std::unique_ptr<float[]>(new float[kChunkFloats]);
@@ -663,6 +666,16 @@ std::unique_ptr<Communicator> UcxWorld::communicator(const Group& group, int ran
     throw std::invalid_argument("ucx: rank " + std::to_string(rank) + " does not live in this process");
   }
   group.index_of(rank);  // throws when it is not a member
+  {
+    // Tags carry a 24-bit hash of the group: two groups of this process's ranks with one hash
+    // would take each other's messages, so that is refused rather than risked.
+    std::lock_guard<std::mutex> lock(impl_->ids_mutex);
+    const auto [it, inserted] = impl_->ids.emplace(group_id(group), group.describe());
+    if (!inserted && it->second != group.describe()) {
+      throw std::invalid_argument("ucx: groups " + it->second + " and " + group.describe() +
+                                  " have the same 24-bit tag id; their messages could not be told apart");
+    }
+  }
   return std::make_unique<UcxCommunicator>(impl_, group, rank);
 }
 

@@ -254,6 +254,12 @@ TEST_CASE("ucx: overlapping groups in flight at once keep their messages apart, 
   }
   for (int k = 0; k < 3; ++k) CHECK(got[static_cast<std::size_t>(k)].data<float>()[4] == static_cast<float>(k));
   CHECK_THROWS_AS(b.ucx.communicator(pair_a, 2), std::invalid_argument);  // not a member
+  // Two groups whose descriptions hash to one 24-bit tag id (found by search): refused.
+  b.ucx.communicator(Group{"g4201", {0, 1}}, 0);
+  b.ucx.communicator(Group{"g4201", {0, 1}}, 1);  // the same group again is fine
+  CHECK_THROWS_WITH(b.ucx.communicator(Group{"g6702", {0, 1}}, 0),
+                    "ucx: groups g4201[0,1] and g6702[0,1] have the same 24-bit tag id; their messages could not be "
+                    "told apart");
 }
 
 TEST_CASE("rendezvous: the first differing key of two job descriptions", "[comm][rendezvous]") {
