@@ -3,6 +3,8 @@
 // thread-count invariance, and the same bits from every instruction-set level.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -207,6 +209,36 @@ TEST_CASE("gemm handles empty and degenerate shapes", "[gemm]") {
   CHECK(c[0] == 11.0f);
   CHECK_THROWS_WITH(gemm_f32({false, false, 2, 2, 2, 1, 2, 2, false}, a.data(), b.data(), c.data()),
                     Catch::Contains("lda=1"));
+}
+
+// bf16_pairs packs a whole block of lines into consecutive panels in one call: each panel equals
+// the panel packed alone from its own lines, the last one zero-padded, nothing written past it.
+TEST_CASE("gemm packing: bf16 pairs of many panels equal the panels packed one by one", "[gemm]") {
+  using namespace cpu::gemm_detail;
+  std::vector<float> src(64 * 64);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = 0.37f * static_cast<float>(i % 89) - 11.0f;
+  std::vector<PackKernels> levels = {pack_kernels_portable()};
+#if defined(__x86_64__)
+  if (cpu::detected_cpu_features().isa == cpu::Isa::avx512) levels.push_back(pack_kernels_avx512());
+#endif
+  for (const PackKernels& pk : levels) {
+    for (const std::int64_t width : {12, 32}) {
+      for (const std::int64_t count : {13, 29, 64}) {
+        for (const std::int64_t kc : {1, 7, 10}) {
+          INFO("width " << width << " count " << count << " kc " << kc);
+          const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
+          std::vector<std::uint32_t> all(static_cast<std::size_t>(panels * pairs * width + 16), 0xdeadbeefu);
+          pk.bf16_pairs(src.data(), 64, kc, count, all.data(), width);
+          CHECK(all.back() == 0xdeadbeefu);
+          for (std::int64_t p = 0; p < panels; ++p) {
+            std::vector<std::uint32_t> one(static_cast<std::size_t>(pairs * width), 0xdeadbeefu);
+            pk.bf16_pairs(src.data() + p * width, 64, kc, std::min(width, count - p * width), one.data(), width);
+            CHECK(std::equal(one.begin(), one.end(), all.begin() + p * pairs * width));
+          }
+        }
+      }
+    }
+  }
 }
 
 // The packing helpers fill exactly the panel: lines past `lines` are zero (never read from past
