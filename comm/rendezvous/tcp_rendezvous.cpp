@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
