@@ -141,6 +141,7 @@ struct UcxWorld::Impl {
   struct Request {
     Impl* impl;
     std::shared_ptr<Operation> op;
+    const char* what;  // "send" or "receive", for a failure's message
   };
 
   static void part_done(const std::shared_ptr<Operation>& op) {
@@ -157,59 +158,55 @@ struct UcxWorld::Impl {
     failed = true;
   }
 
-  static void send_done(void* request, ucs_status_t status, void* user) {
+  // A transfer's completion (UCX's callback, once it did not complete at once).
+  static void transfer_done(void* request, ucs_status_t status, void* user) {
     auto* r = static_cast<Request*>(user);
     r->impl->in_flight -= 1;
     if (status == UCS_OK) {
       part_done(r->op);
     } else {
-      r->impl->transfer_failed("send", status);
+      r->impl->transfer_failed(r->what, status);
     }
     delete r;
     ucp_request_free(request);
   }
-
+  static void send_done(void* request, ucs_status_t status, void* user) { transfer_done(request, status, user); }
   static void recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
-    auto* r = static_cast<Request*>(user);
-    r->impl->in_flight -= 1;
-    if (status == UCS_OK) {
-      part_done(r->op);
-    } else {
-      r->impl->transfer_failed("receive", status);
-    }
-    delete r;
-    ucp_request_free(request);
+    transfer_done(request, status, user);
   }
 
   // An immediately completed transfer returns nullptr and runs no callback.
-  void settle(ucs_status_ptr_t status, Request* r, const char* what) {
+  void settle(ucs_status_ptr_t status, Request* r) {
     if (status == nullptr) {
       part_done(r->op);
       delete r;
     } else if (UCS_PTR_IS_ERR(status)) {
+      transfer_failed(r->what, UCS_PTR_STATUS(status));
       delete r;
-      transfer_failed(what, UCS_PTR_STATUS(status));
     } else {
       in_flight += 1;
     }
   }
 
-  void send(int from, int to, const void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
-    auto* r = new Request{this, std::move(op)};
+  static ucp_request_param_t callback_param(Request* r) {
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = &send_done;
     param.user_data = r;
-    settle(ucp_tag_send_nbx(endpoints.at({from, to}), data, bytes, tag, &param), r, "send");
+    return param;
+  }
+
+  void send(int from, int to, const void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
+    auto* r = new Request{this, std::move(op), "send"};
+    ucp_request_param_t param = callback_param(r);
+    param.cb.send = &send_done;
+    settle(ucp_tag_send_nbx(endpoints.at({from, to}), data, bytes, tag, &param), r);
   }
 
   void recv(int at, void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
-    auto* r = new Request{this, std::move(op)};
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    auto* r = new Request{this, std::move(op), "receive"};
+    ucp_request_param_t param = callback_param(r);
     param.cb.recv = &recv_done;
-    param.user_data = r;
-    settle(ucp_tag_recv_nbx(workers.at(at), data, bytes, tag, ~std::uint64_t{0}, &param), r, "receive");
+    settle(ucp_tag_recv_nbx(workers.at(at), data, bytes, tag, ~std::uint64_t{0}, &param), r);
   }
 
   // Closes everything on the progress thread, then ends it.
@@ -449,7 +446,7 @@ class UcxCommunicator final : public Communicator {
     require(root >= 0 && root < size, "broadcast", "a root inside the group");
     const std::uint64_t op = next_op();
     const bool is_root = me_ == root;
-    auto operation = start(CollectiveKind::broadcast, inout, tag, std::move(done), (is_root ? size - 1 : 1) + 1, {},
+    auto operation = start(CollectiveKind::broadcast, inout, tag, std::move(done), (is_root ? size - 1 : 1) + 1,
                            is_root ? static_cast<std::int64_t>(inout.bytes()) : 0);
     operation->keep = {inout};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
@@ -470,6 +467,10 @@ class UcxCommunicator final : public Communicator {
     require(static_cast<int>(send_counts.size()) == size && static_cast<int>(recv_counts.size()) == size &&
                 send.dtype() == recv.dtype() && sum(send_counts) == send.numel() && sum(recv_counts) == recv.numel(),
             "all_to_all_v", "one count per member, summing to the send and recv sizes");
+    require(std::all_of(send_counts.begin(), send_counts.end(), [](std::int64_t c) { return c >= 0; }) &&
+                std::all_of(recv_counts.begin(), recv_counts.end(), [](std::int64_t c) { return c >= 0; }) &&
+                send_counts[static_cast<std::size_t>(me_)] == recv_counts[static_cast<std::size_t>(me_)],
+            "all_to_all_v", "non-negative counts, and as many elements to itself as from itself");
     const std::uint64_t op = next_op();
     const std::size_t element = element_size(send.dtype());
     int transfers = 0;
@@ -522,7 +523,7 @@ class UcxCommunicator final : public Communicator {
   void recv(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
     require(peer >= 0 && peer < group_.size() && peer != me_, "recv", "another member of the group");
     const std::uint64_t op = kPointToPoint | (received_[peer]++ & 0x7FFFFF);
-    auto operation = start(CollectiveKind::recv, tensor, tag, std::move(done), 2, {}, 0);
+    auto operation = start(CollectiveKind::recv, tensor, tag, std::move(done), 2, 0);
     operation->keep = {tensor};
     world_->post([=, world = world_, id = id_, rank = rank_] {
       world->recv(rank, tensor.raw(), tensor.bytes(), make_tag(id, op, peer), operation);
@@ -543,10 +544,10 @@ class UcxCommunicator final : public Communicator {
 
   std::uint64_t next_op() { return ops_++ & 0x7FFFFF; }
 
-  // An operation of `transfers` transfers; when they are done: `local` (a reduction), the record,
-  // then the caller's completion. `bytes` < 0: the send tensor's.
+  // An operation of `transfers` transfers; when they are done: the record, then the caller's
+  // completion. `bytes` < 0: the send tensor's.
   std::shared_ptr<Operation> start(CollectiveKind kind, const Tensor& send, const std::string& tag, Completion done,
-                                   int transfers, std::function<void()> local = {}, std::int64_t bytes = -1) {
+                                   int transfers, std::int64_t bytes = -1) {
     CollectiveRecord record;
     record.kind = kind;
     record.group = group_.describe();
@@ -560,8 +561,7 @@ class UcxCommunicator final : public Communicator {
     record.step = recorder->step();
     auto op = std::make_shared<Operation>();
     op->remaining = transfers;
-    op->finish = [recorder, record, local = std::move(local), done = std::move(done)]() mutable {
-      if (local) local();
+    op->finish = [recorder, record, done = std::move(done)]() mutable {
       record.end_us = recorder->now_us();
       recorder->append(std::move(record));
       done();

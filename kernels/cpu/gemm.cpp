@@ -25,9 +25,6 @@ using namespace gemm_detail;
 // (MC x KC) streams through L2. MC is a multiple of every MR; KC is even (bf16 pairs).
 constexpr std::int64_t kKc = 256, kMc = 96, kNc = 512;
 constexpr std::int64_t kKcBf16 = 512;  // bf16 panels take half the bytes: twice the depth fits
-// Rows of an operand packed across k are k_stride apart, often a page or more: the hardware
-// prefetchers do not follow, so the packing loops ask for rows this far ahead.
-constexpr std::int64_t kPrefetchRows = 8;
 
 struct Operands {
   GemmShape s;
@@ -114,7 +111,7 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
   const std::int64_t pairs = (kc + 1) / 2, depth = route == Route::f32 ? kc : 2 * pairs;
   const bool k_contiguous = src.k_stride == 1;
   if (route == Route::bf16_dot && !k_contiguous) {  // every panel at once: whole rows read in order
-    plan.pack.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width);
+    pk.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width);
     return;
   }
   for (std::int64_t p0 = 0; p0 < count; p0 += width) {

@@ -7,6 +7,10 @@
 
 namespace atl::cpu::gemm_detail {
 
+// Rows of an operand packed across k are k_stride apart, often a page or more: the hardware
+// prefetchers do not follow, so the packing loops ask for rows this far ahead.
+inline constexpr std::int64_t kPrefetchRows = 8;
+
 // c: the tile's first element, ldc its row stride; accumulate: the chains start at c, else at 0.
 using F32Kernel = void (*)(std::int64_t kc, const float* ap, const float* bp, float* c, std::int64_t ldc,
                            bool accumulate);
@@ -24,14 +28,14 @@ struct Bf16MicroKernel {
 
 // Packing helpers. transpose: dst[c * width + l] = src[l * src_stride + c] for l < lines, c < cols,
 // and 0 for lines <= l < width. to_bf16_bits: float_to_bf16_bits over n contiguous values.
-// bf16_pairs, for lines contiguous in memory (line l, k at src[k * k_stride + l]): `lines` lines
+// bf16_pairs, for lines contiguous in memory (line l, k at src[k * k_stride + l]): `count` lines
 // into panels of `width` lines, panel p at dst + p * pairs * width, dst[q * width + l] =
 // bits(k = 2q) | bits(k = 2q + 1) << 16 for its lines (the odd one 0 past kc), and 0 for the
 // last panel's lines past `lines`.
 using TransposeLines = void (*)(const std::uint32_t* src, std::int64_t src_stride, std::int64_t lines,
                                 std::int64_t cols, std::uint32_t* dst, std::int64_t width);
 using ToBf16Bits = void (*)(const float* in, std::int64_t n, std::uint16_t* out);
-using Bf16Pairs = void (*)(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t lines,
+using Bf16Pairs = void (*)(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count,
                            std::uint32_t* dst, std::int64_t width);
 // pair_lines: the same panel from k-contiguous lines (line l, k at src[l * line_stride + k]).
 using PairLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,

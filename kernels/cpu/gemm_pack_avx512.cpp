@@ -13,10 +13,9 @@ namespace atl::cpu::gemm_detail {
 
 namespace {
 
-// Software prefetch distances of the packing loops: rows that are k_stride apart (a page or
-// more for wide operands) and 16 lines read side by side defeat the hardware prefetchers, and
-// packing waits on memory (measured: ~8% and ~7% of a bf16 beam-small step).
-constexpr std::int64_t kPrefetchRows = 8;   // bf16_pairs: rows ahead
+// Software prefetch in the packing loops (kPrefetchRows, gemm_kernels.hpp, for rows k_stride
+// apart): 16 lines read side by side defeat the hardware prefetchers too, and packing waited on
+// memory.
 constexpr std::int64_t kPrefetchCols = 16;  // pair_lines, transpose_lines: elements ahead in each line
 
 // 16 x 16 transpose of 32-bit lanes: r[i] holds row i on entry, column i on exit.

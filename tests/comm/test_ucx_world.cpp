@@ -254,6 +254,10 @@ TEST_CASE("ucx: overlapping groups in flight at once keep their messages apart, 
   }
   for (int k = 0; k < 3; ++k) CHECK(got[static_cast<std::size_t>(k)].data<float>()[4] == static_cast<float>(k));
   CHECK_THROWS_AS(b.ucx.communicator(pair_a, 2), std::invalid_argument);  // not a member
+  // A member must keep as many elements for itself as it receives from itself (else its own block
+  // would overrun): refused before anything is posted, as the sim refuses it.
+  CHECK_THROWS_WITH(a[0]->all_to_all_v(Tensor::zeros({2}), {1, 1}, Tensor::zeros({2}), {2, 0}, "x", [] {}),
+                    Catch::Contains("as many elements to itself as from itself"));
   // Two groups whose descriptions hash to one 24-bit tag id (found by search): refused.
   b.ucx.communicator(Group{"g4201", {0, 1}}, 0);
   b.ucx.communicator(Group{"g4201", {0, 1}}, 1);  // the same group again is fine
@@ -298,7 +302,12 @@ TEST_CASE("ucx: many collectives in flight on overlapping groups from every rank
           const int size = c.group().size(), me = c.group_index();
           const std::int64_t n = 1 + (k * 37) % 300;
           Tensor in = random_tensor(n * size, static_cast<std::uint32_t>(1000 * k + r));
-          if (k % 2 == 0) {
+          if (k % 4 == 3) {  // a reduction of several chunks (the pipelined path) now and then
+            const std::int64_t rows = 65536 + 911 * k;
+            Tensor out = Tensor::empty({rows});
+            c.reduce_scatter(random_tensor(rows * size, static_cast<std::uint32_t>(3 * k + r)), out, "s", fired.tick());
+            outputs[static_cast<std::size_t>(r)].push_back(out);
+          } else if (k % 2 == 0) {
             Tensor out = Tensor::empty({n * size * size});
             Tensor send = in.slice_rows(0, n * size);
             c.all_gather(send, out, "s", fired.tick());
