@@ -59,6 +59,11 @@ int main(int argc, char** argv) {
   options.stop_requested = atl::graceful_stop_signal;
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
+    const bool node_flags = node.node_rank || node.nnodes || node.master_addr || node.master_port;
+    if (node_flags && config.topology.backend != atl::Backend::ucx) {  // else each node would run the whole job
+      throw atl::ConfigError(config.source_file, "topology.backend",
+                             "--node-rank, --nnodes, --master-addr and --master-port need ucx");
+    }
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
       const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr);
       // Node 0 writes the run; the others print to stderr behind their node rank.

@@ -136,6 +136,8 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
 
 namespace {
 
+// Collects a line and writes it whole behind the prefix: nodes sharing one stderr do not
+// interleave character by character.
 class PrefixedBuffer : public std::streambuf {
  public:
   PrefixedBuffer(std::ostream& out, std::string prefix) : out_(out), prefix_(std::move(prefix)) {}
@@ -143,19 +145,28 @@ class PrefixedBuffer : public std::streambuf {
  protected:
   int overflow(int c) override {
     if (c == traits_type::eof()) return traits_type::not_eof(c);
-    if (at_line_start_) out_ << prefix_;
-    out_.put(static_cast<char>(c));
-    at_line_start_ = c == '\n';
+    line_.push_back(static_cast<char>(c));
+    if (c == '\n') flush_line();
     return c;
   }
   int sync() override {
+    if (!line_.empty()) flush_line();
     out_.flush();
     return 0;
   }
 
  private:
+  void flush_line() {  // a flush mid-line writes what there is; the prefix only at a line's start
+    const std::string whole = (at_line_start_ ? prefix_ : std::string()) + line_;
+    out_.write(whole.data(), static_cast<std::streamsize>(whole.size()));
+    out_.flush();
+    at_line_start_ = line_.back() == '\n';
+    line_.clear();
+  }
+
   std::ostream& out_;
   std::string prefix_;
+  std::string line_;
   bool at_line_start_ = true;
 };
 

@@ -121,16 +121,17 @@ NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const N
     throw std::invalid_argument("the topology lists " + std::to_string(n) + " nodes, " + given.source + " says " +
                                 std::to_string(given.nnodes));
   }
-  std::int64_t total = 0;
-  for (const NodeEntry& e : nodes) {
-    std::vector<int> ranks;
-    for (std::int64_t k = 0; k < e.ranks; ++k) ranks.push_back(static_cast<int>(total + k));
-    total += e.ranks;
-    p.all.push_back(std::move(ranks));
-  }
+  std::int64_t total = 0;  // checked before any list is built: a typo can be 10^10 ranks
+  for (const NodeEntry& e : nodes) total += e.ranks;
   if (total != world) {
     throw std::invalid_argument("the nodes' ranks add up to " + std::to_string(total) + ", the mesh has " +
                                 std::to_string(world));
+  }
+  int next = 0;
+  for (const NodeEntry& e : nodes) {
+    std::vector<int> ranks(static_cast<std::size_t>(e.ranks));
+    for (int& r : ranks) r = next++;
+    p.all.push_back(std::move(ranks));
   }
   p.spec.nnodes = n;
   if (!given.master_addr_given) p.spec.master_addr = nodes.front().host;

@@ -34,6 +34,12 @@ std::vector<std::string> train_args(const std::string& config, const fs::path& r
   return args;
 }
 
+// scripts/launch running the atoll-train ctest built (not whatever build/ holds).
+std::string launch_script() {
+  return "ATOLL_TRAIN=" + shell_quote(app_binary("atoll-train").string()) + " " +
+         shell_quote(source_path("scripts/launch").string());
+}
+
 std::string node_command(int node, int nnodes, int port, const std::vector<std::string>& args) {
   return "NODE_RANK=" + std::to_string(node) + " NNODES=" + std::to_string(nnodes) +
          " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ATOLL_JOB_TOKEN=secret " +
@@ -68,7 +74,7 @@ TEST_CASE("apps: two atoll-train processes over UCX equal the sim run bitwise, c
     ++n;
     const Result sim = run_app("atoll-train", train_args(c.config, sim_dir, c.sets), tmp.path);
     REQUIRE(sim.exit_code == 0);
-    const Result ucx = run_shell(shell_quote(source_path("scripts/launch").string()) + " --nnodes 2 --" +
+    const Result ucx = run_shell(launch_script() + " --nnodes 2 --" +
                                      joined(train_args(c.config, ucx_dir, c.sets)),
                                  tmp.path / "launch");
     INFO(ucx.out << ucx.err);
@@ -106,6 +112,16 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
   CHECK(node0.err.find("train.lr") != std::string::npos);
   CHECK(node1.err.find("train.lr") != std::string::npos);
   CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
+}
+
+TEST_CASE("apps: node flags without the ucx backend are a config error, not a whole job per node", "[apps][ucx]") {
+  TempDir tmp;
+  const Result r = run_app("atoll-train", {source_path("configs/beam-tiny.yaml").string(), "--set",
+                                           "run_dir=" + (tmp.path / "run").string(), "--node-rank", "1", "--nnodes", "2"},
+                           tmp.path / "out");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("topology.backend: --node-rank, --nnodes, --master-addr and --master-port need ucx"));
+  CHECK_FALSE(fs::exists(tmp.path / "run"));
 }
 
 TEST_CASE("apps: a node alone at the rendezvous exits 1 after topology.rendezvous_timeout_s, naming the missing node",
@@ -177,7 +193,7 @@ Result launch_and_kill_a_node(const std::string& launch_args, const fs::path& ru
                               const fs::path& scratch) {
   Result launched;
   std::thread launcher([&] {
-    launched = run_shell(shell_quote(source_path("scripts/launch").string()) + " " + launch_args, scratch);
+    launched = run_shell(launch_script() + " " + launch_args, scratch);
   });
   const bool killed = signal_a_node(run_dir, after, "KILL");
   launcher.join();
@@ -278,7 +294,7 @@ TEST_CASE("apps: SIGTERM to one node stops every node after the same step, saved
   // Resumed (both nodes), the run ends with the uninterrupted run's losses.
   auto resumed = args;
   resumed.push_back("--resume");
-  const Result again = run_shell(shell_quote(source_path("scripts/launch").string()) + " --nnodes 2 --" + joined(resumed),
+  const Result again = run_shell(launch_script() + " --nnodes 2 --" + joined(resumed),
                                  tmp.path / "resume");
   INFO(again.err);
   REQUIRE(again.exit_code == 0);

@@ -84,6 +84,10 @@ TEST_CASE("node spec: a topology's node list places each node, flags and variabl
 
   CHECK_THROWS_WITH(place_node(nodes, 8, resolve_node_spec(flags, env_of({})), "alpha"),
                     Catch::Contains("the nodes' ranks add up to 4, the mesh has 8"));
+  auto typo = nodes;  // checked before any rank list is built (10^10 ranks would exhaust memory)
+  typo.back().ranks = 10000000000;
+  CHECK_THROWS_WITH(place_node(typo, 4, resolve_node_spec(flags, env_of({})), "alpha"),
+                    Catch::Contains("the nodes' ranks add up to 10000000001, the mesh has 4"));
   CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({})), "gamma"),
                     Catch::Contains("no node has this machine's host name 'gamma'"));
   CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({{"NNODES", "3"}})), "alpha"),
