@@ -88,18 +88,15 @@ void next_instruction(stage_pointer self) {
 
 // The instruction's micro-batch run and its collectives (as many as its flow's parts), or false
 // after failing the step.
-bool exchange_inputs(stage_pointer self, const StepInstruction& ins, bool forward,
+bool exchange_inputs(stage_pointer self, const StepInstruction& ins,
                      std::shared_ptr<MicroBatchRun>& run, std::vector<CollectiveNode>& nodes) {
   auto& st = self->state;
   const auto found = st.runs.find(ins.micro_batch);
-  nodes = scheduled(st, ins);
-  const std::size_t parts = expert_exchange_parts(st.program->expert_flow, forward).size();
-  if (found == st.runs.end() || nodes.size() != parts) {
-    fail(self, caf::make_error(caf::sec::runtime_error,
-                               "stage: exchange of op " + std::to_string(ins.op) + " micro-batch " +
-                                   std::to_string(ins.micro_batch) + (found == st.runs.end()
-                                                                          ? " that is not running"
-                                                                          : " with the wrong number of collectives")));
+  nodes = scheduled(st, ins);  // the flow's parts: compile_step_program made them so
+  if (found == st.runs.end()) {
+    fail(self, caf::make_error(caf::sec::runtime_error, "stage: exchange of op " + std::to_string(ins.op) +
+                                                            " micro-batch " + std::to_string(ins.micro_batch) +
+                                                            " that is not running"));
     return false;
   }
   run = found->second;
@@ -155,7 +152,7 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
   const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep();
   std::shared_ptr<MicroBatchRun> run;
   std::vector<CollectiveNode> nodes;
-  if (!exchange_inputs(self, ins, true, run, nodes)) return;
+  if (!exchange_inputs(self, ins, run, nodes)) return;
   auto rows = std::make_shared<ExpertRowsOut>();
   if (!guarded(self, [&] { *rows = run->expert_rows(op); })) return;
   // In precision bf16 the rows and the expert outputs are bf16 values (MODELS.md §10.1.12: the
@@ -220,7 +217,7 @@ void all_to_all_backward(stage_pointer self, const StepInstruction& ins) {
   const int op = ins.op, mb = ins.micro_batch;
   std::shared_ptr<MicroBatchRun> run;
   std::vector<CollectiveNode> nodes;
-  if (!exchange_inputs(self, ins, false, run, nodes)) return;
+  if (!exchange_inputs(self, ins, run, nodes)) return;
   std::optional<ExchangeRecord> record = take_record(self, mb, op);
   if (!record) return;
   const ExpertExchange x = record->rows;
@@ -258,7 +255,7 @@ void all_gather_forward(stage_pointer self, const StepInstruction& ins) {
   const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep(), me = ep_index(st);
   std::shared_ptr<MicroBatchRun> run;
   std::vector<CollectiveNode> nodes;
-  if (!exchange_inputs(self, ins, true, run, nodes)) return;
+  if (!exchange_inputs(self, ins, run, nodes)) return;
   ExpertRowsOut rows;
   if (!guarded(self, [&] { rows = run->expert_rows(op); })) return;
   const std::int64_t T = rows.tokens.size(0), H = rows.tokens.size(1), K = rows.indices.size(1);
@@ -335,7 +332,7 @@ void all_gather_backward(stage_pointer self, const StepInstruction& ins) {
   const int op = ins.op, mb = ins.micro_batch, ep = st.setup.plan->mesh.ep();
   std::shared_ptr<MicroBatchRun> run;
   std::vector<CollectiveNode> nodes;
-  if (!exchange_inputs(self, ins, false, run, nodes)) return;
+  if (!exchange_inputs(self, ins, run, nodes)) return;
   std::optional<ExchangeRecord> taken = take_record(self, mb, op);
   if (!taken) return;
   auto record = std::make_shared<ExchangeRecord>(std::move(*taken));

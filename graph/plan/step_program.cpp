@@ -46,7 +46,7 @@ class ProgramBuilder {
     if (gathered_[u]) return;
     gathered_[u] = true;
     const std::string& axis = plan_.units[u].shard_axis;
-    emit({StepInstructionKind::gather, -1, -1, u, false, collective(CollectiveOp::all_gather, axis, u), 1});
+    emit({StepInstructionKind::gather, -1, -1, u, false, collective(CollectiveOp::all_gather, axis, plan_.units[u].name), 1});
   }
   void gather_named(const std::vector<std::string>& names) {
     for (const auto& name : names) gather(plan_.unit_index(name));
@@ -61,10 +61,10 @@ class ProgramBuilder {
     std::uint64_t first = 0;
     int count = 0;
     if (last) {
-      first = collective(CollectiveOp::reduce_scatter, plan_.units[u].shard_axis, u);
+      first = collective(CollectiveOp::reduce_scatter, plan_.units[u].shard_axis, plan_.units[u].name);
       ++count;
       if (plan_.units[u].replicated(plan_.mesh)) {
-        collective(CollectiveOp::all_reduce, "dp_replicate", u);
+        collective(CollectiveOp::all_reduce, "dp_replicate", plan_.units[u].name);
         ++count;
       }
     }
@@ -75,17 +75,12 @@ class ProgramBuilder {
                        ExpertDispatchFlow flow) {
     const auto first = static_cast<std::uint64_t>(program_.collectives.size());
     const std::vector<ExchangePart> parts = expert_exchange_parts(flow, kind == StepInstructionKind::expert_forward);
-    for (const auto& [op_kind, part] : parts) {
-      const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
-      program_.collectives.push_back({seq, op_kind, kExpertAxis, op_name + ":" + part});
-    }
+    for (const auto& [op_kind, part] : parts) collective(op_kind, kExpertAxis, op_name + ":" + part);
     emit({kind, op, micro_batch, 0, false, first, static_cast<int>(parts.size())});
   }
   // The step's world all-gathers: `count` before the first forward, `report` at the end.
   void world_gather(StepInstructionKind kind) {
-    const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
-    program_.collectives.push_back({seq, CollectiveOp::all_gather, "world", step_instruction_name(kind)});
-    emit({kind, -1, -1, 0, false, seq, 1});
+    emit({kind, -1, -1, 0, false, collective(CollectiveOp::all_gather, "world", step_instruction_name(kind)), 1});
   }
   StepProgram finish(int micro_batches) {
     program_.micro_batches = micro_batches;
@@ -93,9 +88,10 @@ class ProgramBuilder {
   }
 
  private:
-  std::uint64_t collective(CollectiveOp op, const std::string& axis, std::size_t u) {
+  // Appends a collective (numbered in program order) and returns its number.
+  std::uint64_t collective(CollectiveOp op, const std::string& axis, std::string tag) {
     const auto seq = static_cast<std::uint64_t>(program_.collectives.size());
-    program_.collectives.push_back({seq, op, axis, plan_.units[u].name});
+    program_.collectives.push_back({seq, op, axis, std::move(tag)});
     return seq;
   }
   void emit(StepInstruction i) { program_.instructions.push_back(i); }

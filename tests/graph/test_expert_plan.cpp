@@ -138,16 +138,23 @@ TEST_CASE("expert step program: the experts ops exchange over ep, expert groups 
       CHECK(is_experts_op);
       const bool fwd = i.kind == StepInstructionKind::expert_forward;
       (fwd ? forward : backward) += 1;
-      const std::vector<ExchangePart> parts = expert_exchange_parts(ExpertDispatchFlow::all_to_all, fwd);
-      REQUIRE(i.collective_count == static_cast<int>(parts.size()));
-      CHECK(parts.size() == (fwd ? 4u : 3u));
+      // The all_to_all flow's exchanges, written out (not read back from expert_exchange_parts).
+      using enum CollectiveOp;
+      const std::vector<std::pair<CollectiveOp, std::string>> expected =
+          fwd ? std::vector<std::pair<CollectiveOp, std::string>>{{all_gather, "counts"},
+                                                                  {all_to_all_v, "dispatch"},
+                                                                  {all_to_all_v, "dispatch_weights"},
+                                                                  {all_to_all_v, "combine"}}
+              : std::vector<std::pair<CollectiveOp, std::string>>{{all_to_all_v, "combine_grad"},
+                                                                  {all_to_all_v, "dispatch_grad"},
+                                                                  {all_to_all_v, "dispatch_weights_grad"}};
+      REQUIRE(i.collective_count == static_cast<int>(expected.size()));
       for (int k = 0; k < i.collective_count; ++k) {
         const CollectiveNode& node = program.collectives[i.collective + static_cast<std::uint64_t>(k)];
         CHECK(node.axis == "ep");
-        CHECK(node.op == parts[static_cast<std::size_t>(k)].op);
-        CHECK(node.tag == program.ops[static_cast<std::size_t>(i.op)].name + ":" + parts[static_cast<std::size_t>(k)].part);
+        CHECK(node.op == expected[static_cast<std::size_t>(k)].first);
+        CHECK(node.tag == program.ops[static_cast<std::size_t>(i.op)].name + ":" + expected[static_cast<std::size_t>(k)].second);
       }
-      CHECK(program.collectives[i.collective].op == (fwd ? CollectiveOp::all_gather : CollectiveOp::all_to_all_v));
     }
     if (i.kind == StepInstructionKind::gather || (i.kind == StepInstructionKind::grads && i.last)) {
       const UnitPlan& u = plan.units[i.unit];
@@ -164,4 +171,27 @@ TEST_CASE("expert step program: the experts ops exchange over ep, expert groups 
   }
   CHECK(forward == 4 * 2);   // per MoE layer per micro-batch
   CHECK(backward == 4 * 2);
+
+  // The all_gather flow (the reference algorithm): its exchanges, written out.
+  const StepProgram gathered =
+      compile_step_program(plan, model.ops(), 2, StepSchedule::one_at_a_time, ExpertDispatchFlow::all_gather);
+  auto tags_of = [&](StepInstructionKind kind) {
+    std::vector<std::string> tags;
+    for (const StepInstruction& i : gathered.instructions) {
+      if (i.kind != kind) continue;
+      for (int k = 0; k < i.collective_count; ++k) {
+        const CollectiveNode& node = gathered.collectives[i.collective + static_cast<std::uint64_t>(k)];
+        tags.push_back(std::string(collective_op_name(node.op)) + " " +
+                       node.tag.substr(node.tag.find(':') + 1));
+      }
+      break;  // the first such instruction
+    }
+    return tags;
+  };
+  CHECK(tags_of(StepInstructionKind::expert_forward) ==
+        std::vector<std::string>{"all_gather dispatch", "all_gather dispatch_weights", "all_gather dispatch_indices",
+                                 "all_gather dispatch_mask", "all_reduce combine"});
+  CHECK(tags_of(StepInstructionKind::expert_backward) ==
+        std::vector<std::string>{"all_gather combine_grad", "reduce_scatter dispatch_grad",
+                                 "reduce_scatter dispatch_weights_grad"});
 }
