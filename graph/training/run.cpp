@@ -99,6 +99,17 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
   if (!options.trace_path.empty()) check_output_path(options.trace_path, true, config.source_file, "--trace");
 }
 
+// The writer's outputs can be made: usable paths, and no earlier run in run_dir unless --overwrite
+// or --resume says to replace or continue it.
+void check_writer_outputs(const RunConfig& config, const RunOptions& options) {
+  check_outputs(config, options);
+  if (std::filesystem::exists(std::filesystem::path(config.run_dir) / "metrics.jsonl") && !options.overwrite &&
+      !options.resume) {
+    throw ConfigError(config.source_file, "run_dir",
+                      "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it");
+  }
+}
+
 }  // namespace
 
 OptimizerSettings optimizer_settings(const TrainConfig& t) {
@@ -261,6 +272,7 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
   StartingPoint start;
   std::vector<std::byte> bytes;
   try {
+    check_writer_outputs(config, options);  // a refusal reaches every node as node 0's reason
     start = starting_point(config, options, model);
     bytes = encode_starting_point(start);
   } catch (const std::exception& e) {
@@ -312,11 +324,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   const fs::path run_dir = config.run_dir;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
   if (options.writer) {
-    check_outputs(config, options);
-    if (fs::exists(metrics_path) && !options.overwrite && !options.resume) {
-      throw ConfigError(config.source_file, "run_dir",
-                        "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it");
-    }
+    if (!options.from_writer) check_writer_outputs(config, options);  // shared: before the start is handed on
     fs::create_directories(run_dir);
   }
 

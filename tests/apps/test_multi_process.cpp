@@ -349,6 +349,11 @@ TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with n
   REQUIRE(first0.exit_code == 0);
   REQUIRE(first1.exit_code == 0);
   CHECK_FALSE(fs::exists(tmp.path / "b" / "run"));  // node 1 writes nothing
+  // The same job again without --resume or --overwrite: node 0 refuses run_dir, node 1 says why.
+  const auto [again_fresh0, again_fresh1] = job(10, false, "refused");
+  CHECK(again_fresh0.exit_code == 2);
+  CHECK(again_fresh1.exit_code == 1);
+  CHECK_THAT(again_fresh1.err, Catch::Contains("node 0 could not start: ") && Catch::Contains("already holds a run"));
   const auto [again0, again1] = job(15, true, "again");
   INFO(again0.err << again1.err);
   REQUIRE(again0.exit_code == 0);
