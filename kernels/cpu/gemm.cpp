@@ -53,7 +53,10 @@ Plan plan_for(GemmOperands operands) {
     k = f32_kernel_avx512();
     pack = pack_kernels_avx512();
   }
-  if (f.isa == Isa::avx2) k = f32_kernel_avx2();
+  if (f.isa == Isa::avx2) {
+    k = f32_kernel_avx2();
+    pack = pack_kernels_avx2();
+  }
   if (operands == GemmOperands::bf16 && f.bf16_dot) {
     const Bf16MicroKernel b = bf16_kernel_avx512();
     return {Route::bf16_dot, b.mr, b.nr, nullptr, b.run, pack};
@@ -66,14 +69,12 @@ Plan plan_for(GemmOperands operands) {
 struct Scratch {
   void* a = nullptr;
   void* b = nullptr;
-  void* bits = nullptr;  // bf16 values of lines being packed (the bf16_as_f32 route)
-  std::size_t a_bytes = 0, b_bytes = 0, bits_bytes = 0;
+  std::size_t a_bytes = 0, b_bytes = 0;
   float tile[32 * 32];
 
   ~Scratch() {
     std::free(a);
     std::free(b);
-    std::free(bits);
   }
   static void* grow(void*& p, std::size_t& have, std::size_t need) {
     if (need <= have) return p;
@@ -87,12 +88,6 @@ struct Scratch {
 
 thread_local Scratch tls_scratch;
 
-// Per-thread room for bf16 bits while packing.
-std::uint16_t* scratch_bits(std::int64_t count) {
-  Scratch& s = tls_scratch;
-  return static_cast<std::uint16_t*>(Scratch::grow(s.bits, s.bits_bytes, sizeof(std::uint16_t) * count));
-}
-
 // A strided view of lines (rows of A, columns of B) by k: element (line, k) at
 // base[line * line_stride + k * k_stride]. One of the strides is 1.
 struct Lines {
@@ -103,7 +98,7 @@ struct Lines {
 // Packs lines [0, count) x k [0, kc) into panels of `width` lines, [k'][width] each; lines past
 // `count` are zero. f32: k' = k. bf16_dot: uint32 pairs (k even in the low half), k padded to even.
 // bf16_as_f32: bf16-rounded floats with each pair swapped (odd k first), k padded to even.
-// k-contiguous lines (rows of A, columns of B^T) are transposed into panels 16 x 16 at a time.
+// k-contiguous lines (rows of A, columns of B^T) are transposed into panels a register block at a time.
 void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int64_t width, const Plan& plan,
                 void* out) {
   const Route route = plan.route;
@@ -112,6 +107,10 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
   const bool k_contiguous = src.k_stride == 1;
   if (route == Route::bf16_dot && !k_contiguous) {  // every panel at once: whole rows read in order
     pk.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width);
+    return;
+  }
+  if (route == Route::bf16_as_f32 && !k_contiguous) {
+    pk.swapped_rows(src.base, src.k_stride, kc, count, static_cast<float*>(out), width);
     return;
   }
   for (std::int64_t p0 = 0; p0 < count; p0 += width) {
@@ -131,47 +130,14 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
       }
       continue;
     }
-    // bf16 routes: values rounded to bf16 in bulk, then placed as pairs (k even, k odd); the odd
-    // one is 0 past kc.
-    std::uint32_t* dst_pairs = static_cast<std::uint32_t*>(out) + p0 * pairs;
-    float* dst_swapped = static_cast<float*>(out) + p0 * depth;
-    const bool dot = route == Route::bf16_dot;
-    // bf16_as_f32 puts the odd k first, as floats.
-    auto put_swapped = [&](std::int64_t q, std::int64_t l, std::uint16_t even_bits, std::uint16_t odd_bits) {
-      dst_swapped[(2 * q) * width + l] = bf16_bits_to_float(odd_bits);
-      dst_swapped[(2 * q + 1) * width + l] = bf16_bits_to_float(even_bits);
-    };
-    if (k_contiguous && dot) {
-      pk.pair_lines(src.base + p0 * src.line_stride, src.line_stride, lines, kc, dst_pairs, width);
+    if (route == Route::bf16_as_f32) {
+      pk.swapped_lines(src.base + p0 * src.line_stride, src.line_stride, lines, kc, static_cast<float*>(out) + p0 * depth,
+                       width);
       continue;
     }
-    if (k_contiguous) {  // bf16_as_f32: each line rounded into a row of 2 * pairs bf16 values, then placed
-      std::uint16_t* rows = scratch_bits(lines * 2 * pairs);
-      for (std::int64_t l = 0; l < lines; ++l) {
-        std::uint16_t* row = rows + l * 2 * pairs;
-        pk.to_bf16_bits(src.base + (p0 + l) * src.line_stride, kc, row);
-        if (kc % 2) row[kc] = 0;  // the odd partner of a last, unpaired k
-      }
-      for (std::int64_t l = 0; l < width; ++l) {
-        for (std::int64_t q = 0; q < pairs; ++q) {
-          const std::uint16_t* pair = rows + l * 2 * pairs + 2 * q;
-          if (l < lines) {
-            put_swapped(q, l, pair[0], pair[1]);
-          } else {
-            put_swapped(q, l, 0, 0);
-          }
-        }
-      }
-      continue;
-    }
-    for (std::int64_t q = 0; q < pairs; ++q) {
-      const float* col = src.base + 2 * q * src.k_stride + p0 * src.line_stride;
-      const float* odd = 2 * q + 1 < kc ? col + src.k_stride : nullptr;
-      for (std::int64_t l = 0; l < width; ++l) {
-        const bool real = l < lines;
-        put_swapped(q, l, real ? float_to_bf16_bits(col[l]) : 0, real && odd ? float_to_bf16_bits(odd[l]) : 0);
-      }
-    }
+    // bf16_dot from k-contiguous lines: pairs (k even, k odd) of rounded values, the odd one 0 past kc.
+    pk.pair_lines(src.base + p0 * src.line_stride, src.line_stride, lines, kc,
+                  static_cast<std::uint32_t*>(out) + p0 * pairs, width);
   }
 }
 

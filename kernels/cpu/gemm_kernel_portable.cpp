@@ -42,10 +42,6 @@ void transpose_lines(const std::uint32_t* src, std::int64_t src_stride, std::int
   }
 }
 
-void to_bf16_bits(const float* in, std::int64_t n, std::uint16_t* out) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(in[i]);
-}
-
 void bf16_pairs(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count, std::uint32_t* dst,
                 std::int64_t width) {
   const std::int64_t pairs = (kc + 1) / 2;
@@ -77,9 +73,38 @@ void pair_lines(const float* src, std::int64_t line_stride, std::int64_t lines, 
   }
 }
 
+void swapped_rows(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count, float* dst,
+                  std::int64_t width) {
+  const std::int64_t depth = (kc + 1) / 2 * 2;
+  for (std::int64_t p0 = 0; p0 < count; p0 += width, dst += depth * width) {
+    const std::int64_t lines = std::min(width, count - p0);
+    for (std::int64_t k = 0; k < kc; k += 2) {
+      const float* even = src + k * k_stride + p0;
+      const float* odd = k + 1 < kc ? even + k_stride : nullptr;
+      for (std::int64_t l = 0; l < width; ++l) {
+        dst[k * width + l] = l < lines && odd ? round_to_bf16(odd[l]) : 0.0f;
+        dst[(k + 1) * width + l] = l < lines ? round_to_bf16(even[l]) : 0.0f;
+      }
+    }
+  }
+}
+
+void swapped_lines(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc, float* dst,
+                   std::int64_t width) {
+  for (std::int64_t k = 0; k < kc; k += 2) {
+    for (std::int64_t l = 0; l < width; ++l) {
+      const float* line = src + l * line_stride;
+      dst[k * width + l] = l < lines && k + 1 < kc ? round_to_bf16(line[k + 1]) : 0.0f;
+      dst[(k + 1) * width + l] = l < lines ? round_to_bf16(line[k]) : 0.0f;
+    }
+  }
+}
+
 }  // namespace
 
 F32MicroKernel f32_kernel_portable() { return {kMr, kNr, f32_4x8}; }
-PackKernels pack_kernels_portable() { return {transpose_lines, to_bf16_bits, bf16_pairs, pair_lines}; }
+PackKernels pack_kernels_portable() {
+  return {transpose_lines, bf16_pairs, pair_lines, swapped_rows, swapped_lines};
+}
 
 }  // namespace atl::cpu::gemm_detail

@@ -7,10 +7,6 @@
 
 namespace atl::cpu::gemm_detail {
 
-// Rows of an operand packed across k are k_stride apart, often a page or more: the hardware
-// prefetchers do not follow, so the packing loops ask for rows this far ahead.
-inline constexpr std::int64_t kPrefetchRows = 8;
-
 // c: the tile's first element, ldc its row stride; accumulate: the chains start at c, else at 0.
 using F32Kernel = void (*)(std::int64_t kc, const float* ap, const float* bp, float* c, std::int64_t ldc,
                            bool accumulate);
@@ -26,31 +22,56 @@ struct Bf16MicroKernel {
   Bf16Kernel run;
 };
 
+// Rows of an operand packed across k are k_stride apart, often a page or more: the hardware
+// prefetchers do not follow, so the packing loops ask for rows this far ahead.
+inline constexpr std::int64_t kPrefetchRows = 8;
+// For packers that read rows k and k + 1 (at `row`, `count` floats each) of an operand whose
+// rows are k_stride apart: asks for the pair kPrefetchRows further on.
+inline void prefetch_pair_ahead(const float* row, std::int64_t k, std::int64_t kc, std::int64_t k_stride,
+                                std::int64_t count) {
+  if (k + kPrefetchRows + 1 >= kc) return;
+  for (std::int64_t i = 0; i < count; i += 16) {
+    __builtin_prefetch(row + kPrefetchRows * k_stride + i);
+    __builtin_prefetch(row + (kPrefetchRows + 1) * k_stride + i);
+  }
+}
+// k-contiguous lines read side by side defeat the prefetchers too: elements ahead in each line.
+inline constexpr std::int64_t kPrefetchCols = 16;
+
 // Packing helpers. transpose: dst[c * width + l] = src[l * src_stride + c] for l < lines, c < cols,
-// and 0 for lines <= l < width. to_bf16_bits: float_to_bf16_bits over n contiguous values.
+// and 0 for lines <= l < width.
 // bf16_pairs, for lines contiguous in memory (line l, k at src[k * k_stride + l]): `count` lines
 // into panels of `width` lines, panel p at dst + p * pairs * width, dst[q * width + l] =
 // bits(k = 2q) | bits(k = 2q + 1) << 16 for its lines (the odd one 0 past kc), and 0 for the
 // last panel's lines past `lines`.
+// pair_lines: the same panel from k-contiguous lines (line l, k at src[l * line_stride + k]).
+// swapped_rows / swapped_lines: the bf16_as_f32 panels (floats, depth 2 * pairs), laid out as
+// bf16_pairs / pair_lines, with dst[2q * width + l] = round_to_bf16(k = 2q + 1) (0 past kc) and
+// dst[(2q + 1) * width + l] = round_to_bf16(k = 2q): the odd k first, so fp32 FMAs over the panel
+// follow the bf16 chain.
 using TransposeLines = void (*)(const std::uint32_t* src, std::int64_t src_stride, std::int64_t lines,
                                 std::int64_t cols, std::uint32_t* dst, std::int64_t width);
-using ToBf16Bits = void (*)(const float* in, std::int64_t n, std::uint16_t* out);
 using Bf16Pairs = void (*)(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count,
                            std::uint32_t* dst, std::int64_t width);
-// pair_lines: the same panel from k-contiguous lines (line l, k at src[l * line_stride + k]).
 using PairLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
                            std::uint32_t* dst, std::int64_t width);
+using SwappedRows = void (*)(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count, float* dst,
+                             std::int64_t width);
+using SwappedLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
+                              float* dst, std::int64_t width);
 struct PackKernels {
   TransposeLines transpose;
-  ToBf16Bits to_bf16_bits;
   Bf16Pairs bf16_pairs;
   PairLines pair_lines;
+  SwappedRows swapped_rows;
+  SwappedLines swapped_lines;
 };
 
 F32MicroKernel f32_kernel_portable();
 PackKernels pack_kernels_portable();
 #if defined(__x86_64__)
 F32MicroKernel f32_kernel_avx2();
+PackKernels pack_kernels_avx2();
 F32MicroKernel f32_kernel_avx512();
 Bf16MicroKernel bf16_kernel_avx512();
 PackKernels pack_kernels_avx512();

@@ -13,11 +13,6 @@ namespace atl::cpu::gemm_detail {
 
 namespace {
 
-// Software prefetch in the packing loops (kPrefetchRows, gemm_kernels.hpp, for rows k_stride
-// apart): 16 lines read side by side defeat the hardware prefetchers too, and packing waited on
-// memory.
-constexpr std::int64_t kPrefetchCols = 16;  // pair_lines, transpose_lines: elements ahead in each line
-
 // 16 x 16 transpose of 32-bit lanes: r[i] holds row i on entry, column i on exit.
 __attribute__((target("avx512f"), always_inline)) inline void transpose_16x16(__m512i r[16]) {
   __m512i t[16], u[16];
@@ -84,14 +79,6 @@ __attribute__((target("avx512f"), always_inline)) inline __mmask16 first_lanes(s
   return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
-__attribute__((target("avx512f,avx512bw"))) void to_bf16_bits_avx512(const float* in, std::int64_t n,
-                                                                     std::uint16_t* out) {
-  for (std::int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = first_lanes(n - i);
-    _mm512_mask_cvtepi32_storeu_epi16(out + i, m, bf16_bits(_mm512_maskz_loadu_epi32(m, in + i)));
-  }
-}
-
 // Every panel of the block at once, row pair by row pair: whole rows are read in order (the
 // hardware prefetcher follows them), each panel's pair row written at its place.
 __attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* src, std::int64_t k_stride, std::int64_t kc,
@@ -100,12 +87,7 @@ __attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* src, std:
   for (std::int64_t k = 0; k < kc; k += 2) {
     const float* even = src + k * k_stride;
     const float* odd = k + 1 < kc ? even + k_stride : nullptr;
-    if (k + kPrefetchRows + 1 < kc) {  // the rows after next: a page or more away
-      for (std::int64_t i = 0; i < count; i += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(even + kPrefetchRows * k_stride + i), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(even + (kPrefetchRows + 1) * k_stride + i), _MM_HINT_T0);
-      }
-    }
+    prefetch_pair_ahead(even, k, kc, k_stride, count);
     std::uint32_t* row = dst + (k / 2) * width;
     for (std::int64_t p = 0; p < panels; ++p, row += pairs * width) {
       const std::int64_t first = p * width, lines = count - first < width ? count - first : width;
@@ -150,7 +132,9 @@ __attribute__((target("avx512f"))) void pair_lines_avx512(const float* src, std:
 }  // namespace
 
 PackKernels pack_kernels_avx512() {
-  return {transpose_lines_avx512, to_bf16_bits_avx512, bf16_pairs_avx512, pair_lines_avx512};
+  // The bf16_as_f32 route (AVX-512 without AVX512_BF16) packs with the AVX2 helpers.
+  const PackKernels avx2 = pack_kernels_avx2();
+  return {transpose_lines_avx512, bf16_pairs_avx512, pair_lines_avx512, avx2.swapped_rows, avx2.swapped_lines};
 }
 
 }  // namespace atl::cpu::gemm_detail

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 
 #include <cmath>
 #include <cstring>
@@ -211,29 +212,60 @@ TEST_CASE("gemm handles empty and degenerate shapes", "[gemm]") {
                     Catch::Contains("lda=1"));
 }
 
-// bf16_pairs packs a whole block of lines into consecutive panels in one call: each panel equals
-// the panel packed alone from its own lines, the last one zero-padded, nothing written past it.
-TEST_CASE("gemm packing: bf16 pairs of many panels equal the panels packed one by one", "[gemm]") {
+// The packing helpers of every level this CPU runs: portable first (the reference the others
+// must equal), then AVX2 and AVX-512 where present.
+std::vector<cpu::gemm_detail::PackKernels> pack_levels() {
   using namespace cpu::gemm_detail;
-  std::vector<float> src(64 * 64);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = 0.37f * static_cast<float>(i % 89) - 11.0f;
   std::vector<PackKernels> levels = {pack_kernels_portable()};
 #if defined(__x86_64__)
-  if (cpu::detected_cpu_features().isa == cpu::Isa::avx512) levels.push_back(pack_kernels_avx512());
+  const cpu::Isa isa = cpu::detected_cpu_features().isa;
+  if (isa >= cpu::Isa::avx2) levels.push_back(pack_kernels_avx2());
+  if (isa == cpu::Isa::avx512) levels.push_back(pack_kernels_avx512());
 #endif
-  for (const PackKernels& pk : levels) {
-    for (const std::int64_t width : {12, 32}) {
+  return levels;
+}
+
+// A 64 x 64 source with a NaN, infinities, a rounding tie and values that round up.
+std::vector<float> pack_source(float scale, int period) {
+  std::vector<float> src(64 * 64);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = scale * static_cast<float>(static_cast<int>(i) % period) - 7.0f;
+  src[5] = std::bit_cast<float>(0x7f800123u);   // signalling NaN: quieted, not rounded
+  src[66] = std::bit_cast<float>(0xff800000u);  // -inf
+  src[131] = std::bit_cast<float>(0x3f808000u); // a tie: rounds to even (down)
+  src[196] = std::bit_cast<float>(0x3f818000u); // a tie: rounds to even (up)
+  src[261] = std::bit_cast<float>(0x7f7fffffu); // FLT_MAX rounds to +inf
+  return src;
+}
+
+std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
+
+// bf16_pairs and swapped_rows pack a whole block of lines into consecutive panels in one call:
+// each panel equals the panel packed alone from its own lines, the last one zero-padded, nothing
+// written past it.
+TEST_CASE("gemm packing: bf16 pairs of many panels equal the panels packed one by one", "[gemm]") {
+  using namespace cpu::gemm_detail;
+  const std::vector<float> src = pack_source(0.37f, 89);
+  for (const PackKernels& pk : pack_levels()) {
+    for (const std::int64_t width : {6, 12, 16, 32}) {
       for (const std::int64_t count : {13, 29, 64}) {
-        for (const std::int64_t kc : {1, 7, 10}) {
+        for (const std::int64_t kc : {1, 7, 10, 27}) {
           INFO("width " << width << " count " << count << " kc " << kc);
           const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
           std::vector<std::uint32_t> all(static_cast<std::size_t>(panels * pairs * width + 16), 0xdeadbeefu);
+          std::vector<float> swapped(static_cast<std::size_t>(panels * 2 * pairs * width + 16), -1.0f);
           pk.bf16_pairs(src.data(), 64, kc, count, all.data(), width);
+          pk.swapped_rows(src.data(), 64, kc, count, swapped.data(), width);
           CHECK(all.back() == 0xdeadbeefu);
+          CHECK(swapped.back() == -1.0f);
           for (std::int64_t p = 0; p < panels; ++p) {
+            const std::int64_t lines = std::min(width, count - p * width);
             std::vector<std::uint32_t> one(static_cast<std::size_t>(pairs * width), 0xdeadbeefu);
-            pk.bf16_pairs(src.data() + p * width, 64, kc, std::min(width, count - p * width), one.data(), width);
+            std::vector<float> one_swapped(static_cast<std::size_t>(2 * pairs * width), -1.0f);
+            pk.bf16_pairs(src.data() + p * width, 64, kc, lines, one.data(), width);
+            pk.swapped_rows(src.data() + p * width, 64, kc, lines, one_swapped.data(), width);
             CHECK(std::equal(one.begin(), one.end(), all.begin() + p * pairs * width));
+            CHECK(std::equal(one_swapped.begin(), one_swapped.end(), swapped.begin() + p * 2 * pairs * width,
+                             [](float x, float y) { return bits_of(x) == bits_of(y); }));
           }
         }
       }
@@ -241,50 +273,73 @@ TEST_CASE("gemm packing: bf16 pairs of many panels equal the panels packed one b
   }
 }
 
-// The packing helpers fill exactly the panel: lines past `lines` are zero (never read from past
-// the source), and the AVX-512 helpers agree with the portable ones element for element.
+// The packing helpers fill exactly the panel: each value is the documented one (rounded to bf16
+// where the route rounds), lines past `lines` are zero (never read from past the source), and every
+// level's helpers agree with the portable ones bit for bit.
 TEST_CASE("gemm packing: panels are zero past the real lines and equal at every level", "[gemm]") {
   using namespace cpu::gemm_detail;
-  std::vector<float> src(64 * 64);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = 0.25f * static_cast<float>(i % 97) - 7.0f;
-  std::vector<PackKernels> levels = {pack_kernels_portable()};
-#if defined(__x86_64__)
-  if (cpu::detected_cpu_features().isa == cpu::Isa::avx512) levels.push_back(pack_kernels_avx512());
-#endif
-  for (const std::int64_t width : {12, 32}) {
+  const std::vector<float> src = pack_source(0.25f, 97);
+  const std::vector<PackKernels> levels = pack_levels();
+  auto rounded = [](float x) { return bits_of(round_to_bf16(x)); };
+  for (const std::int64_t width : {6, 12, 16, 32}) {
     for (const std::int64_t lines : {1, 5, 12}) {
       if (lines > width) continue;
-      for (const std::int64_t kc : {1, 6, 9}) {
+      for (const std::int64_t kc : {1, 6, 9, 27}) {
         INFO("width " << width << " lines " << lines << " kc " << kc);
         const std::int64_t pairs = (kc + 1) / 2;
         std::vector<std::vector<std::uint32_t>> pairs_from_columns, pairs_from_rows, transposed;
+        std::vector<std::vector<float>> swapped_from_columns, swapped_from_rows;
         for (const PackKernels& pk : levels) {
           // Guard words after the panel catch stores past its end.
           std::vector<std::uint32_t> a(static_cast<std::size_t>(pairs * width + 16), 0xdeadbeefu);
           std::vector<std::uint32_t> b = a, t(static_cast<std::size_t>(kc * width + 16), 0xdeadbeefu);
+          std::vector<float> sr(static_cast<std::size_t>(2 * pairs * width + 16), -1.0f), sl = sr;
           pk.bf16_pairs(src.data(), 64, kc, lines, a.data(), width);      // lines contiguous
           pk.pair_lines(src.data(), 64, lines, kc, b.data(), width);      // k contiguous
           pk.transpose(reinterpret_cast<const std::uint32_t*>(src.data()), 64, lines, kc, t.data(), width);
-          for (std::int64_t q = 0; q < pairs; ++q) {
-            for (std::int64_t l = lines; l < width; ++l) {
-              CHECK(a[static_cast<std::size_t>(q * width + l)] == 0u);
-              CHECK(b[static_cast<std::size_t>(q * width + l)] == 0u);
+          pk.swapped_rows(src.data(), 64, kc, lines, sr.data(), width);   // lines contiguous
+          pk.swapped_lines(src.data(), 64, lines, kc, sl.data(), width);  // k contiguous
+          // Line l, k: x(k * 64 + l) when lines are contiguous, x(l * 64 + k) when k is.
+          const auto x = [&](std::int64_t i) { return src[static_cast<std::size_t>(i)]; };
+          const auto bf16 = [&](std::int64_t i) { return std::uint32_t{float_to_bf16_bits(x(i))}; };
+          for (std::int64_t l = 0; l < width; ++l) {
+            const bool real = l < lines;
+            for (std::int64_t k = 0; k < kc; ++k) {
+              CHECK(t[static_cast<std::size_t>(k * width + l)] == (real ? bits_of(x(l * 64 + k)) : 0u));
             }
-          }
-          for (std::int64_t k = 0; k < kc; ++k) {
-            for (std::int64_t l = lines; l < width; ++l) CHECK(t[static_cast<std::size_t>(k * width + l)] == 0u);
+            for (std::int64_t q = 0; q < pairs; ++q) {
+              const std::int64_t even = 2 * q, odd = 2 * q + 1;
+              const bool has_odd = real && odd < kc;
+              const auto at = [&](std::int64_t row) { return static_cast<std::size_t>(row * width + l); };
+              CHECK(a[at(q)] == (real ? bf16(even * 64 + l) | (has_odd ? bf16(odd * 64 + l) << 16 : 0u) : 0u));
+              CHECK(b[at(q)] == (real ? bf16(l * 64 + even) | (has_odd ? bf16(l * 64 + odd) << 16 : 0u) : 0u));
+              CHECK(bits_of(sr[at(even)]) == (has_odd ? rounded(x(odd * 64 + l)) : 0u));
+              CHECK(bits_of(sr[at(odd)]) == (real ? rounded(x(even * 64 + l)) : 0u));
+              CHECK(bits_of(sl[at(even)]) == (has_odd ? rounded(x(l * 64 + odd)) : 0u));
+              CHECK(bits_of(sl[at(odd)]) == (real ? rounded(x(l * 64 + even)) : 0u));
+            }
           }
           CHECK(a.back() == 0xdeadbeefu);
           CHECK(b.back() == 0xdeadbeefu);
           CHECK(t.back() == 0xdeadbeefu);
+          CHECK(sr.back() == -1.0f);
+          CHECK(sl.back() == -1.0f);
           pairs_from_columns.push_back(a);
           pairs_from_rows.push_back(b);
           transposed.push_back(t);
+          swapped_from_columns.push_back(sr);
+          swapped_from_rows.push_back(sl);
         }
+        const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+          return std::equal(x.begin(), x.end(), y.begin(), y.end(), [](float u, float v) { return bits_of(u) == bits_of(v); });
+        };
         for (std::size_t i = 1; i < levels.size(); ++i) {
+          INFO("level " << i);
           CHECK(pairs_from_columns[i] == pairs_from_columns[0]);
           CHECK(pairs_from_rows[i] == pairs_from_rows[0]);
           CHECK(transposed[i] == transposed[0]);
+          CHECK(same_bits(swapped_from_columns[i], swapped_from_columns[0]));
+          CHECK(same_bits(swapped_from_rows[i], swapped_from_rows[0]));
         }
       }
     }
