@@ -4,6 +4,30 @@
 
 namespace atl {
 
+CollectiveRecord CollectiveRecorder::posted(CollectiveKind kind, const Group& group, DType dtype, std::int64_t bytes,
+                                            const std::string& tag, int rank, const CollectiveRecorder& recorder) {
+  CollectiveRecord record;
+  record.kind = kind;
+  record.group = group.describe();
+  record.axis = group.axis;
+  record.dtype = dtype;
+  record.bytes = bytes;
+  record.tag = tag;
+  record.rank = rank;
+  record.start_us = recorder.now_us();
+  record.step = recorder.step();
+  return record;
+}
+
+Completion CollectiveRecorder::finishing(std::shared_ptr<CollectiveRecorder> recorder, CollectiveRecord record,
+                                         Completion done) {
+  return [recorder = std::move(recorder), record = std::move(record), done = std::move(done)]() mutable {
+    record.end_us = recorder->now_us();
+    recorder->append(std::move(record));
+    if (done) done();
+  };
+}
+
 void CollectiveRecorder::append(CollectiveRecord record) {
   std::lock_guard lock(mutex_);
   records_.push_back(std::move(record));

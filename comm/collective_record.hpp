@@ -5,12 +5,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "kernels/dtype.hpp"
+#include "kernels/rank_group.hpp"
 
 namespace atl {
 
@@ -44,6 +46,13 @@ class CollectiveRecorder {
 
   void set_step(std::int64_t step) { step_.store(step, std::memory_order_relaxed); }
   std::int64_t step() const { return step_.load(std::memory_order_relaxed); }
+
+  // A record of a collective this rank posts now (start time and step set), and a completion
+  // that stamps its end, appends it, then runs `done`: what every backend wraps its caller's
+  // completion in.
+  static CollectiveRecord posted(CollectiveKind kind, const Group& group, DType dtype, std::int64_t bytes,
+                                 const std::string& tag, int rank, const CollectiveRecorder& recorder);
+  static Completion finishing(std::shared_ptr<CollectiveRecorder> recorder, CollectiveRecord record, Completion done);
 
   void append(CollectiveRecord record);
   std::vector<CollectiveRecord> records() const;  // a snapshot, in append order

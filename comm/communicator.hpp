@@ -40,7 +40,7 @@ class Communicator {
   virtual void all_to_all_v(const Tensor& send, const std::vector<std::int64_t>& send_counts, const Tensor& recv,
                             const std::vector<std::int64_t>& recv_counts, const std::string& tag,
                             Completion done) = 0;
-  // Point to point with group member `peer`.
+  // Point to point with group member `peer` (another member's index; never this member's).
   virtual void send(const Tensor& tensor, int peer, const std::string& tag, Completion done) = 0;
   virtual void recv(const Tensor& tensor, int peer, const std::string& tag, Completion done) = 0;
 };

@@ -1,5 +1,7 @@
 #include "comm/sim/sim_world.hpp"
 
+#include "comm/collective_checks.hpp"
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
@@ -59,16 +61,6 @@ struct Channel {
 
 std::string shape_of(const Tensor& t) { return t.describe(); }
 
-std::string counts_string(const std::vector<std::int64_t>& counts) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    if (i) s.append(",");
-    s.append(std::to_string(counts[i]));  // append, not "a" + b: GCC 12 -O3 warns falsely (-Wrestrict)
-  }
-  s.append("]");
-  return s;
-}
-
 std::string describe_call(const Post& p) {
   std::string s = collective_name(p.kind);
   switch (p.kind) {
@@ -78,8 +70,8 @@ std::string describe_call(const Post& p) {
     case CollectiveKind::all_reduce: return s + "(" + shape_of(p.send) + ")";
     case CollectiveKind::broadcast: return s + "(" + shape_of(p.send) + ", root " + std::to_string(p.root) + ")";
     case CollectiveKind::all_to_all_v:
-      return s + "(send " + shape_of(p.send) + " counts " + counts_string(p.send_counts) + ", recv " +
-             shape_of(p.recv) + " counts " + counts_string(p.recv_counts) + ")";
+      return s + "(send " + shape_of(p.send) + " counts " + counts_text(p.send_counts) + ", recv " +
+             shape_of(p.recv) + " counts " + counts_text(p.recv_counts) + ")";
     case CollectiveKind::send: return s + "(" + shape_of(p.send) + " to member " + std::to_string(p.peer) + ")";
     case CollectiveKind::recv: return s + "(" + shape_of(p.recv) + " from member " + std::to_string(p.peer) + ")";
   }
@@ -451,29 +443,17 @@ struct SimWorld::Impl {
 
 namespace {
 
-void check_cpu_tensor(const char* op, const char* name, const Tensor& t) {
-  if (!t.defined()) throw std::invalid_argument(std::string("sim comm ") + op + ": " + name + " is undefined");
-  if (t.device() != Device::cpu) {
-    throw std::invalid_argument(std::string("sim comm ") + op + ": " + name + " " + t.describe() +
-                                " must be a CPU tensor");
-  }
-}
-
 class SimCommunicator final : public Communicator {
  public:
   SimCommunicator(std::shared_ptr<SimWorld::Impl> world, GroupState& state, int rank)
-      : world_(std::move(world)), state_(state), rank_(rank), member_(state.group.index_of(rank)) {}
+      : world_(std::move(world)), state_(state), rank_(rank), member_(state.group.index_of(rank)),
+        checks_("sim", state.group, rank) {}
 
   int rank() const override { return rank_; }
   const Group& group() const override { return state_.group; }
 
   void all_gather(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
-    check_cpu_tensor("all_gather", "send", send);
-    check_cpu_tensor("all_gather", "recv", recv);
-    if (send.dtype() != recv.dtype() || recv.numel() != size() * send.numel()) {
-      fail("all_gather", tag, "recv must have send's dtype and group size (" + std::to_string(size()) +
-                                  ") times its elements; got send " + send.describe() + ", recv " + recv.describe());
-    }
+    checks_.all_gather(send, recv, tag);
     Post p = make_post(CollectiveKind::all_gather, send.dtype(), static_cast<std::int64_t>(send.bytes()), tag,
                        std::move(done));
     p.send = send;
@@ -482,14 +462,7 @@ class SimCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
-    check_cpu_tensor("reduce_scatter", "send", send);
-    check_cpu_tensor("reduce_scatter", "recv", recv);
-    check_reducible("reduce_scatter", tag, send);
-    if (recv.dtype() != send.dtype() || send.numel() != size() * recv.numel()) {
-      fail("reduce_scatter", tag, "send must have recv's dtype and group size (" + std::to_string(size()) +
-                                      ") times its elements; got send " + send.describe() + ", recv " +
-                                      recv.describe());
-    }
+    checks_.reduce_scatter(send, recv, tag);
     Post p = make_post(CollectiveKind::reduce_scatter, send.dtype(), static_cast<std::int64_t>(send.bytes()), tag,
                        std::move(done));
     p.send = send;
@@ -498,8 +471,7 @@ class SimCommunicator final : public Communicator {
   }
 
   void all_reduce(const Tensor& inout, const std::string& tag, Completion done) override {
-    check_cpu_tensor("all_reduce", "inout", inout);
-    check_reducible("all_reduce", tag, inout);
+    checks_.all_reduce(inout, tag);
     Post p = make_post(CollectiveKind::all_reduce, inout.dtype(), static_cast<std::int64_t>(inout.bytes()), tag,
                        std::move(done));
     p.send = inout;
@@ -508,11 +480,7 @@ class SimCommunicator final : public Communicator {
   }
 
   void broadcast(const Tensor& inout, int root, const std::string& tag, Completion done) override {
-    check_cpu_tensor("broadcast", "inout", inout);
-    if (root < 0 || root >= size()) {
-      fail("broadcast", tag, "root " + std::to_string(root) + " is not a member index in [0, " +
-                                 std::to_string(size()) + ")");
-    }
+    checks_.broadcast(inout, root, tag);
     const std::int64_t bytes = root == member_ ? static_cast<std::int64_t>(inout.bytes()) : 0;
     Post p = make_post(CollectiveKind::broadcast, inout.dtype(), bytes, tag, std::move(done));
     p.send = inout;
@@ -523,18 +491,7 @@ class SimCommunicator final : public Communicator {
 
   void all_to_all_v(const Tensor& send, const std::vector<std::int64_t>& send_counts, const Tensor& recv,
                     const std::vector<std::int64_t>& recv_counts, const std::string& tag, Completion done) override {
-    check_cpu_tensor("all_to_all_v", "send", send);
-    check_cpu_tensor("all_to_all_v", "recv", recv);
-    if (send.dtype() != recv.dtype()) {
-      fail("all_to_all_v", tag, "send " + send.describe() + " and recv " + recv.describe() + " differ in dtype");
-    }
-    check_counts(tag, "send", send_counts, send);
-    check_counts(tag, "recv", recv_counts, recv);
-    const auto self = static_cast<std::size_t>(member_);
-    if (send_counts[self] != recv_counts[self]) {
-      fail("all_to_all_v", tag, "sends " + std::to_string(send_counts[self]) + " elements to itself but receives " +
-                                    std::to_string(recv_counts[self]));
-    }
+    checks_.all_to_all_v(send, send_counts, recv, recv_counts, tag);
     Post p = make_post(CollectiveKind::all_to_all_v, send.dtype(), static_cast<std::int64_t>(send.bytes()), tag,
                        std::move(done));
     p.send = send;
@@ -545,8 +502,7 @@ class SimCommunicator final : public Communicator {
   }
 
   void send(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
-    check_cpu_tensor("send", "tensor", tensor);
-    check_peer("send", tag, peer);
+    checks_.point_to_point("send", tensor, peer, tag);
     Post p = make_post(CollectiveKind::send, tensor.dtype(), static_cast<std::int64_t>(tensor.bytes()), tag,
                        std::move(done));
     p.send = tensor;
@@ -555,8 +511,7 @@ class SimCommunicator final : public Communicator {
   }
 
   void recv(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
-    check_cpu_tensor("recv", "tensor", tensor);
-    check_peer("recv", tag, peer);
+    checks_.point_to_point("recv", tensor, peer, tag);
     Post p = make_post(CollectiveKind::recv, tensor.dtype(), 0, tag, std::move(done));
     p.recv = tensor;
     p.peer = peer;
@@ -564,64 +519,17 @@ class SimCommunicator final : public Communicator {
   }
 
  private:
-  int size() const { return state_.group.size(); }
-
-  [[noreturn]] void fail(const char* op, const std::string& tag, const std::string& what) const {
-    throw std::invalid_argument(std::string("sim comm ") + op + " in group " + state_.group.describe() + " (rank " +
-                                std::to_string(rank_) + ", tag '" + tag + "'): " + what);
-  }
-
-  void check_reducible(const char* op, const std::string& tag, const Tensor& t) const {
-    if (t.dtype() != DType::f32) fail(op, tag, "only f32 reductions are supported, got " + t.describe());
-  }
-
-  void check_peer(const char* op, const std::string& tag, int peer) const {
-    if (peer < 0 || peer >= size()) {
-      fail(op, tag, "peer " + std::to_string(peer) + " is not a member index in [0, " + std::to_string(size()) + ")");
-    }
-  }
-
-  void check_counts(const std::string& tag, const char* which, const std::vector<std::int64_t>& counts,
-                    const Tensor& t) const {
-    if (static_cast<int>(counts.size()) != size()) {
-      fail("all_to_all_v", tag, std::string(which) + "_counts has " + std::to_string(counts.size()) +
-                                    " entries, expected one per member (" + std::to_string(size()) + ")");
-    }
-    std::int64_t total = 0;
-    for (std::int64_t c : counts) {
-      if (c < 0) fail("all_to_all_v", tag, std::string(which) + "_counts " + counts_string(counts) + " is negative");
-      total += c;
-    }
-    if (total != t.numel()) {
-      fail("all_to_all_v", tag, std::string(which) + "_counts " + counts_string(counts) + " sum to " +
-                                    std::to_string(total) + " but " + which + " is " + t.describe());
-    }
-  }
-
   // A post whose completion first appends this rank's record.
   Post make_post(CollectiveKind kind, DType dtype, std::int64_t bytes, const std::string& tag, Completion done) const {
     const std::shared_ptr<CollectiveRecorder>& recorder = world_->recorder;
-    CollectiveRecord record;
-    record.kind = kind;
-    record.group = state_.group.describe();
-    record.axis = state_.group.axis;
-    record.dtype = dtype;
-    record.bytes = bytes;
-    record.tag = tag;
-    record.rank = rank_;
-    record.start_us = recorder->now_us();
-    record.step = recorder->step();
     Post p;
     p.kind = kind;
     p.dtype = dtype;
     p.member = member_;
     p.rank = rank_;
     p.tag = tag;
-    p.done = [recorder, record = std::move(record), done = std::move(done)]() mutable {
-      record.end_us = recorder->now_us();
-      recorder->append(std::move(record));
-      if (done) done();
-    };
+    p.done = CollectiveRecorder::finishing(
+        recorder, CollectiveRecorder::posted(kind, state_.group, dtype, bytes, tag, rank_, *recorder), std::move(done));
     return p;
   }
 
@@ -629,6 +537,7 @@ class SimCommunicator final : public Communicator {
   GroupState& state_;  // owned by world_
   int rank_;
   int member_;
+  CollectiveChecks checks_;
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "comm/ucx/ucx_world.hpp"
 
+#include "comm/collective_checks.hpp"
+
 #include "kernels/tree_sum_arrays.hpp"
 
 #include <ucp/api/ucp.h>
@@ -365,15 +367,14 @@ class UcxCommunicator final : public Communicator {
  public:
   UcxCommunicator(std::shared_ptr<UcxWorld::Impl> world, Group group, int rank)
       : world_(std::move(world)), group_(std::move(group)), rank_(rank), me_(group_.index_of(rank)),
-        id_(group_id(group_)) {}
+        id_(group_id(group_)), checks_("ucx", group_, rank) {}
 
   int rank() const override { return rank_; }
   const Group& group() const override { return group_; }
 
   void all_gather(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
+    checks_.all_gather(send, recv, tag);
     const int size = group_.size();
-    require(recv.bytes() == send.bytes() * static_cast<std::size_t>(size) && send.dtype() == recv.dtype(),
-            "all_gather", "recv must hold size x send elements of send's dtype");
     const std::uint64_t op = next_op();
     auto operation = start(CollectiveKind::all_gather, send, tag, std::move(done), 2 * (size - 1) + 1);
     operation->keep = {send, recv};
@@ -394,15 +395,9 @@ class UcxCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
+    checks_.reduce_scatter(send, recv, tag);
     const int size = group_.size();
-    require(send.dtype() == DType::f32 && recv.dtype() == DType::f32 && send.numel() == recv.numel() * size,
-            "reduce_scatter", "f32 send of size x recv elements");
     const std::int64_t n = recv.numel();
-    // Sums land in recv while send's other blocks still travel: only send's own block may be recv.
-    const float* in = send.data<float>();
-    const float* out = recv.data<float>();
-    require(out == in + me_ * n || out + n <= in || out >= in + size * n, "reduce_scatter",
-            "recv apart from send, or exactly send's own block");
     std::vector<ChunkedReduction::Range> ranges;
     for (std::int64_t j = 0; j < size; ++j) ranges.emplace_back(j * n, (j + 1) * n);
     auto reduction = std::make_shared<ChunkedReduction>(*world_, group_.ranks, rank_, me_, id_, next_op(),
@@ -413,7 +408,7 @@ class UcxCommunicator final : public Communicator {
   }
 
   void all_reduce(const Tensor& inout, const std::string& tag, Completion done) override {
-    require(inout.dtype() == DType::f32, "all_reduce", "an f32 tensor");
+    checks_.all_reduce(inout, tag);
     const int size = group_.size();
     const std::uint64_t op = next_op(), gather_op = next_op();  // two exchanges, numbered in order
     const std::int64_t N = inout.numel();
@@ -442,8 +437,8 @@ class UcxCommunicator final : public Communicator {
   }
 
   void broadcast(const Tensor& inout, int root, const std::string& tag, Completion done) override {
+    checks_.broadcast(inout, root, tag);
     const int size = group_.size();
-    require(root >= 0 && root < size, "broadcast", "a root inside the group");
     const std::uint64_t op = next_op();
     const bool is_root = me_ == root;
     auto operation = start(CollectiveKind::broadcast, inout, tag, std::move(done), (is_root ? size - 1 : 1) + 1,
@@ -463,14 +458,8 @@ class UcxCommunicator final : public Communicator {
 
   void all_to_all_v(const Tensor& send, const std::vector<std::int64_t>& send_counts, const Tensor& recv,
                     const std::vector<std::int64_t>& recv_counts, const std::string& tag, Completion done) override {
+    checks_.all_to_all_v(send, send_counts, recv, recv_counts, tag);
     const int size = group_.size();
-    require(static_cast<int>(send_counts.size()) == size && static_cast<int>(recv_counts.size()) == size &&
-                send.dtype() == recv.dtype() && sum(send_counts) == send.numel() && sum(recv_counts) == recv.numel(),
-            "all_to_all_v", "one count per member, summing to the send and recv sizes");
-    require(std::all_of(send_counts.begin(), send_counts.end(), [](std::int64_t c) { return c >= 0; }) &&
-                std::all_of(recv_counts.begin(), recv_counts.end(), [](std::int64_t c) { return c >= 0; }) &&
-                send_counts[static_cast<std::size_t>(me_)] == recv_counts[static_cast<std::size_t>(me_)],
-            "all_to_all_v", "non-negative counts, and as many elements to itself as from itself");
     const std::uint64_t op = next_op();
     const std::size_t element = element_size(send.dtype());
     int transfers = 0;
@@ -510,7 +499,7 @@ class UcxCommunicator final : public Communicator {
   }
 
   void send(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
-    require(peer >= 0 && peer < group_.size() && peer != me_, "send", "another member of the group");
+    checks_.point_to_point("send", tensor, peer, tag);
     const std::uint64_t op = kPointToPoint | (sent_[peer]++ & 0x7FFFFF);
     auto operation = start(CollectiveKind::send, tensor, tag, std::move(done), 2);
     operation->keep = {tensor};
@@ -521,7 +510,7 @@ class UcxCommunicator final : public Communicator {
   }
 
   void recv(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
-    require(peer >= 0 && peer < group_.size() && peer != me_, "recv", "another member of the group");
+    checks_.point_to_point("recv", tensor, peer, tag);
     const std::uint64_t op = kPointToPoint | (received_[peer]++ & 0x7FFFFF);
     auto operation = start(CollectiveKind::recv, tensor, tag, std::move(done), 2, 0);
     operation->keep = {tensor};
@@ -532,40 +521,18 @@ class UcxCommunicator final : public Communicator {
   }
 
  private:
-  static std::int64_t sum(const std::vector<std::int64_t>& v) {
-    std::int64_t s = 0;
-    for (std::int64_t x : v) s += x;
-    return s;
-  }
-
-  void require(bool ok, const char* op, const char* expected) const {
-    if (!ok) throw std::invalid_argument("ucx comm: " + std::string(op) + " on " + group_.describe() + ": expected " + expected);
-  }
-
   std::uint64_t next_op() { return ops_++ & 0x7FFFFF; }
 
   // An operation of `transfers` transfers; when they are done: the record, then the caller's
   // completion. `bytes` < 0: the send tensor's.
   std::shared_ptr<Operation> start(CollectiveKind kind, const Tensor& send, const std::string& tag, Completion done,
                                    int transfers, std::int64_t bytes = -1) {
-    CollectiveRecord record;
-    record.kind = kind;
-    record.group = group_.describe();
-    record.axis = group_.axis;
-    record.dtype = send.dtype();
-    record.bytes = bytes < 0 ? static_cast<std::int64_t>(send.bytes()) : bytes;
-    record.tag = tag;
-    record.rank = rank_;
     const auto& recorder = world_->recorder;
-    record.start_us = recorder->now_us();
-    record.step = recorder->step();
+    CollectiveRecord record = CollectiveRecorder::posted(
+        kind, group_, send.dtype(), bytes < 0 ? static_cast<std::int64_t>(send.bytes()) : bytes, tag, rank_, *recorder);
     auto op = std::make_shared<Operation>();
     op->remaining = transfers;
-    op->finish = [recorder, record, done = std::move(done)]() mutable {
-      record.end_us = recorder->now_us();
-      recorder->append(std::move(record));
-      done();
-    };
+    op->finish = CollectiveRecorder::finishing(recorder, std::move(record), std::move(done));
     return op;
   }
 
@@ -573,6 +540,7 @@ class UcxCommunicator final : public Communicator {
   Group group_;
   int rank_, me_;
   std::uint64_t id_;
+  CollectiveChecks checks_;
   std::uint64_t ops_ = 0;
   std::map<int, std::uint64_t> sent_, received_;  // send/recv streams per peer
 };

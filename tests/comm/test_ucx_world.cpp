@@ -266,6 +266,76 @@ TEST_CASE("ucx: overlapping groups in flight at once keep their messages apart, 
                     "told apart");
 }
 
+// Both backends apply comm/collective_checks.hpp: a call the sim refuses, UCX refuses with the same
+// message (but for the backend's name), before anything is posted.
+TEST_CASE("ucx and sim refuse the same bad collectives with the same messages", "[comm][ucx]") {
+  Backends b;
+  const Group pair{"pair", {0, 1}};
+  auto sim = Backends::communicators(b.sim, pair);
+  auto ucx = Backends::communicators(b.ucx, pair);
+  const Tensor send = Tensor::zeros({4});
+  using Call = std::function<void(Communicator&, Completion)>;
+  const std::vector<std::pair<Call, std::string>> cases = {
+      {[](Communicator& c, Completion d) { c.all_gather(Tensor::zeros({2}), Tensor::zeros({3}), "t", d); },
+       "all_gather in group pair[0,1] (rank 0, tag 't'): recv must have send's dtype and group size (2) times its "
+       "elements; got send f32[2], recv f32[3]"},
+      {[](Communicator& c, Completion d) { c.all_gather(Tensor{}, Tensor::zeros({4}), "t", d); },
+       "all_gather in group pair[0,1] (rank 0, tag 't'): send is undefined"},
+      {[](Communicator& c, Completion d) {
+         c.reduce_scatter(Tensor::zeros({4}, DType::bf16), Tensor::zeros({2}, DType::bf16), "t", d);
+       },
+       "reduce_scatter in group pair[0,1] (rank 0, tag 't'): only f32 reductions are supported, got bf16[4]"},
+      {[&](Communicator& c, Completion d) { c.reduce_scatter(send, send.slice_rows(1, 3), "t", d); },
+       "reduce_scatter in group pair[0,1] (rank 0, tag 't'): recv must lie apart from send, or be exactly send's "
+       "block 0 (this member's)"},
+      {[&](Communicator& c, Completion d) { c.reduce_scatter(send, send.slice_rows(2, 4), "t", d); },
+       "recv must lie apart from send, or be exactly send's block 0"},
+      {[](Communicator& c, Completion d) { c.all_reduce(Tensor::zeros({2}, DType::i64), "t", d); },
+       "all_reduce in group pair[0,1] (rank 0, tag 't'): only f32 reductions are supported, got i64[2]"},
+      {[](Communicator& c, Completion d) { c.broadcast(Tensor::zeros({2}), 2, "t", d); },
+       "broadcast in group pair[0,1] (rank 0, tag 't'): root 2 is not a member index in [0, 2)"},
+      {[](Communicator& c, Completion d) { c.send(Tensor::zeros({2}), 0, "t", d); },
+       "send in group pair[0,1] (rank 0, tag 't'): peer 0 is not another member's index in [0, 2) (this member "
+       "is 0)"},
+      {[](Communicator& c, Completion d) { c.recv(Tensor::zeros({2}), -1, "t", d); },
+       "recv in group pair[0,1] (rank 0, tag 't'): peer -1 is not another member's index"},
+      {[](Communicator& c, Completion d) {
+         c.all_to_all_v(Tensor::zeros({2}), {1}, Tensor::zeros({2}), {1, 1}, "t", d);
+       },
+       "all_to_all_v in group pair[0,1] (rank 0, tag 't'): send_counts has 1 entries, expected one per member (2)"},
+      {[](Communicator& c, Completion d) {
+         c.all_to_all_v(Tensor::zeros({2}), {3, -1}, Tensor::zeros({2}), {1, 1}, "t", d);
+       },
+       "send_counts [3,-1] is negative"},
+      {[](Communicator& c, Completion d) {
+         c.all_to_all_v(Tensor::zeros({2}), {1, 1}, Tensor::zeros({3}), {1, 1}, "t", d);
+       },
+       "recv_counts [1,1] sum to 2 but recv is f32[3]"},
+      {[](Communicator& c, Completion d) {
+         c.all_to_all_v(Tensor::zeros({2}), {1, 1}, Tensor::zeros({2}), {2, 0}, "t", d);
+       },
+       "sends 1 elements to itself but receives 2 (expected as many elements to itself as from itself)"},
+  };
+  Fired fired;
+  for (const auto& [call, expected] : cases) {
+    INFO(expected);
+    std::string messages[2];
+    for (int backend = 0; backend < 2; ++backend) {
+      Communicator& c = backend == 0 ? *sim[0] : *ucx[0];
+      try {
+        call(c, fired.tick());
+      } catch (const std::invalid_argument& e) {
+        messages[backend] = e.what();
+      }
+    }
+    CHECK(messages[0].rfind("sim comm ", 0) == 0);
+    CHECK(messages[1].rfind("ucx comm ", 0) == 0);
+    CHECK(messages[0].substr(4) == messages[1].substr(4));
+    CHECK(messages[0].find(expected) != std::string::npos);
+  }
+  CHECK(fired.count() == 0);
+}
+
 TEST_CASE("rendezvous: the first differing key of two job descriptions", "[comm][rendezvous]") {
   CHECK(first_difference(R"({"a":1,"b":{"c":2}})", R"({"a":1,"b":{"c":2}})").empty());
   CHECK(first_difference(R"({"a":1,"b":{"c":2,"d":3}})", R"({"a":1,"b":{"c":5,"d":4}})") == "b.c");
