@@ -6,6 +6,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -121,7 +122,16 @@ struct UcxWorld::Impl {
     return result.get();
   }
 
+  // While transfers are in flight and nothing moves, the thread polls: first kSpinPolls rounds
+  // back to back (a message due any moment is seen at once), then it naps kIdleNap between rounds
+  // (a new task still wakes it at once). Without the naps a wait for a peer that is busy
+  // computing burned a core the compute threads needed: beam-small at 2 processes x 2 ranks took
+  // 1.33x the sim's step over tcp, 1.01-1.17x with them (2 cores).
+  static constexpr int kSpinPolls = 64;
+  static constexpr std::chrono::microseconds kIdleNap{20};
+
   void loop() {
+    int idle_polls = 0;
     for (;;) {
       std::deque<std::function<void()>> batch;
       {
@@ -135,7 +145,14 @@ struct UcxWorld::Impl {
       for (auto& [rank, worker] : workers) {
         while (ucp_worker_progress(worker) != 0) progressed = true;
       }
-      if (!progressed && batch.empty()) std::this_thread::yield();
+      if (progressed || !batch.empty()) {
+        idle_polls = 0;
+      } else if (++idle_polls <= kSpinPolls) {
+        std::this_thread::yield();
+      } else {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait_for(lock, kIdleNap, [&] { return stopping || !tasks.empty(); });
+      }
     }
   }
 
