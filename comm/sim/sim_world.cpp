@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/tree_sum.hpp"
+#include "kernels/tree_sum_arrays.hpp"
 
 namespace atl {
 namespace {
@@ -128,16 +128,12 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes > 0) std::memmove(dst, src, bytes);
 }
 
-// Sum of the members' f32 buffers of `numel` elements, combined in the pairwise tree of member index.
-std::vector<float> tree_sum_f32(const std::vector<Post>& posts, std::int64_t numel) {
-  auto tree = make_tree_sum<std::vector<float>>([](std::vector<float>& left, const std::vector<float>& right) {
-    for (std::size_t k = 0; k < left.size(); ++k) left[k] += right[k];
-  });
-  for (const Post& p : posts) {
-    const float* values = static_cast<const float*>(p.send.raw());
-    tree.push(std::vector<float>(values, values + numel));
-  }
-  return tree.finish();
+// Sum over members of their f32 send buffers (n elements), in the pairwise tree of member index
+// (kernels/tree_sum_arrays), into out.
+void tree_sum_f32(const std::vector<Post>& posts, std::int64_t n, float* out) {
+  std::vector<const float*> parts;
+  for (const Post& p : posts) parts.push_back(static_cast<const float*>(p.send.raw()));
+  tree_sum_arrays(parts.data(), static_cast<int>(parts.size()), n, out);
 }
 
 // Moves the data of a ready operation. Inputs are staged before any output is written, so send
@@ -155,7 +151,8 @@ void move_data(ReadyOp& op) {
       break;
     }
     case CollectiveKind::reduce_scatter: {
-      const std::vector<float> sum = tree_sum_f32(posts, posts[0].send.numel());
+      std::vector<float> sum(static_cast<std::size_t>(posts[0].send.numel()));
+      tree_sum_f32(posts, posts[0].send.numel(), sum.data());
       const std::size_t block = static_cast<std::size_t>(posts[0].recv.numel());
       for (std::size_t i = 0; i < size; ++i) {
         copy_bytes(posts[i].recv.raw(), sum.data() + i * block, block * sizeof(float));
@@ -163,7 +160,8 @@ void move_data(ReadyOp& op) {
       break;
     }
     case CollectiveKind::all_reduce: {
-      const std::vector<float> sum = tree_sum_f32(posts, posts[0].send.numel());
+      std::vector<float> sum(static_cast<std::size_t>(posts[0].send.numel()));
+      tree_sum_f32(posts, posts[0].send.numel(), sum.data());
       for (const Post& p : posts) copy_bytes(p.send.raw(), sum.data(), sum.size() * sizeof(float));
       break;
     }
