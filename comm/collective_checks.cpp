@@ -1,8 +1,25 @@
 #include "comm/collective_checks.hpp"
 
+#include <cstddef>
 #include <stdexcept>
 
 namespace atl {
+
+namespace {
+
+// Whether byte ranges [a, a + a_bytes) and [b, b + b_bytes) share no byte.
+bool apart(const Tensor& a, const Tensor& b) {
+  const auto* x = static_cast<const std::byte*>(a.raw());
+  const auto* y = static_cast<const std::byte*>(b.raw());
+  return x + a.bytes() <= y || y + b.bytes() <= x;
+}
+
+// Whether `part` is exactly block `index` of `whole` (blocks of part's size).
+bool is_block(const Tensor& part, const Tensor& whole, int index) {
+  return part.raw() == static_cast<const std::byte*>(whole.raw()) + static_cast<std::size_t>(index) * part.bytes();
+}
+
+}  // namespace
 
 std::string counts_text(const std::vector<std::int64_t>& counts) {
   std::string s = "[";
@@ -39,6 +56,12 @@ void CollectiveChecks::all_gather(const Tensor& send, const Tensor& recv, const 
     fail("all_gather", tag, "recv must have send's dtype and group size (" + std::to_string(size_) +
                                 ") times its elements; got send " + send.describe() + ", recv " + recv.describe());
   }
+  // Blocks arrive in recv while send still travels: send may be recv's own block (in place) but
+  // no other part of it.
+  if (!apart(send, recv) && !is_block(send, recv, member_)) {
+    fail("all_gather", tag, "send must lie apart from recv, or be exactly recv's block " + std::to_string(member_) +
+                                " (this member's)");
+  }
 }
 
 void CollectiveChecks::reduce_scatter(const Tensor& send, const Tensor& recv, const std::string& tag) const {
@@ -52,11 +75,7 @@ void CollectiveChecks::reduce_scatter(const Tensor& send, const Tensor& recv, co
   }
   // Sums land in recv while the other members still read send's blocks: recv may be send's own
   // block (in place) but no other part of it.
-  const auto* in = static_cast<const std::byte*>(send.raw());
-  const auto* out = static_cast<const std::byte*>(recv.raw());
-  const std::size_t block = recv.bytes();
-  const bool apart = out + block <= in || out >= in + send.bytes();
-  if (!apart && out != in + static_cast<std::size_t>(member_) * block) {
+  if (!apart(send, recv) && !is_block(recv, send, member_)) {
     fail("reduce_scatter", tag, "recv must lie apart from send, or be exactly send's block " +
                                     std::to_string(member_) + " (this member's)");
   }
@@ -102,6 +121,7 @@ void CollectiveChecks::all_to_all_v(const Tensor& send, const std::vector<std::i
   }
   counts(tag, "send", send_counts, send);
   counts(tag, "recv", recv_counts, recv);
+  if (!apart(send, recv)) fail("all_to_all_v", tag, "send and recv must not overlap (blocks arrive while others leave)");
   const auto self = static_cast<std::size_t>(member_);
   if (send_counts[self] != recv_counts[self]) {  // its own block would overrun, or leave a gap in, recv
     fail("all_to_all_v", tag, "sends " + std::to_string(send_counts[self]) +

@@ -137,7 +137,9 @@ struct UcxWorld::Impl {
       {
         std::unique_lock<std::mutex> lock(mutex);
         if (tasks.empty() && in_flight == 0) wake.wait(lock, [&] { return stopping || !tasks.empty(); });
-        if (stopping && tasks.empty() && in_flight == 0) return;
+        // After shutdown() no worker is left to complete a transfer still in flight (one posted to
+        // a dead peer, say): nothing more can happen.
+        if (stopping && tasks.empty() && (in_flight == 0 || workers.empty())) return;
         batch.swap(tasks);
       }
       for (auto& task : batch) task();
@@ -147,7 +149,8 @@ struct UcxWorld::Impl {
       }
       if (progressed || !batch.empty()) {
         idle_polls = 0;
-      } else if (++idle_polls <= kSpinPolls) {
+      } else if (idle_polls < kSpinPolls) {
+        ++idle_polls;
         std::this_thread::yield();
       } else {
         std::unique_lock<std::mutex> lock(mutex);

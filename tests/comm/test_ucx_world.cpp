@@ -267,7 +267,8 @@ TEST_CASE("ucx: overlapping groups in flight at once keep their messages apart, 
 }
 
 // Both backends apply comm/collective_checks.hpp: a call the sim refuses, UCX refuses with the same
-// message (but for the backend's name), before anything is posted.
+// message (but for the backend's name), before anything is posted. (The sim stages its inputs and
+// would cope with overlapping buffers; UCX sends from send while receiving into recv.)
 TEST_CASE("ucx and sim refuse the same bad collectives with the same messages", "[comm][ucx]") {
   Backends b;
   const Group pair{"pair", {0, 1}};
@@ -279,6 +280,9 @@ TEST_CASE("ucx and sim refuse the same bad collectives with the same messages", 
       {[](Communicator& c, Completion d) { c.all_gather(Tensor::zeros({2}), Tensor::zeros({3}), "t", d); },
        "all_gather in group pair[0,1] (rank 0, tag 't'): recv must have send's dtype and group size (2) times its "
        "elements; got send f32[2], recv f32[3]"},
+      {[&](Communicator& c, Completion d) { c.all_gather(send.slice_rows(2, 4), send, "t", d); },
+       "all_gather in group pair[0,1] (rank 0, tag 't'): send must lie apart from recv, or be exactly recv's "
+       "block 0 (this member's)"},
       {[](Communicator& c, Completion d) { c.all_gather(Tensor{}, Tensor::zeros({4}), "t", d); },
        "all_gather in group pair[0,1] (rank 0, tag 't'): send is undefined"},
       {[](Communicator& c, Completion d) {
@@ -311,6 +315,8 @@ TEST_CASE("ucx and sim refuse the same bad collectives with the same messages", 
          c.all_to_all_v(Tensor::zeros({2}), {1, 1}, Tensor::zeros({3}), {1, 1}, "t", d);
        },
        "recv_counts [1,1] sum to 2 but recv is f32[3]"},
+      {[&](Communicator& c, Completion d) { c.all_to_all_v(send, {2, 2}, send, {2, 2}, "t", d); },
+       "all_to_all_v in group pair[0,1] (rank 0, tag 't'): send and recv must not overlap"},
       {[](Communicator& c, Completion d) {
          c.all_to_all_v(Tensor::zeros({2}), {1, 1}, Tensor::zeros({2}), {2, 0}, "t", d);
        },
