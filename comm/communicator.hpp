@@ -26,7 +26,8 @@ class Communicator {
   int group_index() const { return group().index_of(rank()); }
 
   // `tag` names who asked (an FSDP unit's name, "loss", ...) for the collective record and trace.
-  // recv[i*n .. (i+1)*n) = send of group member i; send [n], recv [size*n].
+  // recv[i*n .. (i+1)*n) = send of group member i; send [n], recv [size*n]. send is apart from
+  // recv or exactly this member's block of it (in place).
   virtual void all_gather(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) = 0;
   // Sum over members of send[size*n]; member i receives block i in recv [n]. recv is apart from
   // send or exactly send's block i (in place).
@@ -36,7 +37,7 @@ class Communicator {
   // In-place copy of member `root`'s tensor to every member.
   virtual void broadcast(const Tensor& inout, int root, const std::string& tag, Completion done) = 0;
   // send holds, in member order, send_counts[j] elements for member j; recv receives
-  // recv_counts[j] elements from member j, in member order.
+  // recv_counts[j] elements from member j, in member order. send and recv do not overlap.
   virtual void all_to_all_v(const Tensor& send, const std::vector<std::int64_t>& send_counts, const Tensor& recv,
                             const std::vector<std::int64_t>& recv_counts, const std::string& tag,
                             Completion done) = 0;
