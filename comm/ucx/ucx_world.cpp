@@ -4,9 +4,11 @@
 
 #include "kernels/tree_sum_arrays.hpp"
 
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -92,6 +94,9 @@ struct UcxWorld::Impl {
   std::condition_variable wake;
   std::deque<std::function<void()>> tasks;
   bool stopping = false;
+  // Sleeping while transfers are in flight: an epoll set of every worker's event fd and task_fd,
+  // which post() signals.
+  int epoll_fd = -1, task_fd = -1;
   std::thread thread;
 
   void post(std::function<void()> task) {
@@ -100,6 +105,10 @@ struct UcxWorld::Impl {
       tasks.push_back(std::move(task));
     }
     wake.notify_one();
+    if (task_fd >= 0) {
+      const std::uint64_t one = 1;
+      [[maybe_unused]] const ssize_t n = ::write(task_fd, &one, sizeof one);  // EAGAIN: already signalled
+    }
   }
 
   // Runs `task` on the progress thread and waits for it (exceptions travel back).
@@ -122,13 +131,46 @@ struct UcxWorld::Impl {
     return result.get();
   }
 
-  // While transfers are in flight and nothing moves, the thread polls: first kSpinPolls rounds
-  // back to back (a message due any moment is seen at once), then it naps kIdleNap between rounds
-  // (a new task still wakes it at once). Without the naps a wait for a peer that is busy
-  // computing burned a core the compute threads needed: beam-small at 2 processes x 2 ranks took
-  // 1.33x the sim's step over tcp, 1.01-1.17x with them (2 cores).
+  // While transfers are in flight and nothing moves, the thread polls kSpinPolls rounds back to
+  // back (a message due any moment is seen at once), then sleeps until a worker has an event or
+  // a task is posted (UCX wakeup: ucp_worker_arm + epoll). Spinning on, it took a core the compute
+  // threads needed while it waited for a busy peer: beam-small at 2 processes x 2 ranks took
+  // 1.33x the sim's step over tcp on 2 cores.
   static constexpr int kSpinPolls = 64;
-  static constexpr std::chrono::microseconds kIdleNap{20};
+  static constexpr int kSleepLimitMs = 100;  // a safety net: wake up and poll at least this often
+
+  // Adds fd to the epoll set the thread sleeps on.
+  void watch(int fd) const {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event) != 0) throw std::runtime_error("ucx: epoll_ctl failed");
+  }
+
+  ~Impl() {
+    if (task_fd >= 0) ::close(task_fd);
+    if (epoll_fd >= 0) ::close(epoll_fd);
+  }
+
+  // Sleeps until a worker or task_fd has an event; returns at once when a worker cannot be armed
+  // (events pending) or a task is queued.
+  void sleep_until_event() {
+    for (auto& [rank, worker] : workers) {
+      if (ucp_worker_arm(worker) != UCS_OK) return;  // UCS_ERR_BUSY: progress first
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);  // a task posted after this check signals task_fd
+      if (stopping || !tasks.empty()) return;
+    }
+    epoll_event events[8];
+    const int n = ::epoll_wait(epoll_fd, events, 8, kSleepLimitMs);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == task_fd) {
+        std::uint64_t count = 0;
+        [[maybe_unused]] const ssize_t r = ::read(task_fd, &count, sizeof count);
+      }
+    }
+  }
 
   void loop() {
     int idle_polls = 0;
@@ -153,8 +195,8 @@ struct UcxWorld::Impl {
         ++idle_polls;
         std::this_thread::yield();
       } else {
-        std::unique_lock<std::mutex> lock(mutex);
-        wake.wait_for(lock, kIdleNap, [&] { return stopping || !tasks.empty(); });
+        sleep_until_event();
+        idle_polls = 0;
       }
     }
   }
@@ -578,6 +620,10 @@ UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr
   for (int r : im.local) {
     if (r < 0 || r >= world_size) throw std::invalid_argument("ucx: rank " + std::to_string(r) + " outside the job");
   }
+  im.task_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  im.epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (im.task_fd < 0 || im.epoll_fd < 0) throw std::runtime_error("ucx: cannot create the progress thread's event fds");
+  im.watch(im.task_fd);
   im.thread = std::thread([impl = impl_.get()] { impl->loop(); });
   try {
     im.call<void>([impl = impl_.get()] {
@@ -585,7 +631,7 @@ UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr
       check(ucp_config_read(nullptr, nullptr, &config), "reading the configuration");
       ucp_params_t params{};
       params.field_mask = UCP_PARAM_FIELD_FEATURES;
-      params.features = UCP_FEATURE_TAG;
+      params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
       const ucs_status_t status = ucp_init(&params, config, &impl->context);
       ucp_config_release(config);
       check(status, "ucp_init");
@@ -596,6 +642,9 @@ UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr
         ucp_worker_h worker = nullptr;
         check(ucp_worker_create(impl->context, &wp, &worker), "creating a worker");
         impl->workers[r] = worker;
+        int efd = -1;
+        check(ucp_worker_get_efd(worker, &efd), "the worker's event fd");
+        impl->watch(efd);
       }
     });
   } catch (...) {
