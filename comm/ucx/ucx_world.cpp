@@ -104,11 +104,15 @@ struct UcxWorld::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       tasks.push_back(std::move(task));
     }
+    signal();
+  }
+
+  // Wakes the thread wherever it sleeps: on the condition variable (nothing in flight) or in
+  // epoll_wait (transfers in flight).
+  void signal() {
     wake.notify_one();
-    if (task_fd >= 0) {
-      const std::uint64_t one = 1;
-      [[maybe_unused]] const ssize_t n = ::write(task_fd, &one, sizeof one);  // EAGAIN: already signalled
-    }
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(task_fd, &one, sizeof one);  // EAGAIN: already signalled
   }
 
   // Runs `task` on the progress thread and waits for it (exceptions travel back).
@@ -155,15 +159,18 @@ struct UcxWorld::Impl {
   // Sleeps until a worker or task_fd has an event; returns at once when a worker cannot be armed
   // (events pending) or a task is queued.
   void sleep_until_event() {
+    int limit_ms = kSleepLimitMs;
     for (auto& [rank, worker] : workers) {
-      if (ucp_worker_arm(worker) != UCS_OK) return;  // UCS_ERR_BUSY: progress first
+      const ucs_status_t status = ucp_worker_arm(worker);
+      if (status == UCS_ERR_BUSY) return;  // events pending: progress first
+      if (status != UCS_OK) limit_ms = 1;  // a transport that cannot arm: poll each millisecond, not spin
     }
     {
       std::lock_guard<std::mutex> lock(mutex);  // a task posted after this check signals task_fd
       if (stopping || !tasks.empty()) return;
     }
     epoll_event events[8];
-    const int n = ::epoll_wait(epoll_fd, events, 8, kSleepLimitMs);
+    const int n = ::epoll_wait(epoll_fd, events, 8, limit_ms);
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == task_fd) {
         std::uint64_t count = 0;
@@ -281,7 +288,7 @@ struct UcxWorld::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       stopping = true;
     }
-    wake.notify_one();
+    signal();
     thread.join();
   }
 
@@ -691,7 +698,9 @@ void UcxWorld::connect(const std::map<int, WorkerAddress>& addresses) {
           params.err_handler.arg = impl;
         }
         ucp_ep_h ep = nullptr;
-        check(ucp_ep_create(worker, &params, &ep), "creating an endpoint");
+        // UCP_FEATURE_WAKEUP admits only transports that signal events (tcp, shared memory and
+        // InfiniBand all do in UCX 1.13).
+        check(ucp_ep_create(worker, &params, &ep), "creating an endpoint (over a transport with event support)");
         impl->endpoints[{rank, remote}] = ep;
       }
     }
