@@ -9,7 +9,6 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
@@ -91,11 +90,10 @@ struct UcxWorld::Impl {
   }
   // The task queue: everything UCX runs on the progress thread.
   std::mutex mutex;
-  std::condition_variable wake;
   std::deque<std::function<void()>> tasks;
   bool stopping = false;
-  // Sleeping while transfers are in flight: an epoll set of every worker's event fd and task_fd,
-  // which post() signals.
+  // Where the thread sleeps: an epoll set of every worker's event fd and task_fd, which post()
+  // signals.
   int epoll_fd = -1, task_fd = -1;
   std::thread thread;
 
@@ -107,10 +105,8 @@ struct UcxWorld::Impl {
     signal();
   }
 
-  // Wakes the thread wherever it sleeps: on the condition variable (nothing in flight) or in
-  // epoll_wait (transfers in flight).
+  // Wakes the thread if it sleeps.
   void signal() {
-    wake.notify_one();
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t n = ::write(task_fd, &one, sizeof one);  // EAGAIN: already signalled
   }
@@ -135,13 +131,13 @@ struct UcxWorld::Impl {
     return result.get();
   }
 
-  // While transfers are in flight and nothing moves, the thread polls kSpinPolls rounds back to
-  // back (a message due any moment is seen at once), then sleeps until a worker has an event or
-  // a task is posted (UCX wakeup: ucp_worker_arm + epoll). Spinning on, it took a core the compute
-  // threads needed while it waited for a busy peer: beam-small at 2 processes x 2 ranks took
-  // 1.33x the sim's step over tcp on 2 cores.
+  // With nothing to do the thread sleeps until a worker has an event or a task is posted (UCX
+  // wakeup: ucp_worker_arm + epoll). While transfers are in flight it first polls kSpinPolls rounds
+  // back to back (a message due any moment is seen at once) and sleeps at most kSleepLimitMs.
+  // Spinning on, it took a core the compute threads needed while it waited for a busy peer:
+  // beam-small at 2 processes x 2 ranks took 1.33x the sim's step over tcp on 2 cores.
   static constexpr int kSpinPolls = 64;
-  static constexpr int kSleepLimitMs = 100;  // a safety net: wake up and poll at least this often
+  static constexpr int kSleepLimitMs = 100;  // a safety net while transfers are in flight
 
   // Adds fd to the epoll set the thread sleeps on.
   void watch(int fd) const {
@@ -156,10 +152,9 @@ struct UcxWorld::Impl {
     if (epoll_fd >= 0) ::close(epoll_fd);
   }
 
-  // Sleeps until a worker or task_fd has an event; returns at once when a worker cannot be armed
-  // (events pending) or a task is queued.
-  void sleep_until_event() {
-    int limit_ms = kSleepLimitMs;
+  // Sleeps until a worker or task_fd has an event, at most limit_ms (-1: no limit); returns at once
+  // when a worker cannot be armed (events pending) or a task is queued.
+  void sleep_until_event(int limit_ms) {
     for (auto& [rank, worker] : workers) {
       const ucs_status_t status = ucp_worker_arm(worker);
       if (status == UCS_ERR_BUSY) return;  // events pending: progress first
@@ -184,8 +179,7 @@ struct UcxWorld::Impl {
     for (;;) {
       std::deque<std::function<void()>> batch;
       {
-        std::unique_lock<std::mutex> lock(mutex);
-        if (tasks.empty() && in_flight == 0) wake.wait(lock, [&] { return stopping || !tasks.empty(); });
+        std::lock_guard<std::mutex> lock(mutex);
         // After shutdown() no worker is left to complete a transfer still in flight (one posted to
         // a dead peer, say): nothing more can happen.
         if (stopping && tasks.empty() && (in_flight == 0 || workers.empty())) return;
@@ -198,11 +192,11 @@ struct UcxWorld::Impl {
       }
       if (progressed || !batch.empty()) {
         idle_polls = 0;
-      } else if (idle_polls < kSpinPolls) {
+      } else if (in_flight > 0 && idle_polls < kSpinPolls) {
         ++idle_polls;
         std::this_thread::yield();
       } else {
-        sleep_until_event();
+        sleep_until_event(in_flight > 0 ? kSleepLimitMs : -1);
         idle_polls = 0;
       }
     }
@@ -597,8 +591,8 @@ class UcxCommunicator final : public Communicator {
   std::shared_ptr<Operation> start(CollectiveKind kind, const Tensor& send, const std::string& tag, Completion done,
                                    int transfers, std::int64_t bytes = -1) {
     const auto& recorder = world_->recorder;
-    CollectiveRecord record = CollectiveRecorder::posted(
-        kind, group_, send.dtype(), bytes < 0 ? static_cast<std::int64_t>(send.bytes()) : bytes, tag, rank_, *recorder);
+    CollectiveRecord record = recorder->posted(
+        kind, group_, send.dtype(), bytes < 0 ? static_cast<std::int64_t>(send.bytes()) : bytes, tag, rank_);
     auto op = std::make_shared<Operation>();
     op->remaining = transfers;
     op->finish = CollectiveRecorder::finishing(recorder, std::move(record), std::move(done));
