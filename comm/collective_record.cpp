@@ -5,7 +5,7 @@
 namespace atl {
 
 CollectiveRecord CollectiveRecorder::posted(CollectiveKind kind, const Group& group, DType dtype, std::int64_t bytes,
-                                            const std::string& tag, int rank, const CollectiveRecorder& recorder) {
+                                            const std::string& tag, int rank) const {
   CollectiveRecord record;
   record.kind = kind;
   record.group = group.describe();
@@ -14,8 +14,8 @@ CollectiveRecord CollectiveRecorder::posted(CollectiveKind kind, const Group& gr
   record.bytes = bytes;
   record.tag = tag;
   record.rank = rank;
-  record.start_us = recorder.now_us();
-  record.step = recorder.step();
+  record.start_us = now_us();
+  record.step = step();
   return record;
 }
 

@@ -50,8 +50,8 @@ class CollectiveRecorder {
   // A record of a collective this rank posts now (start time and step set), and a completion
   // that stamps its end, appends it, then runs `done`: what every backend wraps its caller's
   // completion in.
-  static CollectiveRecord posted(CollectiveKind kind, const Group& group, DType dtype, std::int64_t bytes,
-                                 const std::string& tag, int rank, const CollectiveRecorder& recorder);
+  CollectiveRecord posted(CollectiveKind kind, const Group& group, DType dtype, std::int64_t bytes,
+                          const std::string& tag, int rank) const;
   static Completion finishing(std::shared_ptr<CollectiveRecorder> recorder, CollectiveRecord record, Completion done);
 
   void append(CollectiveRecord record);

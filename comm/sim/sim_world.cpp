@@ -526,8 +526,8 @@ class SimCommunicator final : public Communicator {
     p.member = member_;
     p.rank = rank_;
     p.tag = tag;
-    p.done = CollectiveRecorder::finishing(
-        recorder, CollectiveRecorder::posted(kind, state_.group, dtype, bytes, tag, rank_, *recorder), std::move(done));
+    p.done = CollectiveRecorder::finishing(recorder, recorder->posted(kind, state_.group, dtype, bytes, tag, rank_),
+                                           std::move(done));
     return p;
   }
 

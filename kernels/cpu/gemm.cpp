@@ -12,7 +12,6 @@
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm_kernels.hpp"
-#include "kernels/dtype.hpp"
 #include "kernels/kernel_clock.hpp"
 
 namespace atl::cpu {
