@@ -112,7 +112,19 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   settings.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.rendezvous_timeout_s * 1000));
   settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };
   RendezvousLinks links;
-  world->connect(rendezvous(settings, world->local_addresses(), &links));
+  std::map<int, WorkerAddress> addresses;
+  try {
+    addresses = rendezvous(settings, world->local_addresses(), &links);
+  } catch (const JobMismatch&) {
+    throw;
+  } catch (const std::runtime_error& e) {  // say where the address and port came from
+    std::string from = spec.source;
+    if (!config.topology.nodes.empty()) from += std::string(from.empty() ? "" : ", ") + "topology.nodes";
+    throw std::runtime_error(std::string(e.what()) + " [node " + std::to_string(spec.node_rank) + " of " +
+                             std::to_string(spec.nnodes) + ", rendezvous at " + spec.master_addr + ":" +
+                             std::to_string(spec.master_port) + ", placed by " + (from.empty() ? "defaults" : from) + "]");
+  }
+  world->connect(addresses);
   ControlPlaneSettings control;
   control.node_rank = spec.node_rank;
   control.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.heartbeat_timeout_s * 1000));

@@ -218,8 +218,12 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
     reply = receive_message(socket.fd(), deadline);
   } catch (const std::exception& e) {  // node 0 gave up on a node that never came, or timed out itself
     errno = 0;
-    fail("node 0 sent no address book within " + seconds_text(s.timeout) +
-         " s (topology.rendezvous_timeout_s; node 0 names the nodes that did not join): " + e.what());
+    std::string why = e.what();
+    if (why.starts_with("control channel: ")) why.erase(0, 17);  // fail() adds it again
+    fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " sent no address book: " + why +
+         " (node 0 names the nodes that did not join within " + seconds_text(s.timeout) +
+         " s, topology.rendezvous_timeout_s; if that port belongs to another program, give atoll-train its own: "
+         "--master-port)");
   }
   if (reply.contains("mismatch")) {
     const std::string key = reply["mismatch"].get<std::string>();

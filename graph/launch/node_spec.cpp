@@ -62,15 +62,29 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   nnodes.offer(flags.nnodes, "--nnodes");
   port.offer(flags.master_port, "--master-port");
   addr.offer(flags.master_addr, "--master-addr");
-  // torchrun: NODE_RANK (GROUP_RANK), NNODES (or WORLD_SIZE / LOCAL_WORLD_SIZE), MASTER_ADDR/PORT.
-  node.offer(integer("NODE_RANK"), "NODE_RANK (torchrun)");
+  // Other launchers (and people) export NODE_RANK and NNODES.
+  node.offer(integer("NODE_RANK"), "NODE_RANK");
+  nnodes.offer(integer("NNODES"), "NNODES");
+  // torchrun (checked against torch 2.15): GROUP_RANK and GROUP_WORLD_SIZE are the node's rank and
+  // the node count; WORLD_SIZE / LOCAL_WORLD_SIZE counts nodes for older versions. atoll-train is
+  // one process per node running all its ranks: a second process per node would claim the same
+  // node rank.
+  if (auto local = integer("LOCAL_WORLD_SIZE"); local && *local != 1) {
+    throw std::invalid_argument("LOCAL_WORLD_SIZE (torchrun): atoll-train runs one process per node, which runs the "
+                                "node's ranks; expected 1 (torchrun --nproc-per-node 1), got " + std::to_string(*local));
+  }
   node.offer(integer("GROUP_RANK"), "GROUP_RANK (torchrun)");
-  nnodes.offer(integer("NNODES"), "NNODES (torchrun)");
-  if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local && *local > 0) {
+  nnodes.offer(integer("GROUP_WORLD_SIZE"), "GROUP_WORLD_SIZE (torchrun)");
+  if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local) {
     nnodes.offer(*world / *local, "WORLD_SIZE / LOCAL_WORLD_SIZE (torchrun)");
   }
-  addr.offer(env("MASTER_ADDR"), "MASTER_ADDR (torchrun)");
-  port.offer(integer("MASTER_PORT"), "MASTER_PORT (torchrun)");
+  addr.offer(env("MASTER_ADDR"), "MASTER_ADDR");
+  // torchrun's agent on node 0 serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE):
+  // atoll's rendezvous takes the next port, the same on every node.
+  if (auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE"); agent_store && (*agent_store == "True" || *agent_store == "1")) {
+    if (auto p = integer("MASTER_PORT")) port.offer(*p + 1, "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)");
+  }
+  port.offer(integer("MASTER_PORT"), "MASTER_PORT");
   // Slurm: SLURM_NODEID, SLURM_NNODES, the first host of SLURM_JOB_NODELIST.
   node.offer(integer("SLURM_NODEID"), "SLURM_NODEID (Slurm)");
   nnodes.offer(integer("SLURM_NNODES"), "SLURM_NNODES (Slurm)");

@@ -22,7 +22,7 @@ struct NodeSpec {
   int nnodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string source;  // where each field came from, e.g. "nnodes from NNODES (torchrun)"
+  std::string source;  // where each field came from, e.g. "--node-rank, GROUP_WORLD_SIZE (torchrun), ..."
   // Which fields a flag or variable gave (the others are defaults).
   bool node_rank_given = false, nnodes_given = false, master_addr_given = false, master_port_given = false;
 };
@@ -32,7 +32,8 @@ using Environment = std::function<std::optional<std::string>(const std::string&)
 Environment process_environment();
 
 // Throws std::invalid_argument naming the flag or variable that is malformed or out of range
-// (node rank outside [0, nnodes), a port outside 1..65535).
+// (node rank outside [0, nnodes), a port outside 1..65535, torchrun starting more than one process
+// per node).
 // `default_nnodes`: the node count when no flag or variable gives one (a topology's node list).
 NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int default_nnodes = 1);
 

@@ -266,6 +266,63 @@ TEST_CASE("apps: nodes placed by Slurm's variables (a --master-port flag, a job 
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 10);
 }
 
+namespace {
+
+// A listening socket on 127.0.0.1 (torchrun's agent store, in the test) whose port's successor is
+// free at the time; -1 if no such pair turned up.
+int listen_below_a_free_port(int& port) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr = loopback(0);
+    socklen_t len = sizeof(addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(fd, 4) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.sin_port);
+      const int next = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in above = loopback(port + 1);
+      const bool free = port < 65535 && ::bind(next, reinterpret_cast<sockaddr*>(&above), sizeof(above)) == 0;
+      ::close(next);
+      if (free) return fd;
+    }
+    ::close(fd);
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("apps: nodes placed by torchrun's variables train beside torchrun's agent store on MASTER_PORT",
+          "[apps][ucx]") {
+  TempDir tmp;
+  int port = 0;
+  const int agent_store = listen_below_a_free_port(port);  // torchrun's agent serves its store here
+  REQUIRE(agent_store >= 0);
+  // (A node that took the store for node 0 would wait for its answer until the timeout.)
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
+                               {"topology.mesh.dp_shard=2", "topology.rendezvous_timeout_s=30"});
+  // What torchrun 2.15 exports to each worker of `torchrun --nnodes 2 --nproc-per-node 1`.
+  auto command = [&](int node, int local_world) {
+    return "GROUP_RANK=" + std::to_string(node) + " RANK=" + std::to_string(node) + " GROUP_WORLD_SIZE=2 WORLD_SIZE=2" +
+           " LOCAL_RANK=0 LOCAL_WORLD_SIZE=" + std::to_string(local_world) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           std::to_string(port) + " TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RUN_ID=none ATOLL_JOB_TOKEN=secret " +
+           shell_quote(app_binary("atoll-train").string()) + joined(args) + " --set topology.backend=ucx";
+  };
+  // Two processes per node would be two node 0s: refused before any connection.
+  const Result two_per_node = run_shell(command(0, 2), tmp.path / "two");
+  CHECK(two_per_node.exit_code == 2);
+  CHECK_THAT(two_per_node.err, Catch::Contains("LOCAL_WORLD_SIZE (torchrun)") && Catch::Contains("expected 1"));
+
+  Result node1;
+  std::thread second([&] { node1 = run_shell(command(1, 1), tmp.path / "n1"); });
+  const Result node0 = run_shell(command(0, 1), tmp.path / "n0");
+  second.join();
+  ::close(agent_store);
+  INFO(node0.err << node1.err);
+  CHECK(node0.exit_code == 0);
+  CHECK(node1.exit_code == 0);
+  CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 10);
+}
+
 TEST_CASE("apps: SIGTERM to one node stops every node after the same step, saved, and --resume continues exactly",
           "[apps][ucx]") {
   TempDir tmp;

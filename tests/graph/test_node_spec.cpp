@@ -29,26 +29,44 @@ TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by f
   CHECK(s.master_port == 29500);
   CHECK(s.source.find("SLURM_NODEID (Slurm)") != std::string::npos);
 
-  const auto both = env_of({{"SLURM_NODEID", "2"}, {"SLURM_NNODES", "4"}, {"SLURM_JOB_NODELIST", "gpu[07-10]"},
-                            {"NODE_RANK", "1"}, {"WORLD_SIZE", "16"}, {"LOCAL_WORLD_SIZE", "8"},
-                            {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "1234"}});
-  s = resolve_node_spec({}, both);
-  CHECK(s.node_rank == 1);     // torchrun before Slurm
-  CHECK(s.nnodes == 2);        // WORLD_SIZE / LOCAL_WORLD_SIZE
+  // What torchrun 2.15 gives each worker of `torchrun --nnodes 2 --node-rank 1 --nproc-per-node 1`.
+  const auto torchrun = env_of({{"SLURM_NODEID", "2"}, {"SLURM_NNODES", "4"}, {"SLURM_JOB_NODELIST", "gpu[07-10]"},
+                                {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"RANK", "1"}, {"WORLD_SIZE", "2"},
+                                {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}, {"MASTER_ADDR", "10.0.0.5"},
+                                {"MASTER_PORT", "1234"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  s = resolve_node_spec({}, torchrun);
+  CHECK(s.node_rank == 1);  // torchrun before Slurm
+  CHECK(s.nnodes == 2);
   CHECK(s.master_addr == "10.0.0.5");
-  CHECK(s.master_port == 1234);
+  CHECK(s.master_port == 1235);  // torchrun's agent serves its own store on MASTER_PORT
+  CHECK(s.source.find("MASTER_PORT + 1") != std::string::npos);
 
   NodeFlags flags;
   flags.node_rank = 0;
   flags.master_port = 4321;
-  s = resolve_node_spec(flags, both);
+  s = resolve_node_spec(flags, torchrun);
   CHECK(s.node_rank == 0);  // flags first
   CHECK(s.nnodes == 2);
   CHECK(s.master_port == 4321);
 
+  // Older torchrun: nodes from WORLD_SIZE / LOCAL_WORLD_SIZE; MASTER_PORT as given without an agent store.
+  s = resolve_node_spec({}, env_of({{"GROUP_RANK", "2"}, {"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "1"},
+                                    {"MASTER_PORT", "1234"}}));
+  CHECK(s.node_rank == 2);
+  CHECK(s.nnodes == 3);
+  CHECK(s.master_port == 1234);
+  // NODE_RANK and NNODES (other launchers) before torchrun's.
+  s = resolve_node_spec({}, env_of({{"NODE_RANK", "0"}, {"NNODES", "4"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}}));
+  CHECK(s.node_rank == 0);
+  CHECK(s.nnodes == 4);
+  // Two torchrun processes per node would both be node GROUP_RANK.
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"GROUP_RANK", "0"}, {"WORLD_SIZE", "16"}, {"LOCAL_WORLD_SIZE", "8"}})),
+                    Catch::Contains("LOCAL_WORLD_SIZE (torchrun)") && Catch::Contains("--nproc-per-node 1") &&
+                        Catch::Contains("got 8"));
+
   CHECK(resolve_node_spec({}, env_of({})).nnodes == 1);  // nothing given: one node
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"NODE_RANK", "3"}, {"NNODES", "2"}})),
-                    Catch::Contains("NODE_RANK (torchrun): expected a node rank in [0, 2), got 3"));
+                    Catch::Contains("NODE_RANK: expected a node rank in [0, 2), got 3"));
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"MASTER_PORT", "http"}})),
                     Catch::Contains("MASTER_PORT: expected an integer"));
 }
