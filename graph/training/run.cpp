@@ -373,7 +373,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   double last_loss = 0;
-  out << "starting from " << start_description << "\n";
+  out << "start: " << start_description << "\n";
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
   std::int64_t last_saved = -1;
