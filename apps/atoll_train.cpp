@@ -70,8 +70,9 @@ int main(int argc, char** argv) {
       options.writer = launch.spec.node_rank == 0;
       // Node 0 alone reads the checkpoint to start from; when it cannot, every node stops.
       bool start_failed = false;
-      options.from_writer = [&start_failed, &launch](std::vector<std::byte> bytes) {
-        std::vector<std::byte> got = launch.from_node0(std::move(bytes));
+      options.from_writer = launch.from_node0;
+      options.from_writer->bytes = [&start_failed, &launch](std::vector<std::byte> bytes) {
+        std::vector<std::byte> got = launch.from_node0.bytes(std::move(bytes));
         start_failed = atl::is_start_failure(got);
         return got;
       };

@@ -19,37 +19,50 @@ namespace atl {
 
 namespace {
 
-// Node 0's bytes to every node: a broadcast of the length, then of the bytes, among each node's
-// first rank (`me`: this node's first rank), then a barrier.
-std::vector<std::byte> broadcast_from_node0(UcxWorld& world, const std::vector<std::vector<int>>& every_node, int me,
-                                            std::vector<std::byte> bytes) {
-  if (every_node.size() == 1) return bytes;  // one node: nobody to tell
+// Posts one collective (`post(done)`) and waits for it.
+template <class Post>
+void wait_for(Post post) {
+  std::promise<void> done;
+  post([&done] { done.set_value(); });
+  done.get_future().wait();
+}
+
+// Node 0's starting point to every node: collectives among each node's first rank (`me`: this
+// node's first rank).
+StartHandOver hand_over_from_node0(const std::shared_ptr<UcxWorld>& world,
+                                   const std::vector<std::vector<int>>& every_node, int me) {
+  StartHandOver link;
+  if (every_node.size() == 1) {  // one node: nobody to tell
+    link.bytes = [](std::vector<std::byte> bytes) { return bytes; };
+    link.tensor = [](const Tensor&) {};
+    link.barrier = [] {};
+    return link;
+  }
   Group firsts{"nodes", {}};
   for (const auto& node : every_node) firsts.ranks.push_back(node.front());
-  auto comm = world.communicator(firsts, me);
   const bool root = firsts.ranks.front() == me;
-  auto broadcast = [&](const Tensor& t) {
-    std::promise<void> done;
-    comm->broadcast(t, 0, "start", [&done] { done.set_value(); });
-    done.get_future().wait();
+  // The communicator keeps a reference into the world: both live as long as the hand-over.
+  std::shared_ptr<Communicator> comm(world->communicator(firsts, me).release(), [world](Communicator* c) { delete c; });
+  link.tensor = [comm](const Tensor& t) {
+    wait_for([&](Completion done) { comm->broadcast(t, 0, "start", std::move(done)); });
   };
-  Tensor length = Tensor::empty({1}, DType::i64);
-  length.data<std::int64_t>()[0] = root ? static_cast<std::int64_t>(bytes.size()) : 0;
-  broadcast(length);
-  const std::int64_t n = length.data<std::int64_t>()[0];
-  Tensor payload = Tensor::empty({std::max<std::int64_t>(1, (n + 7) / 8)}, DType::i64);  // whole words
-  if (root) std::memcpy(payload.raw(), bytes.data(), bytes.size());
-  broadcast(payload);
-  if (root) payload = Tensor();  // node 0 keeps its own bytes, not a third copy
-  // Every node holds the bytes before node 0 goes on (and, when they say node 0 failed, exits):
-  // nothing it sent can be lost with its process.
-  Tensor barrier = Tensor::zeros({1});
-  std::promise<void> done;
-  comm->all_reduce(barrier, "start", [&done] { done.set_value(); });
-  done.get_future().wait();
-  if (root) return bytes;
-  const auto* data = static_cast<const std::byte*>(payload.raw());
-  return std::vector<std::byte>(data, data + n);
+  link.bytes = [root, tensor = link.tensor](std::vector<std::byte> bytes) {
+    Tensor length = Tensor::empty({1}, DType::i64);
+    length.data<std::int64_t>()[0] = root ? static_cast<std::int64_t>(bytes.size()) : 0;
+    tensor(length);
+    const std::int64_t n = length.data<std::int64_t>()[0];
+    Tensor payload = Tensor::empty({std::max<std::int64_t>(1, (n + 7) / 8)}, DType::i64);  // whole words
+    if (root) std::memcpy(payload.raw(), bytes.data(), bytes.size());
+    tensor(payload);
+    if (root) return bytes;
+    const auto* data = static_cast<const std::byte*>(payload.raw());
+    return std::vector<std::byte>(data, data + n);
+  };
+  link.barrier = [comm] {
+    const Tensor zero = Tensor::zeros({1});
+    wait_for([&](Completion done) { comm->all_reduce(zero, "start", std::move(done)); });
+  };
+  return link;
 }
 
 }  // namespace
@@ -137,9 +150,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
     std::_Exit(1);  // the collectives in flight would wait forever; checkpoints are written atomically
   };
   launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));
-  launch.from_node0 = [world, every_node, me = ranks.front()](std::vector<std::byte> bytes) {
-    return broadcast_from_node0(*world, every_node, me, std::move(bytes));
-  };
+  launch.from_node0 = hand_over_from_node0(world, every_node, ranks.front());
   launch.engine = [world, ranks](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
     return std::make_unique<ActorEngine>(std::move(in), ProcessOptions{ranks, std::make_shared<UcxBackend>(world)});
   };

@@ -24,9 +24,9 @@ struct NodeLaunch {
   // Heartbeats with the other nodes; a lost node stops this process (exit 1, naming the node and
   // its ranks). finish() after a successful run.
   std::shared_ptr<ControlPlane> control;
-  // RunOptions::from_writer: node 0's bytes to every node, over UCX (a broadcast among each
-  // node's first rank).
-  std::function<std::vector<std::byte>(std::vector<std::byte>)> from_node0;
+  // RunOptions::from_writer: node 0's starting point to every node, over UCX (broadcasts among
+  // each node's first rank).
+  StartHandOver from_node0;
 };
 
 // Throws ConfigError (topology.mesh: nodes do not split the mesh; topology.job_token_file: no

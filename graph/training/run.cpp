@@ -265,21 +265,27 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
 // A multi-process job: node 0 finds and reads the starting point and hands it to every other
 // node (options.from_writer), or hands on why it could not.
 StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
-  if (!options.writer) {
-    const std::vector<std::byte> bytes = options.from_writer({});
-    return decode_starting_point(bytes);
-  }
+  const StartHandOver& link = *options.from_writer;
   StartingPoint start;
-  std::vector<std::byte> bytes;
-  try {
-    check_writer_outputs(config, options);  // a refusal reaches every node as node 0's reason
-    start = starting_point(config, options, model);
-    bytes = encode_starting_point(start);
-  } catch (const std::exception& e) {
-    options.from_writer(encode_start_failure(e.what()));
-    throw;
+  if (options.writer) {
+    std::vector<std::byte> header;
+    try {
+      check_writer_outputs(config, options);  // a refusal reaches every node as node 0's reason
+      start = starting_point(config, options, model);
+      header = encode_start_header(start);
+    } catch (const std::exception& e) {
+      link.bytes(encode_start_failure(e.what()));
+      link.barrier();
+      throw;
+    }
+    link.bytes(std::move(header));
+  } else {
+    const std::vector<std::byte> header = link.bytes({});
+    if (is_start_failure(header)) link.barrier();
+    start = decode_start_header(header);  // throws node 0's failure
   }
-  options.from_writer(std::move(bytes));
+  for (const Tensor& t : start_tensors(start)) link.tensor(t);
+  link.barrier();
   return start;
 }
 

@@ -14,6 +14,7 @@
 #include "graph/plan/mesh.hpp"
 #include "graph/models/model.hpp"
 #include "graph/training/engine.hpp"
+#include "graph/training/starting_point.hpp"
 
 namespace atl {
 
@@ -50,11 +51,10 @@ struct RunOptions {
   // job. Every other process takes part in every collective (checkpoints' included) and writes
   // nothing.
   bool writer = true;
-  // A multi-process job: hands node 0's bytes to every process (node 0 passes its own; the
-  // others' argument is ignored) and returns them. Set, node 0 alone finds and reads the
-  // checkpoint to start from and the others take its starting point, so they need no view of
+  // A multi-process job: set, node 0 alone finds and reads the checkpoint to start from and hands
+  // its starting point to the others through these collectives, so they need no view of
   // checkpoint.dir and cannot start anywhere else.
-  std::function<std::vector<std::byte>(std::vector<std::byte>)> from_writer;
+  std::optional<StartHandOver> from_writer;
 };
 
 struct EngineInputs {

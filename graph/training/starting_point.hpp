@@ -4,6 +4,7 @@
 // cannot start from a different step than node 0.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -29,14 +30,29 @@ class StartFailed : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A JSON header (step, tokens, description, data cursor, each tensor's name and shape) and the
-// fp32 tensors' bytes, master then exp_avg then exp_avg_sq.
-std::vector<std::byte> encode_starting_point(const StartingPoint& start);
-// Node 0's failure, to hand on instead of a starting point.
+// How node 0 hands its starting point to the other nodes of a multi-process job (the app wires
+// each to collectives among the nodes; every node makes every call, in the same order). The
+// header travels as bytes, then each tensor straight into its place: a node holds the state once.
+struct StartHandOver {
+  // Node 0's bytes to every node (node 0 passes them, the others anything) and back.
+  std::function<std::vector<std::byte>(std::vector<std::byte>)> bytes;
+  // Node 0's tensor into every other node's tensor of the same shape.
+  std::function<void(const Tensor&)> tensor;
+  // Returns once every node holds everything sent: node 0 may then stop without losing any of it.
+  std::function<void()> barrier;
+};
+
+// The header: step, tokens, description, data cursor, each fp32 tensor's name and shape (master,
+// then exp_avg, then exp_avg_sq).
+std::vector<std::byte> encode_start_header(const StartingPoint& start);
+// Node 0's failure, to hand on instead of a header.
 std::vector<std::byte> encode_start_failure(const std::string& why);
 // Whether bytes encode node 0's failure (every node then stops: an end they all agree on).
 bool is_start_failure(std::span<const std::byte> bytes);
-// Throws StartFailed for an encoded failure, std::invalid_argument for malformed bytes.
-StartingPoint decode_starting_point(std::span<const std::byte> bytes);
+// The header's starting point with uninitialised tensors of its shapes, to receive into. Throws
+// StartFailed for an encoded failure, std::invalid_argument for malformed bytes.
+StartingPoint decode_start_header(std::span<const std::byte> bytes);
+// Every tensor of a starting point in the header's order (handles: filling one fills the state).
+std::vector<Tensor> start_tensors(const StartingPoint& start);
 
 }  // namespace atl

@@ -1,6 +1,7 @@
-// The wire form of a starting point (node 0 hands it to the other nodes, issue 11): every field
-// and tensor byte survives the round trip; node 0's failure arrives as StartFailed with its
-// message; malformed bytes are rejected, not misread.
+// The wire form of a starting point (node 0 hands it to the other nodes, issue 11): the header
+// carries every field and each tensor's name and shape, the tensors then travel one by one into
+// the receiver's, in the same order on both sides; node 0's failure arrives as StartFailed with
+// its message; malformed bytes are rejected, not misread.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -31,38 +32,46 @@ StartingPoint example() {
 
 }  // namespace
 
-TEST_CASE("starting point: the wire form round-trips every field and tensor bit", "[graph][launch]") {
+TEST_CASE("starting point: the header and the tensors in order round-trip every field and bit", "[graph][launch]") {
   const StartingPoint s = example();
-  const auto bytes = encode_starting_point(s);
-  const StartingPoint back = decode_starting_point(bytes);
+  StartingPoint back = decode_start_header(encode_start_header(s));
   CHECK(back.state.step == 40);
   CHECK(back.tokens == 81920);
   CHECK(back.description == s.description);
   REQUIRE(back.data_cursor);
   CHECK(*back.data_cursor == *s.data_cursor);
   CHECK(back.state.master.names() == s.state.master.names());
+  // What the hand-over does: each of node 0's tensors into the receiver's, pairwise in order.
+  const std::vector<Tensor> sent = start_tensors(s), received = start_tensors(back);
+  REQUIRE(sent.size() == 4);
+  REQUIRE(received.size() == 4);
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    REQUIRE(received[i].shape() == sent[i].shape());
+    std::memcpy(received[i].raw(), sent[i].raw(), sent[i].bytes());
+  }
   for (const auto& name : s.state.master.names()) CHECK(same_bits(back.state.master.at(name), s.state.master.at(name)));
   CHECK(same_bits(back.state.exp_avg.at("model.embed.weight"), s.state.exp_avg.at("model.embed.weight")));
   CHECK(same_bits(back.state.exp_avg_sq.at("model.embed.weight"), s.state.exp_avg_sq.at("model.embed.weight")));
 
-  const StartingPoint fresh = decode_starting_point(encode_starting_point(StartingPoint{}));
+  const StartingPoint fresh = decode_start_header(encode_start_header(StartingPoint{}));
   CHECK(fresh.state.step == 0);
   CHECK(fresh.state.master.names().empty());
+  CHECK(start_tensors(fresh).empty());
   CHECK_FALSE(fresh.data_cursor);
   CHECK(fresh.description == "fresh initialisation");
 }
 
 TEST_CASE("starting point: node 0's failure and malformed bytes", "[graph][launch]") {
-  CHECK_THROWS_MATCHES(decode_starting_point(encode_start_failure("checkpoint.dir: no checkpoint")), StartFailed,
+  CHECK_THROWS_MATCHES(decode_start_header(encode_start_failure("checkpoint.dir: no checkpoint")), StartFailed,
                        Catch::Message("node 0 could not start: checkpoint.dir: no checkpoint"));
-  auto bytes = encode_starting_point(example());
+  auto bytes = encode_start_header(example());
   auto truncated = bytes;
   truncated.resize(bytes.size() - 1);
-  CHECK_THROWS_WITH(decode_starting_point(truncated), Catch::Contains("runs past the end"));
+  CHECK_THROWS_WITH(decode_start_header(truncated), Catch::Contains("bytes follow"));
   auto longer = bytes;
   longer.push_back(std::byte{0});
-  CHECK_THROWS_WITH(decode_starting_point(longer), Catch::Contains("bytes left over"));
-  CHECK_THROWS_AS(decode_starting_point(std::vector<std::byte>(4)), std::invalid_argument);
+  CHECK_THROWS_WITH(decode_start_header(longer), Catch::Contains("bytes follow"));
+  CHECK_THROWS_AS(decode_start_header(std::vector<std::byte>(4)), std::invalid_argument);
   CHECK(is_start_failure(encode_start_failure("why")));
   CHECK_FALSE(is_start_failure(bytes));
   CHECK_FALSE(is_start_failure(std::vector<std::byte>(4)));
@@ -72,5 +81,5 @@ TEST_CASE("starting point: node 0's failure and malformed bytes", "[graph][launc
   const std::uint64_t length = header.size();
   std::memcpy(partial.data(), &length, 8);
   std::memcpy(partial.data() + 8, header.data(), header.size());
-  CHECK_THROWS_AS(decode_starting_point(partial), std::invalid_argument);
+  CHECK_THROWS_AS(decode_start_header(partial), std::invalid_argument);
 }
