@@ -46,6 +46,16 @@ std::string node_command(int node, int nnodes, int port, const std::vector<std::
          shell_quote(app_binary("atoll-train").string()) + joined(args) + " --set topology.backend=ucx";
 }
 
+// Node 1's command in a thread and node 0's here, at once; their results (node 0's first). Each
+// node's output goes to `scratch` + its node rank.
+std::pair<Result, Result> run_two_nodes(const std::string& node0, const std::string& node1, const fs::path& scratch) {
+  Result second_result;
+  std::thread second([&] { second_result = run_shell(node1, fs::path(scratch.string() + "1")); });
+  Result first_result = run_shell(node0, fs::path(scratch.string() + "0"));
+  second.join();
+  return {std::move(first_result), std::move(second_result)};
+}
+
 }  // namespace
 
 TEST_CASE("apps: two atoll-train processes over UCX equal the sim run bitwise, checkpoints byte for byte",
@@ -102,10 +112,7 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
   auto other = args;
   other.push_back("--set");
   other.push_back("train.lr=1.0e-3");
-  Result node1;
-  std::thread second([&] { node1 = run_shell(node_command(1, 2, port, other), tmp.path / "n1"); });
-  const Result node0 = run_shell(node_command(0, 2, port, args), tmp.path / "n0");
-  second.join();
+  const auto [node0, node1] = run_two_nodes(node_command(0, 2, port, args), node_command(1, 2, port, other), tmp.path / "n");
   INFO(node0.err << node1.err);
   CHECK(node0.exit_code == 2);
   CHECK(node1.exit_code == 2);
@@ -255,10 +262,7 @@ TEST_CASE("apps: nodes placed by Slurm's variables (a --master-port flag, a job 
   CHECK(tokenless.exit_code == 2);
   CHECK_THAT(tokenless.err, Catch::Contains("topology.job_token_file: ") && Catch::Contains("needs a job token"));
 
-  Result node1;
-  std::thread second([&] { node1 = run_shell(command(1, token.string()), tmp.path / "n1"); });
-  const Result node0 = run_shell(command(0, token.string()), tmp.path / "n0");
-  second.join();
+  const auto [node0, node1] = run_two_nodes(command(0, token.string()), command(1, token.string()), tmp.path / "n");
   INFO(node0.err << node1.err);
   CHECK(node0.exit_code == 0);
   CHECK(node1.exit_code == 0);
@@ -312,10 +316,7 @@ TEST_CASE("apps: nodes placed by torchrun's variables train beside torchrun's ag
   CHECK(two_per_node.exit_code == 2);
   CHECK_THAT(two_per_node.err, Catch::Contains("LOCAL_WORLD_SIZE (torchrun)") && Catch::Contains("expected 1"));
 
-  Result node1;
-  std::thread second([&] { node1 = run_shell(command(1, 1), tmp.path / "n1"); });
-  const Result node0 = run_shell(command(0, 1), tmp.path / "n0");
-  second.join();
+  const auto [node0, node1] = run_two_nodes(command(0, 1), command(1, 1), tmp.path / "n");
   ::close(agent_store);
   INFO(node0.err << node1.err);
   CHECK(node0.exit_code == 0);
@@ -381,17 +382,10 @@ TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with n
   };
   auto job = [&](int steps, bool resume, const std::string& phase) {
     const int port = free_port();
-    Result node1;
-    std::thread second([&] {
-      node1 = run_shell("cd " + shell_quote((tmp.path / "b").string()) + " && " +
-                            node_command(1, 2, port, args(steps, resume)),
-                        tmp.path / (phase + "1"));
-    });
-    const Result node0 = run_shell("cd " + shell_quote((tmp.path / "a").string()) + " && " +
-                                       node_command(0, 2, port, args(steps, resume)),
-                                   tmp.path / (phase + "0"));
-    second.join();
-    return std::pair{node0, node1};
+    auto in = [&](const char* dir, int node) {
+      return "cd " + shell_quote((tmp.path / dir).string()) + " && " + node_command(node, 2, port, args(steps, resume));
+    };
+    return run_two_nodes(in("a", 0), in("b", 1), tmp.path / phase);
   };
   // Nothing to resume yet: node 0 says why (exit 2) and node 1 hands on node 0's reason.
   const auto [none0, none1] = job(10, true, "none");
@@ -439,10 +433,7 @@ TEST_CASE("apps: nodes placed by topology.nodes (one rank on node 0, three on no
     return "ATOLL_JOB_TOKEN=t " + shell_quote(app_binary("atoll-train").string()) + joined(args) +
            " --set topology.backend=ucx --set " + shell_quote(nodes) + " --node-rank " + std::to_string(node);
   };
-  Result node1;
-  std::thread second([&] { node1 = run_shell(command(1), tmp.path / "n1"); });
-  const Result node0 = run_shell(command(0), tmp.path / "n0");
-  second.join();
+  const auto [node0, node1] = run_two_nodes(command(0), command(1), tmp.path / "n");
   INFO(node0.err << node1.err);
   REQUIRE(node0.exit_code == 0);
   REQUIRE(node1.exit_code == 0);
