@@ -245,7 +245,7 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
       setup.plan = im.plan;
       setup.unit_index = u;
       setup.rank = rank;
-      const bool experts = unit.shard_axis == kExpertShardAxis;
+      const bool experts = unit.role == UnitRole::experts;
       setup.shard_index = experts ? mesh.ep_shard_group(rank).index_of(rank) : shard_group.index_of(rank);
       const int ep_index = unit.ep_slices > 1 ? mesh.ep_group(rank).index_of(rank) : 0;  // its EP slice
       setup.comm = comm;

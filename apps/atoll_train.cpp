@@ -66,12 +66,13 @@ int main(int argc, char** argv) {
     }
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
       const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr);
+      atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
       // Node 0 writes the run; the others print to stderr behind their node rank.
-      options.writer = launch.spec.node_rank == 0;
+      node_options.writer = launch.spec.node_rank == 0;
       // Node 0 alone reads the checkpoint to start from; when it cannot, every node stops.
       bool start_failed = false;
-      options.from_writer = launch.from_node0;
-      options.from_writer->bytes = [&start_failed, &launch](std::vector<std::byte> bytes) {
+      node_options.from_writer = launch.from_node0;
+      node_options.from_writer->bytes = [&start_failed, &launch](std::vector<std::byte> bytes) {
         std::vector<std::byte> got = launch.from_node0.bytes(std::move(bytes));
         start_failed = atl::is_start_failure(got);
         return got;
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
       // non-finite step every node sees) say goodbye, so the other nodes do not count this one
       // as lost while they finish; any other end closes the control channel like a crash.
       try {
-        atl::run_training(config, options, launch.engine, options.writer ? std::cout : *node_out);
+        atl::run_training(config, node_options, launch.engine, node_options.writer ? std::cout : *node_out);
       } catch (const atl::RunStopped&) {
         launch.control->finish();
         throw;

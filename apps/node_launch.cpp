@@ -41,7 +41,7 @@ StartHandOver hand_over_from_node0(const std::shared_ptr<UcxWorld>& world,
   Group firsts{"nodes", {}};
   for (const auto& node : every_node) firsts.ranks.push_back(node.front());
   const bool root = firsts.ranks.front() == me;
-  // The communicator keeps a reference into the world: both live as long as the hand-over.
+  // The world's progress thread runs every transfer and stops with the world: the hand-over keeps it.
   std::shared_ptr<Communicator> comm(world->communicator(firsts, me).release(), [world](Communicator* c) { delete c; });
   link.tensor = [comm](const Tensor& t) {
     wait_for([&](Completion done) { comm->broadcast(t, 0, "start", std::move(done)); });

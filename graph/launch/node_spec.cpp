@@ -62,25 +62,27 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   nnodes.offer(flags.nnodes, "--nnodes");
   port.offer(flags.master_port, "--master-port");
   addr.offer(flags.master_addr, "--master-addr");
-  // Other launchers (and people) export NODE_RANK and NNODES.
-  node.offer(integer("NODE_RANK"), "NODE_RANK");
-  nnodes.offer(integer("NNODES"), "NNODES");
-  // torchrun (checked against torch 2.15): GROUP_RANK and GROUP_WORLD_SIZE are the node's rank and
-  // the node count; WORLD_SIZE / LOCAL_WORLD_SIZE counts nodes for older versions. atoll-train is
-  // one process per node running all its ranks: a second process per node would claim the same
-  // node rank.
-  if (auto local = integer("LOCAL_WORLD_SIZE"); local && *local != 1) {
+  // torchrun (checked with torch 2.15): GROUP_RANK and GROUP_WORLD_SIZE are the node's rank and
+  // the node count as its rendezvous assigned them (c10d ignores --node-rank), so they come before
+  // a NODE_RANK or NNODES the script may also export. atoll-train is one process per node running
+  // all its ranks: a second torchrun worker per node would claim the same node rank.
+  const bool torchrun = env("TORCHELASTIC_RUN_ID") || env("GROUP_RANK");
+  if (auto local = integer("LOCAL_WORLD_SIZE"); torchrun && local && *local != 1) {
     throw std::invalid_argument("LOCAL_WORLD_SIZE (torchrun): atoll-train runs one process per node, which runs the "
                                 "node's ranks; expected 1 (torchrun --nproc-per-node 1), got " + std::to_string(*local));
   }
   node.offer(integer("GROUP_RANK"), "GROUP_RANK (torchrun)");
   nnodes.offer(integer("GROUP_WORLD_SIZE"), "GROUP_WORLD_SIZE (torchrun)");
-  if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local) {
-    nnodes.offer(*world / *local, "WORLD_SIZE / LOCAL_WORLD_SIZE (torchrun)");
+  // Other launchers (and people) export NODE_RANK and NNODES.
+  node.offer(integer("NODE_RANK"), "NODE_RANK");
+  nnodes.offer(integer("NNODES"), "NNODES");
+  if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local && *local > 0) {
+    nnodes.offer(*world / *local, "WORLD_SIZE / LOCAL_WORLD_SIZE");
   }
   addr.offer(env("MASTER_ADDR"), "MASTER_ADDR");
   // torchrun's agent on node 0 serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE):
-  // atoll's rendezvous takes the next port, the same on every node.
+  // atoll's rendezvous takes the next port, the same on every node. (With c10d rendezvous
+  // MASTER_PORT is one the OS picked and its successor may be taken: --master-port is surer.)
   if (auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE"); agent_store && (*agent_store == "True" || *agent_store == "1")) {
     if (auto p = integer("MASTER_PORT")) port.offer(*p + 1, "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)");
   }

@@ -121,7 +121,7 @@ struct UnitPlan {
   const UnitParam& param(const std::string& name) const;  // throws std::out_of_range
   // HSDP: the reduce-scattered gradient is all-reduced over dp_replicate (expert groups are
   // sharded over ep_shard, which spans the replicas already).
-  bool replicated(const Mesh& mesh) const { return shard_axis == "dp_shard" && mesh.dp_replicate() > 1; }
+  bool replicated(const Mesh& mesh) const { return role != UnitRole::experts && mesh.dp_replicate() > 1; }
 };
 
 struct FamilyShardingRules {

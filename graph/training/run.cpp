@@ -282,7 +282,9 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
   } else {
     const std::vector<std::byte> header = link.bytes({});
     if (is_start_failure(header)) link.barrier();
-    start = decode_start_header(header);  // throws node 0's failure
+    // Throws node 0's failure. (A malformed header, which a node 0 of the same build never sends,
+    // ends this node here and node 0 through the control plane.)
+    start = decode_start_header(header);
   }
   for (const Tensor& t : start_tensors(start)) link.tensor(t);
   link.barrier();

@@ -32,7 +32,7 @@ class StartFailed : public std::runtime_error {
 
 // How node 0 hands its starting point to the other nodes of a multi-process job (the app wires
 // each to collectives among the nodes; every node makes every call, in the same order). The
-// header travels as bytes, then each tensor straight into its place: a node holds the state once.
+// header travels as bytes, then each tensor straight into its place (no copy in transit).
 struct StartHandOver {
   // Node 0's bytes to every node (node 0 passes them, the others anything) and back.
   std::function<std::vector<std::byte>(std::vector<std::byte>)> bytes;

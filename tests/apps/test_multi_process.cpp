@@ -272,19 +272,22 @@ TEST_CASE("apps: nodes placed by Slurm's variables (a --master-port flag, a job 
 
 namespace {
 
-// A listening socket on 127.0.0.1 (torchrun's agent store, in the test) whose port's successor is
-// free at the time; -1 if no such pair turned up.
+// A listening socket on 127.0.0.1 (torchrun's agent store, in the test) on a port below the
+// kernel's ephemeral range, so that no connection or bind(0) elsewhere takes its successor, which
+// was free when checked; -1 if no such pair turned up.
 int listen_below_a_free_port(int& port) {
-  for (int attempt = 0; attempt < 50; ++attempt) {
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  const int low = 10000, span = ephemeral_low - 1 - low;
+  if (span < 100) return -1;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    port = low + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u + 31u * attempt) % static_cast<unsigned>(span));
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr = loopback(0);
-    socklen_t len = sizeof(addr);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(fd, 4) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
+    sockaddr_in addr = loopback(port);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(fd, 4) == 0) {
       const int next = ::socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in above = loopback(port + 1);
-      const bool free = port < 65535 && ::bind(next, reinterpret_cast<sockaddr*>(&above), sizeof(above)) == 0;
+      const bool free = ::bind(next, reinterpret_cast<sockaddr*>(&above), sizeof(above)) == 0;
       ::close(next);
       if (free) return fd;
     }

@@ -49,20 +49,30 @@ TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by f
   CHECK(s.nnodes == 2);
   CHECK(s.master_port == 4321);
 
-  // Older torchrun: nodes from WORLD_SIZE / LOCAL_WORLD_SIZE; MASTER_PORT as given without an agent store.
+  // Without GROUP_WORLD_SIZE: nodes from WORLD_SIZE / LOCAL_WORLD_SIZE; MASTER_PORT as given without an agent store.
   s = resolve_node_spec({}, env_of({{"GROUP_RANK", "2"}, {"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "1"},
                                     {"MASTER_PORT", "1234"}}));
   CHECK(s.node_rank == 2);
   CHECK(s.nnodes == 3);
   CHECK(s.master_port == 1234);
-  // NODE_RANK and NNODES (other launchers) before torchrun's.
+  // torchrun's rendezvous decides: its GROUP_RANK and GROUP_WORLD_SIZE before a NODE_RANK or
+  // NNODES the script exports too (c10d assigns group ranks in order of joining).
   s = resolve_node_spec({}, env_of({{"NODE_RANK", "0"}, {"NNODES", "4"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}}));
-  CHECK(s.node_rank == 0);
+  CHECK(s.node_rank == 1);
+  CHECK(s.nnodes == 2);
+  // Other launchers: NODE_RANK and NNODES, and LOCAL_WORLD_SIZE is theirs to set.
+  s = resolve_node_spec({}, env_of({{"NODE_RANK", "3"}, {"NNODES", "4"}, {"LOCAL_WORLD_SIZE", "8"}}));
+  CHECK(s.node_rank == 3);
   CHECK(s.nnodes == 4);
   // Two torchrun processes per node would both be node GROUP_RANK.
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"GROUP_RANK", "0"}, {"WORLD_SIZE", "16"}, {"LOCAL_WORLD_SIZE", "8"}})),
                     Catch::Contains("LOCAL_WORLD_SIZE (torchrun)") && Catch::Contains("--nproc-per-node 1") &&
                         Catch::Contains("got 8"));
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"TORCHELASTIC_RUN_ID", "none"}, {"LOCAL_WORLD_SIZE", "2"}})),
+                    Catch::Contains("LOCAL_WORLD_SIZE (torchrun)"));
+  // The port after MASTER_PORT must exist.
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"MASTER_PORT", "65535"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}})),
+                    Catch::Contains("MASTER_PORT + 1") && Catch::Contains("expected a port in 1..65535, got 65536"));
 
   CHECK(resolve_node_spec({}, env_of({})).nnodes == 1);  // nothing given: one node
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"NODE_RANK", "3"}, {"NNODES", "2"}})),
