@@ -4,6 +4,8 @@
 #     against ucx_perftest's tag bandwidth for the same message size over the same transport
 #     (the ratio; goal >= 0.8), one way and both ways at once (every member of a 2-member
 #     exchange sends and receives; on one 2-core machine the two directions share the cores);
+#     and atoll's send/recv one way against perftest one way (the same load: the transport's
+#     own efficiency);
 #  2. beam-small's step time at 2 processes x 2 ranks (scripts/launch) against sim with dp_shard 4.
 # Usage: bench/ucx_bandwidth.sh [MAX_MIB]   (needs build/, ucx_perftest from ucx-utils)
 set -euo pipefail
@@ -12,16 +14,21 @@ max_mib="${1:-64}"
 export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}" ATOLL_JOB_TOKEN="${ATOLL_JOB_TOKEN:-bench}"
 port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-bench() {  # $1: peer error handling (true: tcp on one machine; false: shared memory)
+bench() {  # $1: peer error handling, $2: UCX_TLS ("" for UCX's choice)
   local p
   p=$(port)
+  if [[ -n "$2" ]]; then local -x UCX_TLS="$2"; fi
   "$here/build/bench/atoll-bench-ucx" --node-rank 1 --nnodes 2 --master-port "$p" --max-mib "$max_mib" \
     --peer-errors "$1" > /dev/null &
   "$here/build/bench/atoll-bench-ucx" --node-rank 0 --nnodes 2 --master-port "$p" --max-mib "$max_mib" --peer-errors "$1"
   wait
 }
-atoll_on=$(bench true)
-atoll_off=$(bench false)
+# Three ways to run: tcp as ucx_perftest runs it (no peer error handling), tcp with peer error
+# handling (atoll's default; UCX 1.13 then keeps to network transports, and its tcp is slower),
+# and shared memory (peer error handling off, UCX's choice of transport).
+atoll_tcp=$(bench false tcp)
+atoll_peer=$(bench true "")
+atoll_shm=$(bench false "")
 
 # ucx_perftest's tag bandwidth for one message size (bytes), one way (one sender, one receiver), or
 # both ways at once (two sender/receiver pairs, one per direction: the load a 2-member exchange
@@ -42,25 +49,30 @@ perftest() {  # $1: bytes, $2: 1 or 2 directions, $3: UCX_TLS ("" for UCX's choi
   echo "$out" | awk '{s += $1; n += 1} END {printf "%.0f", n ? s / n : 0}'
 }
 
-echo "MB/s: all-gather (ag) and reduce-scatter (rs) bus bandwidth with UCX peer error handling on (UCX"
-echo "picks tcp) and off (shared memory); ucx_perftest tag_bw over the same transport one way and both ways"
-echo "at once (per direction); the ratios of ag and rs to each"
-echo "          ------------- peer errors on: tcp -------------   --------- peer errors off: shared memory ---------"
-echo "size      ag     rs  tag 1way 2way  to 1 way    to 2 ways    ag     rs  tag 1way 2way  to 1 way    to 2 ways"
-for ((mib = 1; mib <= max_mib; mib *= 2)); do
-  # The same per-rank message as the collectives' (half the buffer each way between 2 ranks).
-  bytes=$((mib * 1048576 / 2))
-  col() { echo "$1" | awk -v m="$mib" -v c="$2" '$2 == c && $3 == m {print $7}'; }
-  ratio() { awk -v a="$1" -v t="$2" 'BEGIN {printf "%.2f", (t > 0 ? a / t : 0)}'; }
-  line="$(printf "%3d MiB" "$mib")"
-  for mode in on off; do
-    if [[ $mode == on ]]; then results=$atoll_on tls=tcp; else results=$atoll_off tls=""; fi
-    ag=$(col "$results" all_gather); rs=$(col "$results" reduce_scatter)
+echo "MB/s: atoll's all-gather (ag) and reduce-scatter (rs) bus bandwidth between 2 processes, and its"
+echo "send/recv one way (p2p: one message at a time, the collectives' per-rank message); ucx_perftest tag_bw"
+echo "over the same transport with the same message, one way (1way) and both ways at once (2way, per"
+echo "direction: the load of a 2-member exchange); the ratios"
+for mode in tcp peer shm; do
+  case $mode in
+    tcp) results=$atoll_tcp tls=tcp
+         echo "-- tcp (UCX_TLS=tcp), no peer error handling: ucx_perftest's conditions --" ;;
+    peer) results=$atoll_peer tls=tcp
+         echo "-- peer error handling on (atoll's default; UCX picks tcp) against ucx_perftest over tcp without it --" ;;
+    shm) results=$atoll_shm tls=""
+         echo "-- peer error handling off, UCX's choice of transport (shared memory) --" ;;
+  esac
+  echo "size         ag      rs     p2p    1way    2way  p2p/1way  ag,rs/2way  ag,rs/1way"
+  for ((mib = 1; mib <= max_mib; mib *= 2)); do
+    # The same per-rank message as the collectives' (half the buffer each way between 2 ranks).
+    bytes=$((mib * 1048576 / 2))
+    col() { echo "$results" | awk -v m="$mib" -v c="$1" '$2 == c && $3 == m {print $7}'; }
+    ratio() { awk -v a="$1" -v t="$2" 'BEGIN {printf "%.2f", (t > 0 ? a / t : 0)}'; }
+    ag=$(col all_gather); rs=$(col reduce_scatter); p2p=$(col one_way)
     one=$(perftest "$bytes" 1 "$tls"); two=$(perftest "$bytes" 2 "$tls")
-    line+="$(printf " %6.0f %6.0f  %6.0f %6.0f  %4s, %4s  %4s, %4s" "$ag" "$rs" "$one" "$two" \
-      "$(ratio "$ag" "$one")" "$(ratio "$rs" "$one")" "$(ratio "$ag" "$two")" "$(ratio "$rs" "$two")")"
+    printf "%3d MiB %7.0f %7.0f %7.0f %7.0f %7.0f  %8s  %4s, %4s  %4s, %4s\n" "$mib" "$ag" "$rs" "$p2p" "$one" "$two" \
+      "$(ratio "$p2p" "$one")" "$(ratio "$ag" "$two")" "$(ratio "$rs" "$two")" "$(ratio "$ag" "$one")" "$(ratio "$rs" "$one")"
   done
-  echo "$line"
 done
 
 # beam-small: 2 processes x 2 ranks over UCX against the sim's 4 ranks in one process.

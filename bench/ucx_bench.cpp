@@ -3,7 +3,10 @@
 // the processes and compares with ucx_perftest's tag bandwidth over the same transport.
 //   atoll-bench-ucx --node-rank R --nnodes N --master-port P [--max-mib 64]
 // Bus bandwidth as NCCL's tests define it: bytes of the whole gathered (or reduced) buffer over
-// the time, times (N-1)/N. Node 0 prints one line per size and collective.
+// the time, times (N-1)/N. Node 0 prints one line per size and collective. Also one way, the load
+// ucx_perftest's tag_bw puts on the machine: node 0 sends each rank's message (the buffer / N) to
+// node 1 one after another (the collectives' way: one at a time); timed at node 0 up to node 1's
+// acknowledgement of the last.
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -83,6 +86,26 @@ int main(int argc, char** argv) {
           std::printf("ucx %s %d MiB: bus bandwidth %.1f MB/s (peer errors %s)\n", name, mib, bus / 1e6,
                       peer_errors ? "on" : "off");
         }
+      }
+      if (node > 1) continue;  // one way: node 0 to node 1
+      const atl::Tensor ack = atl::Tensor::zeros({1});
+      auto one_way = [&](int messages) {
+        for (int i = 0; i < messages; ++i) {
+          blocking([&](atl::Completion done) {
+            if (node == 0) comm->send(part, 1, "bench", std::move(done)); else comm->recv(part, 0, "bench", std::move(done));
+          });
+        }
+        blocking([&](atl::Completion done) {
+          if (node == 0) comm->recv(ack, 1, "bench", std::move(done)); else comm->send(ack, 0, "bench", std::move(done));
+        });
+      };
+      one_way(2);  // warm-up
+      const auto start = std::chrono::steady_clock::now();
+      one_way(iterations);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (node == 0) {
+        std::printf("ucx one_way %d MiB: send-recv bandwidth %.1f MB/s (peer errors %s)\n", mib,
+                    static_cast<double>(part.bytes()) * iterations / seconds / 1e6, peer_errors ? "on" : "off");
       }
     }
     return 0;
