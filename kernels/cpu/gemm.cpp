@@ -14,6 +14,10 @@
 #include "kernels/cpu/gemm_kernels.hpp"
 #include "kernels/kernel_clock.hpp"
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 namespace atl::cpu {
 
 namespace {
@@ -195,10 +199,41 @@ KBlock k_block(const Plan& p, std::int64_t k, std::int64_t pc) {
   return {kc, depth, static_cast<std::int64_t>(sizeof(float)) * (p.route == Route::bf16_dot ? depth / 2 : depth)};
 }
 
+// vdpbf16ps treats denormal inputs (the accumulator's too) as zero and flushes denormal results,
+// whatever MXCSR says; the fp32 FMAs that stand in for it do the same while this guard sets
+// MXCSR's DAZ and FTZ bits (this thread only; restored on leaving). Packing stays outside it.
+class Bf16DenormalRule {
+ public:
+  explicit Bf16DenormalRule(bool on) {
+#if defined(__x86_64__)
+    if (on) {
+      saved_ = _mm_getcsr();
+      _mm_setcsr(saved_ | kDaz | kFtz);
+      active_ = true;
+    }
+#else
+    (void)on;
+#endif
+  }
+  ~Bf16DenormalRule() {
+#if defined(__x86_64__)
+    if (active_) _mm_setcsr(saved_);
+#endif
+  }
+  Bf16DenormalRule(const Bf16DenormalRule&) = delete;
+  Bf16DenormalRule& operator=(const Bf16DenormalRule&) = delete;
+
+ private:
+  static constexpr unsigned kDaz = 0x0040, kFtz = 0x8000;
+  unsigned saved_ = 0;
+  bool active_ = false;
+};
+
 // The tiles of C rows [ic, ic + mc) x columns [jc, jc + nc) from packed A panels (the block's first
 // at ap) and packed B panels.
 void multiply_block(const Operands& o, const Plan& p, const KBlock& kb, const char* ap, const void* bp,
                     std::int64_t ic, std::int64_t mc, std::int64_t jc, std::int64_t nc, bool accumulate, float* tile) {
+  const Bf16DenormalRule denormals(p.route == Route::bf16_as_f32);
   for (std::int64_t jr = 0; jr < nc; jr += p.nr) {
     const char* b_panel = static_cast<const char*>(bp) + jr * kb.stride;
     for (std::int64_t ir = 0; ir < mc; ir += p.mr) {

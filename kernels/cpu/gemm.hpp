@@ -11,7 +11,10 @@
 //   bf16 operands:  operands rounded to bf16, then pairs: c = fma(a[k+1], b[k+1], c);
 //                   c = fma(a[k], b[k], c) for k = 0, 2, 4, ... (odd K padded with a zero) --
 //                   exactly what AVX512_BF16's vdpbf16ps computes, so CPUs without it give the
-//                   same bits from fp32 FMAs. Accumulation is fp32.
+//                   same bits from fp32 FMAs. Accumulation is fp32. Like vdpbf16ps, every input
+//                   of those FMAs (the accumulator's too) and every result below FLT_MIN in
+//                   magnitude counts as a zero of its sign (DAZ, FTZ); the fp32 route keeps
+//                   denormals.
 // Double (finite-difference references only) is a plain loop in the fp32 order.
 #pragma once
 #include <cstdint>

@@ -9,8 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
@@ -75,20 +81,35 @@ bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
-// The contract of gemm.hpp, one scalar FMA at a time.
-float reference_chain(const Case& t, std::int64_t i, std::int64_t j, GemmOperands operands) {
+// vdpbf16ps's denormal rule: a value below FLT_MIN in magnitude counts as a zero of its sign.
+float flushed(float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.0f, v) : v; }
+
+// The contract of gemm.hpp, one scalar FMA at a time (`flush`: bf16's denormal rule; false only to
+// show that a test meets denormals).
+float reference_chain(const Case& t, std::int64_t i, std::int64_t j, GemmOperands operands, bool flush = true) {
   float c = t.accumulate ? t.c0[i * t.n + j] : 0.0f;
   if (operands == GemmOperands::f32) {
     for (std::int64_t k = 0; k < t.k; ++k) c = std::fma(a_at(t, i, k), b_at(t, k, j), c);
     return c;
   }
-  auto a = [&](std::int64_t k) { return k < t.k ? round_to_bf16(a_at(t, i, k)) : 0.0f; };
-  auto b = [&](std::int64_t k) { return k < t.k ? round_to_bf16(b_at(t, k, j)) : 0.0f; };
+  auto f = [&](float v) { return flush ? flushed(v) : v; };
+  auto a = [&](std::int64_t k) { return k < t.k ? f(round_to_bf16(a_at(t, i, k))) : 0.0f; };
+  auto b = [&](std::int64_t k) { return k < t.k ? f(round_to_bf16(b_at(t, k, j))) : 0.0f; };
   for (std::int64_t k = 0; k < t.k; k += 2) {
-    c = std::fma(a(k + 1), b(k + 1), c);
-    c = std::fma(a(k), b(k), c);
+    c = f(std::fma(a(k + 1), b(k + 1), f(c)));
+    c = f(std::fma(a(k), b(k), c));
   }
   return c;
+}
+
+// The levels of instruction set this CPU runs: portable first.
+std::vector<CpuFeatures> cpu_levels() {
+  const CpuFeatures best = detected_cpu_features();
+  std::vector<CpuFeatures> levels{{Isa::portable, false}};
+  if (best.isa >= Isa::avx2) levels.push_back({Isa::avx2, false});
+  if (best.isa >= Isa::avx512) levels.push_back({Isa::avx512, false});
+  if (best.bf16_dot) levels.push_back({Isa::avx512, true});
+  return levels;
 }
 
 // `trials` random cases (seeded), each run with fp32 and with bf16 operands.
@@ -180,10 +201,7 @@ TEST_CASE("gemm results are bitwise independent of the thread count (1..4)", "[g
 TEST_CASE("every instruction-set level gives the same bits", "[gemm][isa]") {
   const CpuFeatures best = detected_cpu_features();
   const CpuFeatures saved = cpu_features();
-  std::vector<CpuFeatures> levels{{Isa::portable, false}};
-  if (best.isa >= Isa::avx2) levels.push_back({Isa::avx2, false});
-  if (best.isa >= Isa::avx512) levels.push_back({Isa::avx512, false});
-  if (best.bf16_dot) levels.push_back({Isa::avx512, true});
+  const std::vector<CpuFeatures> levels = cpu_levels();
   for_each_case(14, 10, {1, 80, 1, 80, 1, 400}, [&](const Case& t, GemmOperands op) {
     std::vector<std::vector<float>> results;
     for (const CpuFeatures& f : levels) {
@@ -197,6 +215,60 @@ TEST_CASE("every instruction-set level gives the same bits", "[gemm][isa]") {
     }
   });
   WARN("levels compared on this CPU: " << levels.size() << " (best: " << kernel_description(best) << ")");
+}
+
+TEST_CASE("bf16 operands: denormal inputs and results count as zero at every level; fp32 keeps them",
+          "[gemm][isa]") {
+  // Powers of two (bf16-exact) whose products and sums near FLT_MIN are exact: 2^-130 is denormal
+  // (as an input: zero in bf16), 2^-70 * 2^-60 = 2^-130 a denormal product (a zero result in bf16),
+  // 2^-64 * 2^-62 = FLT_MIN; 1 and -1 keep most elements normal.
+  const float values[] = {0.0f, 1.0f, -1.0f, std::ldexp(1.0f, -130), -std::ldexp(1.0f, -129), std::ldexp(1.0f, -70),
+                          std::ldexp(1.0f, -60), std::ldexp(1.0f, -64), -std::ldexp(1.0f, -62)};
+  std::mt19937 rng(21);
+  auto pick = [&] { return values[rng() % std::size(values)]; };
+  const CpuFeatures saved = cpu_features();
+#if defined(__x86_64__)
+  const unsigned csr = _mm_getcsr();
+#endif
+  for (int trial = 0; trial < 6; ++trial) {
+    Case t;
+    t.ta = trial & 1;
+    t.tb = (trial >> 1) & 1;
+    t.accumulate = trial % 3 != 0;
+    t.m = 13;
+    t.n = 37;
+    t.k = 5 + trial;
+    for (auto* v : {&t.a, &t.b, &t.c0}) v->clear();
+    for (std::int64_t x = 0; x < t.m * t.k; ++x) t.a.push_back(pick());
+    for (std::int64_t x = 0; x < t.k * t.n; ++x) t.b.push_back(pick());
+    for (std::int64_t x = 0; x < t.m * t.n; ++x) t.c0.push_back(pick());
+    std::int64_t flush_matters = 0, fp32_denormals = 0;
+    for (const CpuFeatures& f : cpu_levels()) {
+      use_cpu_features(f);
+      const std::vector<float> bf16 = run(t, GemmOperands::bf16), fp32 = run(t, GemmOperands::f32);
+      std::int64_t wrong_bf16 = 0, wrong_fp32 = 0;
+      for (std::int64_t i = 0; i < t.m; ++i)
+        for (std::int64_t j = 0; j < t.n; ++j) {
+          const float want = reference_chain(t, i, j, GemmOperands::bf16), got = bf16[i * t.n + j];
+          const float plain = reference_chain(t, i, j, GemmOperands::f32), got32 = fp32[i * t.n + j];
+          if (std::memcmp(&want, &got, sizeof(float)) != 0) ++wrong_bf16;
+          if (std::memcmp(&plain, &got32, sizeof(float)) != 0) ++wrong_fp32;
+          const float unflushed = reference_chain(t, i, j, GemmOperands::bf16, false);
+          if (std::memcmp(&want, &unflushed, sizeof(float)) != 0) ++flush_matters;
+          if (got32 != 0.0f && std::fabs(got32) < std::numeric_limits<float>::min()) ++fp32_denormals;
+        }
+      INFO("level " << kernel_description(f) << " trial " << trial);
+      CHECK(wrong_bf16 == 0);
+      CHECK(wrong_fp32 == 0);
+    }
+    use_cpu_features(saved);
+    CHECK(flush_matters > 0);   // the case meets the rule
+    CHECK(fp32_denormals > 0);  // and fp32 keeps what bf16 flushes
+  }
+#if defined(__x86_64__)
+  constexpr unsigned kControl = ~0x3Fu;  // not the sticky exception flags, which any arithmetic sets
+  CHECK((_mm_getcsr() & kControl) == (csr & kControl));  // the rule does not leak into the caller's thread
+#endif
 }
 
 TEST_CASE("gemm handles empty and degenerate shapes", "[gemm]") {
