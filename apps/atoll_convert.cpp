@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   std::string checkpoint, out, dtype = "fp32", hf_dir, out_root, config_path;
   std::int64_t max_shard_bytes = std::int64_t{5} << 30;
   std::vector<std::string> sets;
-  auto* exp = app.add_subcommand("export", "write a checkpoint's model in HF layout (safetensors + index + config.json)");
+  auto* exp = app.add_subcommand("export", "write a checkpoint's model in HF layout (model.safetensors, or shards and their index, and config.json)");
   exp->add_option("checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
   exp->add_option("out", out, "the HF directory to create")->required();
   exp->add_option("--dtype", dtype, "bulk tensors in fp32 or bf16 (FP32 islands always stay fp32)")

@@ -172,15 +172,11 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   for (const auto& dir : stale) fs::remove_all(dir);
 
   // Checkpoints of later steps belong to the timeline this save diverged from (a run resumed from
-  // an earlier step): left in place, a bare --resume would pick them. Retire them.
+  // an earlier step that stopped before its first save left them): retire them.
+  retire_checkpoints_after(root, contents.step);
   std::vector<fs::path> others;
   for (const auto& dir : complete_checkpoints(root)) {
-    if (dir.filename() == final_dir.filename()) continue;
-    if (parse_step_dir_name(dir.filename().string()).value_or(0) > contents.step) {
-      retire_directory(root, dir);
-    } else {
-      others.push_back(dir);
-    }
+    if (dir.filename() != final_dir.filename()) others.push_back(dir);
   }
   if (keep > 0) {
     // Ascending by step: the oldest come first; the newest keep-1 stay.
@@ -191,6 +187,18 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   }
   fsync_directory(root);
   return final_dir;
+}
+
+std::vector<fs::path> retire_checkpoints_after(const fs::path& root, std::int64_t step) {
+  std::vector<fs::path> retired;
+  for (const auto& dir : complete_checkpoints(root)) {
+    if (parse_step_dir_name(dir.filename().string()).value_or(0) > step) {
+      retire_directory(root, dir);
+      retired.push_back(dir);
+    }
+  }
+  if (!retired.empty()) fsync_directory(root);
+  return retired;
 }
 
 std::vector<fs::path> complete_checkpoints(const fs::path& root) {

@@ -39,7 +39,9 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   }
   const fs::path tmp = out_dir.parent_path() / (".tmp-" + out_dir.filename().string() + "-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  std::error_code made;
+  fs::create_directories(tmp, made);
+  if (made) throw CheckpointError(out_dir.string() + ": cannot create it: " + made.message());
   try {
     write_sharded_safetensors(tmp, model->to_hf(native), max_shard_bytes);
     write_file_durably(tmp / "config.json", model->hf_config().dump(2) + "\n");

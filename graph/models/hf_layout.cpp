@@ -1,10 +1,27 @@
 #include "graph/models/hf_layout.hpp"
 
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <stdexcept>
 
 namespace atl {
+
+nlohmann::json with_short_floats(nlohmann::json config) {
+  if (config.is_structured()) {
+    for (auto& item : config) item = with_short_floats(std::move(item));
+  } else if (config.is_number_float()) {
+    const double wide = config.get<double>();
+    const auto narrow = static_cast<float>(wide);
+    if (static_cast<double>(narrow) == wide) {
+      char text[32];
+      const auto written = std::to_chars(text, text + sizeof text, narrow);  // shortest round trip
+      config = std::strtod(std::string(text, written.ptr).c_str(), nullptr);
+    }
+  }
+  return config;
+}
 
 Tensor transpose_last_two(const Tensor& t) {
   if (t.rank() < 2) throw std::invalid_argument("transpose_last_two: " + t.describe() + " has rank < 2");

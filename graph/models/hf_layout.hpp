@@ -4,10 +4,16 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "graph/param.hpp"
 #include "kernels/tensor.hpp"
 
 namespace atl {
+
+// A config.json object whose numbers that are floats print as the shortest decimal that reads back
+// as the same float (0.02, not 0.019999999552965164): the config's float fields, widened to double.
+nlohmann::json with_short_floats(nlohmann::json config);
 
 // [..., a, b] -> [..., b, a]
 Tensor transpose_last_two(const Tensor& t);

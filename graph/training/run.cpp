@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <csignal>
 #include <filesystem>
@@ -52,6 +53,18 @@ void check_reference_supports(const RunConfig& c) {
   }
 }
 
+// Whether this process can make a file in the existing directory `dir`, found by making one and
+// removing it (root passes access(2) even where the file system refuses: /sys, read-only mounts);
+// errno says why not.
+bool can_create_in(const std::filesystem::path& dir) {
+  std::string probe = (dir / ".atoll-write-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
+
 // An output path must be a directory (or a file, for `as_file`) we can create or write: checked
 // before the first step, so a typo fails in a second instead of after the run.
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
@@ -63,7 +76,7 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
       throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
     }
     const fs::path dir = as_file ? (path.has_parent_path() ? path.parent_path() : fs::path(".")) : path;
-    if (::access(dir.c_str(), W_OK) != 0) {
+    if (!can_create_in(dir)) {
       throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + std::strerror(errno));
     }
     return;
@@ -74,7 +87,7 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
     if (!fs::is_directory(dir, ec)) {
       throw ConfigError(file, key, "cannot write '" + path.string() + "': '" + dir.string() + "' is not a directory");
     }
-    if (::access(dir.c_str(), W_OK) != 0) {
+    if (!can_create_in(dir)) {
       throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + std::strerror(errno));
     }
     return;
@@ -87,7 +100,7 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
   if (!fs::is_directory(ancestor, ec)) {
     throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() + "' is not a directory");
   }
-  if (::access(ancestor.c_str(), W_OK) != 0) {
+  if (!can_create_in(ancestor)) {
     throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() +
                                      "' is not writable: " + std::strerror(errno));
   }
@@ -366,6 +379,13 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     write_file_durably(metrics_path, history);
     metrics.open(metrics_path, std::ios::app);
     if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
+    // A run resumed from an earlier step leaves what came after it: the metrics lines (cut above)
+    // and the checkpoints of later steps, which a bare --resume would otherwise pick.
+    if (options.resume) {
+      for (const fs::path& dir : retire_checkpoints_after(config.checkpoint.dir, first_step - 1)) {
+        out << "removed " << dir.string() << ": a later step of the timeline this run resumes away from\n";
+      }
+    }
   }
 
   const auto& mesh = config.topology.mesh;

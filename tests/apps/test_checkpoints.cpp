@@ -276,6 +276,33 @@ TEST_CASE("apps: a run killed mid-way resumes with its whole metrics history", "
   for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
 }
 
+TEST_CASE("apps: resuming from an earlier step removes the later checkpoints, so a bare --resume keeps the history whole",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
+  auto first = train_args(run);
+  add_sets(first, {"train.steps=8", "checkpoint.every=2", "checkpoint.keep=0"});
+  must_run("atoll-train", first, tmp.path);
+  // From step 4 without saving (checkpoint.every 0): steps 6 and 8 belong to the run left behind.
+  auto back = train_args(run);
+  add_sets(back, {"train.steps=6", "checkpoint.every=0"});
+  back.push_back("--resume");
+  back.push_back((run / "checkpoints" / "step-00000004").string());
+  const Result r = must_run("atoll-train", back, tmp.path);
+  CHECK(r.out.find("removed " + (run / "checkpoints" / "step-00000008").string()) != std::string::npos);
+  CHECK_FALSE(fs::exists(run / "checkpoints" / "step-00000006"));
+  CHECK_FALSE(fs::exists(run / "checkpoints" / "step-00000008"));
+  CHECK(fs::exists(run / "checkpoints" / "step-00000004" / "COMPLETE"));
+  // A bare --resume now continues from step 4: every step once, in order.
+  auto again = train_args(run);
+  add_sets(again, {"train.steps=9", "checkpoint.every=0"});
+  again.push_back("--resume");
+  must_run("atoll-train", again, tmp.path);
+  const auto metrics = read_metrics(run / "metrics.jsonl");
+  REQUIRE(metrics.size() == 9);
+  for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
+}
+
 TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or data", "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";

@@ -59,3 +59,15 @@ TEST_CASE("Beam from_hf names the missing or misshapen tensor", "[beam][adapter]
   extra.insert("model.layers.9.bogus", Tensor::zeros({1}));
   CHECK_THROWS_WITH(model.from_hf(extra), Catch::Contains("model.layers.9.bogus"));
 }
+
+TEST_CASE("config.json: float fields print as the shortest decimal of the float", "[beam][adapter]") {
+  const nlohmann::json j = with_short_floats({{"eps", static_cast<double>(1e-6f)},
+                                              {"list", {static_cast<double>(0.1f), 3}},
+                                              {"wide", 0.1},  // a double that is no float: as it was
+                                              {"flag", true}});
+  CHECK(j.dump() == R"({"eps":1e-06,"flag":true,"list":[0.1,3],"wide":0.1})");
+  CHECK(static_cast<float>(j.at("eps").get<double>()) == 1e-6f);  // reads back as the same float
+  const BeamModel model(beam_preset("beam-tiny-moe"));
+  CHECK(model.hf_config().at("initializer_range").dump() == "0.02");
+  CHECK(model.hf_config().at("rms_norm_eps").dump() == "1e-06");
+}

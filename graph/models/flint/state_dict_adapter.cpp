@@ -32,7 +32,7 @@ std::string hf_name(const std::string& native) {
 
 nlohmann::json FlintModel::hf_config() const {
   const auto& c = config_;
-  return {{"architectures", {"FlintForCausalLM"}},
+  return with_short_floats({{"architectures", {"FlintForCausalLM"}},
           {"model_type", "flint"},
           {"vocab_size", c.vocab_size},
           {"unpadded_vocab_size", c.unpadded_vocab_size},
@@ -57,7 +57,7 @@ nlohmann::json FlintModel::hf_config() const {
           {"hidden_act", "silu"},
           {"attention_bias", false},
           {"tie_word_embeddings", false},
-          {"atoll_preset", c.preset}};
+          {"atoll_preset", c.preset}});
 }
 
 TensorMap FlintModel::to_hf(const TensorMap& native) const {

@@ -46,7 +46,7 @@ bool is_stacked_query(const std::string& name) { return ends_with(name, kAttnQue
 
 nlohmann::json Inkling2Model::hf_config() const {
   const auto& c = config_;
-  return {{"architectures", {"Inkling2ForCausalLM"}},
+  return with_short_floats({{"architectures", {"Inkling2ForCausalLM"}},
           {"model_type", "inkling2"},
           {"vocab_size", c.vocab_size},
           {"unpadded_vocab_size", c.unpadded_vocab_size},
@@ -84,7 +84,7 @@ nlohmann::json Inkling2Model::hf_config() const {
           {"rms_norm_eps", c.rms_norm_eps},
           {"initializer_range", c.init_std},
           {"tie_word_embeddings", false},
-          {"atoll_preset", c.preset}};
+          {"atoll_preset", c.preset}});
 }
 
 TensorMap Inkling2Model::to_hf(const TensorMap& native) const {
