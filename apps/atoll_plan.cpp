@@ -28,9 +28,11 @@ int main(int argc, char** argv) {
   app.add_option("--world-size", world_size, "check the mesh against the ranks a launcher will start");
   bool graph = false;
   std::string graph_format = "text";
-  app.add_flag("--graph", graph, "print the step program each rank runs (ops, gathers, collectives with sequence numbers)");
+  auto* graph_flag =
+      app.add_flag("--graph", graph, "print the step program each rank runs (ops, gathers, collectives with sequence numbers)");
   app.add_option("--graph-format", graph_format, "text (default), json or dot (graphviz)")
-      ->check(CLI::IsMember({"text", "json", "dot"}));
+      ->check(CLI::IsMember({"text", "json", "dot"}))
+      ->needs(graph_flag);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -249,7 +249,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
   if (resume_dir) {
     const fs::path dir = *resume_dir;
     CheckpointContents c = load_checkpoint(dir);
-    TensorMap master = model_weights_from(model, c.model, dir.string());
+    TensorMap master = model_weights_from(model, c.model, c.model_config, dir.string());
     check_resumable_state(c.trainer_state, dir);
     check_same_run(config, c.trainer_state, dir);
     if (c.step >= config.train.steps) {
@@ -268,7 +268,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
   }
   if (!config.checkpoint.load.empty()) {
     CheckpointContents c = load_checkpoint(config.checkpoint.load);
-    start.state.master = model_weights_from(model, c.model, config.checkpoint.load);
+    start.state.master = model_weights_from(model, c.model, c.model_config, config.checkpoint.load);
     start.description = "weights from " + config.checkpoint.load;
     return start;
   }

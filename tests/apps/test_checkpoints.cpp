@@ -303,6 +303,31 @@ TEST_CASE("apps: resuming from an earlier step removes the later checkpoints, so
   for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
 }
 
+TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, checkpoint.load and atoll-eval",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  auto beam = train_args(tmp.path / "beam");
+  add_sets(beam, {"train.steps=2", "checkpoint.every=2"});
+  must_run("atoll-train", beam, tmp.path);
+  const std::string step2 = (tmp.path / "beam" / "checkpoints" / "step-00000002").string();
+  auto resume = train_args(tmp.path / "flint", "configs/flint-tiny.yaml");
+  add_sets(resume, {"train.steps=4"});
+  resume.push_back("--resume");
+  resume.push_back(step2);
+  auto load = train_args(tmp.path / "flint", "configs/flint-tiny.yaml");
+  add_sets(load, {"train.steps=4"});
+  load.push_back("--set");
+  load.push_back("checkpoint.load=" + step2);
+  const std::vector<std::string> eval{source_path("configs/flint-tiny.yaml").string(), "--checkpoint", step2};
+  for (const auto& [app, args] : {std::pair{"atoll-train", resume}, std::pair{"atoll-train", load}, std::pair{"atoll-eval", eval}}) {
+    const Result r = run_app(app, args, tmp.path);
+    INFO(app << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(step2 + ": holds a beam model (config.json model_type), the config describes flint"));
+  }
+  CHECK_FALSE(fs::exists(tmp.path / "flint"));
+}
+
 TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or data", "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";
