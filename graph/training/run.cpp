@@ -495,9 +495,6 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       out << fmt::format("step {:>5}/{}  skipped: {} ({} skipped so far)\n", s, t.steps, r.nonfinite, skipped)
           << std::flush;
     }
-    if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) save(s);
-    // Some process asked to stop: every process learns it from this step and stops after it.
-    if (r.stop_requested && s < t.steps) stop_after(s, stop_signal != 0 ? stop_signal : SIGTERM);
     if (s == first_step || s % t.log_every == 0 || s == t.steps) {
       const double eta = elapsed / static_cast<double>(s - first_step + 1) * static_cast<double>(t.steps - s);
       out << fmt::format("step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  tokens/s {:.0f}  eta {}\n", s,
@@ -505,6 +502,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                          format_duration(eta))
           << std::flush;
     }
+    if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) save(s);
+    // Some process asked to stop: every process learns it from this step and stops after it.
+    if (r.stop_requested && s < t.steps) stop_after(s, stop_signal != 0 ? stop_signal : SIGTERM);
   }
   metrics.close();
   write_trace();
