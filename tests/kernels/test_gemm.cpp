@@ -217,7 +217,7 @@ TEST_CASE("every instruction-set level gives the same bits", "[gemm][isa]") {
   WARN("levels compared on this CPU: " << levels.size() << " (best: " << kernel_description(best) << ")");
 }
 
-TEST_CASE("bf16 operands: denormal inputs and results count as zero at every level; fp32 keeps them",
+TEST_CASE("bf16 operands: denormal inputs and results count as zero at every level, and fp32 keeps them",
           "[gemm][isa]") {
   // Powers of two (bf16-exact) whose products and sums near FLT_MIN are exact: 2^-130 is denormal
   // (as an input: zero in bf16), 2^-70 * 2^-60 = 2^-130 a denormal product (a zero result in bf16),
