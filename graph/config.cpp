@@ -196,6 +196,13 @@ TrainConfig read_train(ConfigReader reader) {
 
 DataConfig read_data(ConfigReader reader) {
   DataConfig data;
+  // `source: text:` with nothing after the colon reads as a YAML mapping {text: null}.
+  if (const YAML::Node given = reader.node("source"); given.IsMap() && given.size() == 1) {
+    const std::string kind = given.begin()->first.as<std::string>();
+    if ((kind == "text" || kind == "tokens") && given.begin()->second.IsNull()) {
+      reader.fail("source", "'" + kind + ":' names no file; expected '" + kind + ":<path>'");
+    }
+  }
   std::string source = reader.get<std::string>("source", "synthetic");
   std::optional<DataSourceSpec> spec = parse_data_source_spec(source);
   reader.check(spec.has_value(), "source", "'synthetic', 'text:<path>' or 'tokens:<path>'");

@@ -223,6 +223,8 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
       {"a synthetic key for a file source", {base.string(), "--set", "data.source=text:" + base.string(), "--set",
                                              "data.synthetic_branching=3"},
        {"data.synthetic_branching", "applies to data.source: synthetic only"}},
+      {"a text source without its path", {base.string(), "--set", "data.source=text:"},
+       {"data.source", "'text:' names no file; expected 'text:<path>'"}},
       {"run_dir is a file", {base.string(), "--set", "run_dir=" + file.string()}, {"run_dir", "not a directory"}},
       {"checkpoint.dir under a file",
        {base.string(), "--set", "checkpoint.every=2", "--set", "checkpoint.dir=" + (file / "ck").string()},
