@@ -189,16 +189,19 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   return final_dir;
 }
 
-std::vector<fs::path> retire_checkpoints_after(const fs::path& root, std::int64_t step) {
-  std::vector<fs::path> retired;
+std::vector<fs::path> checkpoints_after(const fs::path& root, std::int64_t step) {
+  std::vector<fs::path> later;
   for (const auto& dir : complete_checkpoints(root)) {
-    if (parse_step_dir_name(dir.filename().string()).value_or(0) > step) {
-      retire_directory(root, dir);
-      retired.push_back(dir);
-    }
+    if (parse_step_dir_name(dir.filename().string()).value_or(0) > step) later.push_back(dir);
   }
-  if (!retired.empty()) fsync_directory(root);
-  return retired;
+  return later;
+}
+
+std::vector<fs::path> retire_checkpoints_after(const fs::path& root, std::int64_t step) {
+  const std::vector<fs::path> later = checkpoints_after(root, step);
+  for (const auto& dir : later) retire_directory(root, dir);
+  if (!later.empty()) fsync_directory(root);
+  return later;
 }
 
 std::vector<fs::path> complete_checkpoints(const fs::path& root) {

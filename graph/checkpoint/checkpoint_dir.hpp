@@ -38,8 +38,10 @@ std::string checkpoint_dir_name(std::int64_t step);
 // checkpoints beyond `keep`: the one just saved stays, with the keep-1 highest-step others.
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const CheckpointContents& contents, int keep);
 
-// Removes the complete checkpoints under root of steps above `step` (the timeline a run resumed
-// from `step` leaves behind: a bare --resume must not pick them); returns their paths.
+// The complete checkpoints under root of steps above `step`, by step ascending: the timeline a run
+// resumed from `step` leaves behind (a bare --resume must not pick them).
+std::vector<std::filesystem::path> checkpoints_after(const std::filesystem::path& root, std::int64_t step);
+// Removes those; returns their paths.
 std::vector<std::filesystem::path> retire_checkpoints_after(const std::filesystem::path& root, std::int64_t step);
 
 // Complete checkpoint directories (step-* holding COMPLETE) under root, by step ascending.

@@ -1,6 +1,8 @@
 #include "graph/checkpoint/hf_import_config.hpp"
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <set>
 
 #include <fmt/format.h>
@@ -20,10 +22,14 @@ namespace {
 // Fields of config.json that describe the file rather than the model's shape.
 const std::set<std::string> kNotModelKeys = {"architectures", "model_type", "atoll_preset"};
 
-// Numbers compare by value (HF writes 1e-06 where atoll writes 1e-6, or 10000 for 10000.0).
+// Numbers compare by value (HF writes 1e-06 where atoll writes 1e-6, or 10000 for 10000.0), and
+// at float precision, as the model holds them: atoll before 2026-12 wrote 0.02f widened to double
+// (0.019999999552965164), now the shortest form (0.02).
 bool same_value(const json& a, const json& b) {
-  if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
-  return a == b;
+  if (!a.is_number() || !b.is_number()) return a == b;
+  const double x = a.get<double>(), y = b.get<double>();
+  const auto in_float_range = [](double v) { return std::isfinite(v) && std::fabs(v) <= FLT_MAX; };
+  return x == y || (in_float_range(x) && in_float_range(y) && static_cast<float>(x) == static_cast<float>(y));
 }
 
 std::string model_yaml(const json& model) {

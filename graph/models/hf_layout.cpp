@@ -1,7 +1,8 @@
 #include "graph/models/hf_layout.hpp"
 
+#include <cfloat>
 #include <charconv>
-#include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <stdexcept>
@@ -13,11 +14,14 @@ nlohmann::json with_short_floats(nlohmann::json config) {
     for (auto& item : config) item = with_short_floats(std::move(item));
   } else if (config.is_number_float()) {
     const double wide = config.get<double>();
+    if (!std::isfinite(wide) || std::fabs(wide) > FLT_MAX) return config;  // no float
     const auto narrow = static_cast<float>(wide);
     if (static_cast<double>(narrow) == wide) {
       char text[32];
       const auto written = std::to_chars(text, text + sizeof text, narrow);  // shortest round trip
-      config = std::strtod(std::string(text, written.ptr).c_str(), nullptr);
+      double shortest = wide;
+      std::from_chars(text, written.ptr, shortest);  // locale-free
+      config = shortest;
     }
   }
   return config;

@@ -53,16 +53,16 @@ void check_reference_supports(const RunConfig& c) {
   }
 }
 
-// Whether this process can make a file in the existing directory `dir`, found by making one and
-// removing it (root passes access(2) even where the file system refuses: /sys, read-only mounts);
-// errno says why not.
-bool can_create_in(const std::filesystem::path& dir) {
+// Why this process cannot make a file in the existing directory `dir` ("" when it can), found by
+// making one and removing it: root passes access(2) even where the file system refuses (/sys,
+// read-only mounts).
+std::string cannot_create_in(const std::filesystem::path& dir) {
   std::string probe = (dir / ".atoll-write-probe-XXXXXX").string();
   const int fd = ::mkstemp(probe.data());
-  if (fd < 0) return false;
+  if (fd < 0) return std::strerror(errno);
   ::close(fd);
-  ::unlink(probe.c_str());
-  return true;
+  if (::unlink(probe.c_str()) != 0) return "cannot remove the probe file " + probe + ": " + std::strerror(errno);
+  return "";
 }
 
 // An output path must be a directory (or a file, for `as_file`) we can create or write: checked
@@ -76,8 +76,8 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
       throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
     }
     const fs::path dir = as_file ? (path.has_parent_path() ? path.parent_path() : fs::path(".")) : path;
-    if (!can_create_in(dir)) {
-      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + std::strerror(errno));
+    if (const std::string why = cannot_create_in(dir); !why.empty()) {
+      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + why);
     }
     return;
   }
@@ -87,8 +87,8 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
     if (!fs::is_directory(dir, ec)) {
       throw ConfigError(file, key, "cannot write '" + path.string() + "': '" + dir.string() + "' is not a directory");
     }
-    if (!can_create_in(dir)) {
-      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + std::strerror(errno));
+    if (const std::string why = cannot_create_in(dir); !why.empty()) {
+      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + why);
     }
     return;
   }
@@ -100,9 +100,9 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
   if (!fs::is_directory(ancestor, ec)) {
     throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() + "' is not a directory");
   }
-  if (!can_create_in(ancestor)) {
+  if (const std::string why = cannot_create_in(ancestor); !why.empty()) {
     throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() +
-                                     "' is not writable: " + std::strerror(errno));
+                                     "' is not writable: " + why);
   }
 }
 
@@ -264,6 +264,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
     }
     start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
     start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
+    start.resumed_dir = dir.string();
     return start;
   }
   if (!config.checkpoint.load.empty()) {
@@ -304,6 +305,28 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
   return start;
 }
 
+// A run resumed from an earlier checkpoint of checkpoint.dir leaves the later ones behind (their
+// metrics lines are cut): a bare --resume must not pick them. When this run saves there, they go
+// now, before the metrics are cut (its first save would remove them, but a crash before it would
+// leave them); when it saves nothing (checkpoint.every 0) they stay, named.
+void leave_later_checkpoints(const RunConfig& config, const std::filesystem::path& resumed, std::int64_t step,
+                             std::ostream& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::equivalent(resumed.parent_path(), config.checkpoint.dir, ec)) return;  // another folder's
+  if (config.checkpoint.every > 0) {
+    for (const fs::path& dir : retire_checkpoints_after(config.checkpoint.dir, step)) {
+      out << "removed " << dir.string() << ": a later step of the timeline this run resumes away from\n";
+    }
+    return;
+  }
+  const std::vector<fs::path> later = checkpoints_after(config.checkpoint.dir, step);
+  if (!later.empty()) {
+    out << "note: " << later.size() << " later checkpoint(s) stay, up to " << later.back().string()
+        << " (checkpoint.every is 0): a bare --resume would pick them, not this run's steps\n";
+  }
+}
+
 nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, const TrainingEngine& engine,
                                   std::int64_t step, std::int64_t tokens, const DataSource& data) {
   return {{"step", step},
@@ -331,6 +354,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   if (begin.data_cursor) data->restore(*begin.data_cursor);
   const std::int64_t tokens_before = begin.tokens;
   const std::string start_description = begin.description;
+  const std::optional<std::string> resumed_dir = begin.resumed_dir;
   const std::int64_t first_step = begin.state.step + 1;
   std::unique_ptr<TrainingEngine> engine =
       make_engine(EngineInputs{config, model, std::move(begin.state.master), optimizer_settings(t),
@@ -374,18 +398,12 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       }
     }
   }
+  if (options.writer && resumed_dir) leave_later_checkpoints(config, fs::path(*resumed_dir), first_step - 1, out);
   std::ofstream metrics;
   if (options.writer) {
     write_file_durably(metrics_path, history);
     metrics.open(metrics_path, std::ios::app);
     if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
-    // A run resumed from an earlier step leaves what came after it: the metrics lines (cut above)
-    // and the checkpoints of later steps, which a bare --resume would otherwise pick.
-    if (options.resume) {
-      for (const fs::path& dir : retire_checkpoints_after(config.checkpoint.dir, first_step - 1)) {
-        out << "removed " << dir.string() << ": a later step of the timeline this run resumes away from\n";
-      }
-    }
   }
 
   const auto& mesh = config.topology.mesh;

@@ -13,8 +13,8 @@
 //                   exactly what AVX512_BF16's vdpbf16ps computes, so CPUs without it give the
 //                   same bits from fp32 FMAs. Accumulation is fp32. Like vdpbf16ps, every input
 //                   of those FMAs (the accumulator's too) and every result below FLT_MIN in
-//                   magnitude counts as a zero of its sign (DAZ, FTZ); the fp32 route keeps
-//                   denormals.
+//                   magnitude counts as a zero of its sign (DAZ, FTZ; on x86-64 through MXCSR);
+//                   the fp32 route keeps denormals.
 // Double (finite-difference references only) is a plain loop in the fp32 order.
 #pragma once
 #include <cstdint>

@@ -276,26 +276,34 @@ TEST_CASE("apps: a run killed mid-way resumes with its whole metrics history", "
   for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
 }
 
-TEST_CASE("apps: resuming from an earlier step removes the later checkpoints, so a bare --resume keeps the history whole",
+TEST_CASE("apps: resuming from an earlier step removes the later checkpoints before its first step, unless it saves nothing",
           "[apps][checkpoint]") {
   TempDir tmp;
-  const fs::path run = tmp.path / "run";
+  const fs::path run = tmp.path / "run", ck = run / "checkpoints";
   auto first = train_args(run);
   add_sets(first, {"train.steps=8", "checkpoint.every=2", "checkpoint.keep=0"});
   must_run("atoll-train", first, tmp.path);
-  // From step 4 without saving (checkpoint.every 0): steps 6 and 8 belong to the run left behind.
-  auto back = train_args(run);
-  add_sets(back, {"train.steps=6", "checkpoint.every=0"});
-  back.push_back("--resume");
-  back.push_back((run / "checkpoints" / "step-00000004").string());
-  const Result r = must_run("atoll-train", back, tmp.path);
-  CHECK(r.out.find("removed " + (run / "checkpoints" / "step-00000008").string()) != std::string::npos);
-  CHECK_FALSE(fs::exists(run / "checkpoints" / "step-00000006"));
-  CHECK_FALSE(fs::exists(run / "checkpoints" / "step-00000008"));
-  CHECK(fs::exists(run / "checkpoints" / "step-00000004" / "COMPLETE"));
-  // A bare --resume now continues from step 4: every step once, in order.
+  auto from_step4 = [&](const char* every) {
+    auto args = train_args(run);
+    add_sets(args, {"train.steps=6", every});
+    args.push_back("--resume");
+    args.push_back((ck / "step-00000004").string());
+    return must_run("atoll-train", args, tmp.path);
+  };
+  // Saving nothing, it removes nothing: the later checkpoints stay, named.
+  const Result keeps = from_step4("checkpoint.every=0");
+  CHECK_THAT(keeps.out, Catch::Contains("2 later checkpoint(s) stay, up to " + (ck / "step-00000008").string()));
+  CHECK(fs::exists(ck / "step-00000008" / "COMPLETE"));
+  // Saving there, it removes them before its first step (a crash before its first save cannot
+  // leave them for a bare --resume to pick after the metrics were cut).
+  const Result removes = from_step4("checkpoint.every=3");
+  const auto removed = removes.out.find("removed " + (ck / "step-00000008").string());
+  REQUIRE(removed != std::string::npos);
+  CHECK(removed < removes.out.find("step     5/6"));
+  CHECK_FALSE(fs::exists(ck / "step-00000008"));
+  // A bare --resume continues from this run's step 6: every step once, in order.
   auto again = train_args(run);
-  add_sets(again, {"train.steps=9", "checkpoint.every=0"});
+  add_sets(again, {"train.steps=9", "checkpoint.every=3"});
   again.push_back("--resume");
   must_run("atoll-train", again, tmp.path);
   const auto metrics = read_metrics(run / "metrics.jsonl");

@@ -351,6 +351,10 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
   hf_config.erase("atoll_preset");
   hf_config["torch_dtype"] = "float32";
   hf_config["transformers_version"] = "4.50.0";
+  // And as atoll wrote floats before 2026-12: the float widened (0.02f as 0.019999999552965164).
+  REQUIRE(hf_config.at("initializer_range").dump() == "0.02");
+  hf_config["initializer_range"] = static_cast<double>(0.02f);
+  hf_config["rms_norm_eps"] = static_cast<double>(1e-6f);
   write_file(hf / "config.json", hf_config.dump(2));
   Result r = run_app("atoll-convert", {"import", hf.string(), (tmp.path / "in").string()}, tmp.path);
   INFO(r.err);

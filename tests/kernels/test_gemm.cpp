@@ -217,8 +217,9 @@ TEST_CASE("every instruction-set level gives the same bits", "[gemm][isa]") {
   WARN("levels compared on this CPU: " << levels.size() << " (best: " << kernel_description(best) << ")");
 }
 
+#if defined(__x86_64__)  // the emulated route's rule is MXCSR's DAZ and FTZ
 TEST_CASE("bf16 operands: denormal inputs and results count as zero at every level, and fp32 keeps them",
-          "[gemm][isa]") {
+          "[gemm][isa][threads]") {
   // Powers of two (bf16-exact) whose products and sums near FLT_MIN are exact: 2^-130 is denormal
   // (as an input: zero in bf16), 2^-70 * 2^-60 = 2^-130 a denormal product (a zero result in bf16),
   // 2^-64 * 2^-62 = FLT_MIN; 1 and -1 keep most elements normal.
@@ -227,21 +228,31 @@ TEST_CASE("bf16 operands: denormal inputs and results count as zero at every lev
   std::mt19937 rng(21);
   auto pick = [&] { return values[rng() % std::size(values)]; };
   const CpuFeatures saved = cpu_features();
-#if defined(__x86_64__)
   const unsigned csr = _mm_getcsr();
-#endif
-  for (int trial = 0; trial < 6; ++trial) {
+  // Small cases (edges, accumulation, transposes) on this thread; one split over pool threads.
+  struct Shape {
+    std::int64_t m, n, k;
+    int threads;
+  };
+  std::vector<Shape> shapes;
+  for (int trial = 0; trial < 6; ++trial) shapes.push_back({13, 37, 5 + trial, 1});
+  shapes.push_back({256, 256, 256, 3});
+  for (std::size_t trial = 0; trial < shapes.size(); ++trial) {
+    const Shape& z = shapes[trial];
     Case t;
     t.ta = trial & 1;
     t.tb = (trial >> 1) & 1;
     t.accumulate = trial % 3 != 0;
-    t.m = 13;
-    t.n = 37;
-    t.k = 5 + trial;
+    t.m = z.m;
+    t.n = z.n;
+    t.k = z.k;
     for (auto* v : {&t.a, &t.b, &t.c0}) v->clear();
     for (std::int64_t x = 0; x < t.m * t.k; ++x) t.a.push_back(pick());
     for (std::int64_t x = 0; x < t.k * t.n; ++x) t.b.push_back(pick());
     for (std::int64_t x = 0; x < t.m * t.n; ++x) t.c0.push_back(pick());
+    if (z.threads > 1) REQUIRE(t.m * t.n * t.k >= 2 * kGemmMinParallelWork);
+    ComputePool pool(z.threads);
+    ComputePoolScope scope(z.threads > 1 ? &pool : nullptr);
     std::int64_t flush_matters = 0, fp32_denormals = 0;
     for (const CpuFeatures& f : cpu_levels()) {
       use_cpu_features(f);
@@ -257,7 +268,7 @@ TEST_CASE("bf16 operands: denormal inputs and results count as zero at every lev
           if (std::memcmp(&want, &unflushed, sizeof(float)) != 0) ++flush_matters;
           if (got32 != 0.0f && std::fabs(got32) < std::numeric_limits<float>::min()) ++fp32_denormals;
         }
-      INFO("level " << kernel_description(f) << " trial " << trial);
+      INFO("level " << kernel_description(f) << " m=" << t.m << " n=" << t.n << " k=" << t.k << " threads=" << z.threads);
       CHECK(wrong_bf16 == 0);
       CHECK(wrong_fp32 == 0);
     }
@@ -265,11 +276,10 @@ TEST_CASE("bf16 operands: denormal inputs and results count as zero at every lev
     CHECK(flush_matters > 0);   // the case meets the rule
     CHECK(fp32_denormals > 0);  // and fp32 keeps what bf16 flushes
   }
-#if defined(__x86_64__)
   constexpr unsigned kControl = ~0x3Fu;  // not the sticky exception flags, which any arithmetic sets
   CHECK((_mm_getcsr() & kControl) == (csr & kControl));  // the rule does not leak into the caller's thread
-#endif
 }
+#endif
 
 TEST_CASE("gemm handles empty and degenerate shapes", "[gemm]") {
   std::vector<float> a{1, 2}, b{3, 4}, c{5};
