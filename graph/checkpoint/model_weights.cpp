@@ -24,14 +24,14 @@ TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const
   return out;
 }
 
-TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const nlohmann::json& model_config,
-                             const std::string& where) {
-  const auto type = model_config.is_object() ? model_config.find("model_type") : model_config.end();
-  if (type != model_config.end() && type->is_string() && type->get<std::string>() != model.family()) {
+TensorMap model_weights_from(const Model& model, const CheckpointContents& checkpoint, const std::string& where) {
+  const nlohmann::json& config = checkpoint.model_config;
+  const auto type = config.is_object() ? config.find("model_type") : config.end();
+  if (type != config.end() && type->is_string() && type->get<std::string>() != model.family()) {
     throw CheckpointError(where + ": holds a " + type->get<std::string>() + " model (config.json model_type), the config "
                           "describes " + model.family() + " " + model.preset());
   }
-  return model_weights_from(model, tensors, where);
+  return model_weights_from(model, checkpoint.model, where);
 }
 
 }  // namespace atl

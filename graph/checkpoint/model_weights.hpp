@@ -3,17 +3,16 @@
 #pragma once
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/models/model.hpp"
 
 namespace atl {
 
 TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const std::string& where);
 
-// The same, first checking that the checkpoint's config.json (`model_config`) names the model's
-// family: a checkpoint of another family is refused as such, not by its first missing tensor.
-TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const nlohmann::json& model_config,
-                             const std::string& where);
+// A loaded checkpoint's masters as the model's weights, first checking that its config.json names
+// the model's family: a checkpoint of another family is refused as such, not by its first
+// missing tensor.
+TensorMap model_weights_from(const Model& model, const CheckpointContents& checkpoint, const std::string& where);
 
 }  // namespace atl

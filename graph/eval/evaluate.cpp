@@ -74,8 +74,7 @@ Tensor model_logits(const Model& model, const TensorMap& master, Precision preci
 TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir, bool allow_nonfinite) {
   CheckpointLoadOptions options;
   options.allow_nonfinite = allow_nonfinite;
-  const CheckpointContents c = load_checkpoint(checkpoint_dir, options);
-  return model_weights_from(model, c.model, c.model_config, checkpoint_dir.string());
+  return model_weights_from(model, load_checkpoint(checkpoint_dir, options), checkpoint_dir.string());
 }
 
 }  // namespace atl

@@ -1,5 +1,7 @@
 #include "graph/models/model.hpp"
 
+#include "graph/models/hf_layout.hpp"
+
 #include "graph/models/beam/model.hpp"
 #include "graph/models/beam/model_config.hpp"
 #include "graph/models/flint/model.hpp"
@@ -8,6 +10,8 @@
 #include "graph/models/inkling2/model_config.hpp"
 
 namespace atl {
+
+nlohmann::json Model::hf_config() const { return with_short_floats(hf_fields()); }
 
 std::int64_t Model::parameter_count() const {
   std::int64_t n = 0;

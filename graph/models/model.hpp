@@ -35,14 +35,21 @@ class Model : public StagedModel {
                           Tensor* logits_out = nullptr) const = 0;
 
   // --- HF interop (MODELS.md §5.8) ---
-  // config.json of the HF checkpoint layout.
-  virtual nlohmann::json hf_config() const = 0;
+  // config.json of the HF checkpoint layout: the family's fields, floats in their shortest form
+  // (0.02, not the float widened to 0.019999999552965164).
+  nlohmann::json hf_config() const;
   // State-dict adapters between atoll's native layout (specs()) and the HF layout. Dtypes are
   // preserved tensor by tensor; from_hf(to_hf(x)) == x bitwise. Errors name the tensor.
   virtual TensorMap to_hf(const TensorMap& native) const = 0;
   virtual TensorMap from_hf(const TensorMap& hf) const = 0;
 
   std::int64_t parameter_count() const;
+
+ protected:
+  // The family's config.json fields (hf_config() tidies their numbers).
+  virtual nlohmann::json hf_fields() const = 0;
+
+ public:
   // Forward and backward of one micro-batch through the staged ops; gradients of
   // grad_scale * loss_sum are accumulated into grads.
   LossSum forward_backward(const TensorMap& w, const Batch& batch, Precision precision, float grad_scale,

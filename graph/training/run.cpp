@@ -53,16 +53,20 @@ void check_reference_supports(const RunConfig& c) {
   }
 }
 
-// Why this process cannot make a file in the existing directory `dir` ("" when it can), found by
-// making one and removing it: root passes access(2) even where the file system refuses (/sys,
-// read-only mounts).
-std::string cannot_create_in(const std::filesystem::path& dir) {
+// Throws ConfigError(`file`, `key`, "<context>'<dir>' is not writable: why") unless this process
+// can make a file in the existing directory `dir`, found by making one and removing it: root
+// passes access(2) even where the file system refuses (/sys, read-only mounts).
+void require_can_create_in(const std::filesystem::path& dir, const std::string& context, const std::string& file,
+                           const std::string& key) {
   std::string probe = (dir / ".atoll-write-probe-XXXXXX").string();
-  const int fd = ::mkstemp(probe.data());
-  if (fd < 0) return std::strerror(errno);
-  ::close(fd);
-  if (::unlink(probe.c_str()) != 0) return "cannot remove the probe file " + probe + ": " + std::strerror(errno);
-  return "";
+  std::string why;
+  if (const int fd = ::mkstemp(probe.data()); fd < 0) {
+    why = std::strerror(errno);
+  } else {
+    ::close(fd);
+    if (::unlink(probe.c_str()) != 0) why = "cannot remove the probe file " + probe + ": " + std::strerror(errno);
+  }
+  if (!why.empty()) throw ConfigError(file, key, context + "'" + dir.string() + "' is not writable: " + why);
 }
 
 // An output path must be a directory (or a file, for `as_file`) we can create or write: checked
@@ -76,9 +80,7 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
       throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
     }
     const fs::path dir = as_file ? (path.has_parent_path() ? path.parent_path() : fs::path(".")) : path;
-    if (const std::string why = cannot_create_in(dir); !why.empty()) {
-      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + why);
-    }
+    require_can_create_in(dir, "", file, key);
     return;
   }
   // A file is written where it is named, without creating directories: its folder must exist.
@@ -87,9 +89,7 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
     if (!fs::is_directory(dir, ec)) {
       throw ConfigError(file, key, "cannot write '" + path.string() + "': '" + dir.string() + "' is not a directory");
     }
-    if (const std::string why = cannot_create_in(dir); !why.empty()) {
-      throw ConfigError(file, key, "'" + dir.string() + "' is not writable: " + why);
-    }
+    require_can_create_in(dir, "", file, key);
     return;
   }
   // Not there yet: the nearest existing ancestor must be a writable directory.
@@ -100,10 +100,7 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
   if (!fs::is_directory(ancestor, ec)) {
     throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() + "' is not a directory");
   }
-  if (const std::string why = cannot_create_in(ancestor); !why.empty()) {
-    throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() +
-                                     "' is not writable: " + why);
-  }
+  require_can_create_in(ancestor, "cannot create '" + path.string() + "': ", file, key);
 }
 
 void check_outputs(const RunConfig& config, const RunOptions& options) {
@@ -249,7 +246,7 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
   if (resume_dir) {
     const fs::path dir = *resume_dir;
     CheckpointContents c = load_checkpoint(dir);
-    TensorMap master = model_weights_from(model, c.model, c.model_config, dir.string());
+    TensorMap master = model_weights_from(model, c, dir.string());
     check_resumable_state(c.trainer_state, dir);
     check_same_run(config, c.trainer_state, dir);
     if (c.step >= config.train.steps) {
@@ -264,12 +261,10 @@ StartingPoint starting_point(const RunConfig& config, const RunOptions& options,
     }
     start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
     start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
-    start.resumed_dir = dir.string();
     return start;
   }
   if (!config.checkpoint.load.empty()) {
-    CheckpointContents c = load_checkpoint(config.checkpoint.load);
-    start.state.master = model_weights_from(model, c.model, c.model_config, config.checkpoint.load);
+    start.state.master = model_weights_from(model, load_checkpoint(config.checkpoint.load), config.checkpoint.load);
     start.description = "weights from " + config.checkpoint.load;
     return start;
   }
@@ -294,26 +289,26 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
     }
     link.bytes(std::move(header));
   } else {
-    const std::vector<std::byte> header = link.bytes({});
-    if (is_start_failure(header)) link.barrier();
-    // Throws node 0's failure. (A malformed header, which a node 0 of the same build never sends,
-    // ends this node here and node 0 through the control plane.)
-    start = decode_start_header(header);
+    // (A malformed header, which a node 0 of the same build never sends, ends this node here and
+    // node 0 through the control plane.)
+    try {
+      start = decode_start_header(link.bytes({}));
+    } catch (const StartFailed&) {  // node 0's: it waits for every node to hear it
+      link.barrier();
+      throw;
+    }
   }
   for (const Tensor& t : start_tensors(start)) link.tensor(t);
   link.barrier();
   return start;
 }
 
-// A run resumed from an earlier checkpoint of checkpoint.dir leaves the later ones behind (their
-// metrics lines are cut): a bare --resume must not pick them. When this run saves there, they go
-// now, before the metrics are cut (its first save would remove them, but a crash before it would
-// leave them); when it saves nothing (checkpoint.every 0) they stay, named.
-void leave_later_checkpoints(const RunConfig& config, const std::filesystem::path& resumed, std::int64_t step,
-                             std::ostream& out) {
+// A run resumed from `step` leaves checkpoint.dir's later checkpoints behind (their metrics lines
+// are cut): a bare --resume must not pick them. A run that saves there removes them now, before
+// the metrics are cut (its first save would, but a crash before it would leave them; save_checkpoint
+// keeps that rule for any other way in); one that saves nothing (checkpoint.every 0) keeps them, named.
+void leave_later_checkpoints(const RunConfig& config, std::int64_t step, std::ostream& out) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::equivalent(resumed.parent_path(), config.checkpoint.dir, ec)) return;  // another folder's
   if (config.checkpoint.every > 0) {
     for (const fs::path& dir : retire_checkpoints_after(config.checkpoint.dir, step)) {
       out << "removed " << dir.string() << ": a later step of the timeline this run resumes away from\n";
@@ -354,7 +349,6 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   if (begin.data_cursor) data->restore(*begin.data_cursor);
   const std::int64_t tokens_before = begin.tokens;
   const std::string start_description = begin.description;
-  const std::optional<std::string> resumed_dir = begin.resumed_dir;
   const std::int64_t first_step = begin.state.step + 1;
   std::unique_ptr<TrainingEngine> engine =
       make_engine(EngineInputs{config, model, std::move(begin.state.master), optimizer_settings(t),
@@ -398,7 +392,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       }
     }
   }
-  if (options.writer && resumed_dir) leave_later_checkpoints(config, fs::path(*resumed_dir), first_step - 1, out);
+  if (options.writer && options.resume) leave_later_checkpoints(config, first_step - 1, out);
   std::ofstream metrics;
   if (options.writer) {
     write_file_durably(metrics_path, history);

@@ -22,7 +22,6 @@ struct StartingPoint {
   std::optional<nlohmann::json> data_cursor;
   std::int64_t tokens = 0;  // tokens trained on before the start
   std::string description = "fresh initialisation";
-  std::optional<std::string> resumed_dir;  // the checkpoint resumed from (node 0's; not handed over)
 };
 
 // Node 0 could not start (a missing or damaged checkpoint, say); what() says why, from node 0.

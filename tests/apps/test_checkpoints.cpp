@@ -41,6 +41,13 @@ std::vector<nlohmann::json> metrics_without_timing_lines(const fs::path& file) {
   return lines;
 }
 
+// metrics.jsonl holds steps 1..steps, each once, in order (no gap, no repeat).
+void check_steps_once_in_order(const fs::path& metrics_file, std::size_t steps) {
+  const auto metrics = read_metrics(metrics_file);
+  REQUIRE(metrics.size() == steps);
+  for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
+}
+
 // The Python interpreter that has the safetensors package, or "" (the caller skips).
 std::string python_with_safetensors() {
   for (const std::string& python : {source_path(".venv-tools/bin/python").string(), std::string("/usr/bin/python3")}) {
@@ -270,10 +277,8 @@ TEST_CASE("apps: a run killed mid-way resumes with its whole metrics history", "
   auto resume = train_args(run);
   add_sets(resume, {"train.steps=12", "checkpoint.every=3"});
   resume.push_back("--resume");
-  const Result r = must_run("atoll-train", resume, tmp.path);
-  const auto metrics = read_metrics(run / "metrics.jsonl");
-  REQUIRE(metrics.size() == 12);
-  for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
+  must_run("atoll-train", resume, tmp.path);
+  check_steps_once_in_order(run / "metrics.jsonl", 12);
 }
 
 TEST_CASE("apps: resuming from an earlier step removes the later checkpoints before its first step, unless it saves nothing",
@@ -298,17 +303,17 @@ TEST_CASE("apps: resuming from an earlier step removes the later checkpoints bef
   // leave them for a bare --resume to pick after the metrics were cut).
   const Result removes = from_step4("checkpoint.every=3");
   const auto removed = removes.out.find("removed " + (ck / "step-00000008").string());
+  const auto first_step = removes.out.find("step     5/6");
   REQUIRE(removed != std::string::npos);
-  CHECK(removed < removes.out.find("step     5/6"));
+  REQUIRE(first_step != std::string::npos);
+  CHECK(removed < first_step);
   CHECK_FALSE(fs::exists(ck / "step-00000008"));
   // A bare --resume continues from this run's step 6: every step once, in order.
   auto again = train_args(run);
   add_sets(again, {"train.steps=9", "checkpoint.every=3"});
   again.push_back("--resume");
   must_run("atoll-train", again, tmp.path);
-  const auto metrics = read_metrics(run / "metrics.jsonl");
-  REQUIRE(metrics.size() == 9);
-  for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i].at("step").get<std::int64_t>() == static_cast<std::int64_t>(i + 1));
+  check_steps_once_in_order(run / "metrics.jsonl", 9);
 }
 
 TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, checkpoint.load and atoll-eval",

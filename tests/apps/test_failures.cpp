@@ -231,7 +231,8 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
        {"checkpoint.dir", "is not a directory"}},
       {"--trace under a file", {base.string(), "--trace", (file / "trace.json").string()},
        {"--trace", "is not a directory"}},
-      // /sys refuses new entries even to root, whom access(2) lets through.
+      // /sys refuses new entries even to root, whom access(2) lets through where /sys is mounted
+      // read-write (as here); where it is read-only, access(2) would refuse it too.
       {"checkpoint.dir where nothing can be created",
        {base.string(), "--set", "checkpoint.every=2", "--set", "checkpoint.dir=/sys/atoll-test/ck"},
        {"checkpoint.dir", "cannot create '/sys/atoll-test/ck'", "'/sys' is not writable"}},

@@ -9,9 +9,9 @@ namespace {
 std::string same_name(const std::string& native) { return native; }  // HF names equal native ones
 }  // namespace
 
-nlohmann::json BeamModel::hf_config() const {
+nlohmann::json BeamModel::hf_fields() const {
   const auto& c = config_;
-  return with_short_floats({{"architectures", {"BeamForCausalLM"}},
+  return {{"architectures", {"BeamForCausalLM"}},
           {"model_type", "beam"},
           {"vocab_size", c.vocab_size},
           {"unpadded_vocab_size", c.unpadded_vocab_size},
@@ -41,7 +41,7 @@ nlohmann::json BeamModel::hf_config() const {
           {"norm_topk_prob_top1", c.norm_topk_prob_top1},
           {"depth_scaled_residual", c.depth_scaled_residual},
           {"tie_word_embeddings", false},
-          {"atoll_preset", c.preset}});
+          {"atoll_preset", c.preset}};
 }
 
 TensorMap BeamModel::to_hf(const TensorMap& native) const {

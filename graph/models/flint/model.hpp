@@ -99,7 +99,7 @@ class FlintModel : public Model {
 
   // HF layout (MODELS.md §10.3, state_dict_adapter.cpp): sinks are `self_attn.softmax_offset`,
   // the shared expert is `mlp.shared_expert.*`, experts are per expert; all else keeps its name.
-  nlohmann::json hf_config() const override;
+  nlohmann::json hf_fields() const override;
   TensorMap to_hf(const TensorMap& native) const override;
   TensorMap from_hf(const TensorMap& hf) const override;
 

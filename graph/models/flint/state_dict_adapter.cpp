@@ -30,9 +30,9 @@ std::string hf_name(const std::string& native) {
 }
 }  // namespace
 
-nlohmann::json FlintModel::hf_config() const {
+nlohmann::json FlintModel::hf_fields() const {
   const auto& c = config_;
-  return with_short_floats({{"architectures", {"FlintForCausalLM"}},
+  return {{"architectures", {"FlintForCausalLM"}},
           {"model_type", "flint"},
           {"vocab_size", c.vocab_size},
           {"unpadded_vocab_size", c.unpadded_vocab_size},
@@ -57,7 +57,7 @@ nlohmann::json FlintModel::hf_config() const {
           {"hidden_act", "silu"},
           {"attention_bias", false},
           {"tie_word_embeddings", false},
-          {"atoll_preset", c.preset}});
+          {"atoll_preset", c.preset}};
 }
 
 TensorMap FlintModel::to_hf(const TensorMap& native) const {

@@ -141,7 +141,7 @@ class Inkling2Model : public Model {
                                   const TensorMap& grads) const;
   LmHeadSpec head_spec() const;
 
-  nlohmann::json hf_config() const override;
+  nlohmann::json hf_fields() const override;
   TensorMap to_hf(const TensorMap& native) const override;
   TensorMap from_hf(const TensorMap& hf) const override;
 

@@ -44,9 +44,9 @@ std::vector<std::string> hf_query_names(const std::string& native, std::int64_t 
 bool is_stacked_query(const std::string& name) { return ends_with(name, kAttnQuery) || ends_with(name, kMlpQuery); }
 }  // namespace
 
-nlohmann::json Inkling2Model::hf_config() const {
+nlohmann::json Inkling2Model::hf_fields() const {
   const auto& c = config_;
-  return with_short_floats({{"architectures", {"Inkling2ForCausalLM"}},
+  return {{"architectures", {"Inkling2ForCausalLM"}},
           {"model_type", "inkling2"},
           {"vocab_size", c.vocab_size},
           {"unpadded_vocab_size", c.unpadded_vocab_size},
@@ -84,7 +84,7 @@ nlohmann::json Inkling2Model::hf_config() const {
           {"rms_norm_eps", c.rms_norm_eps},
           {"initializer_range", c.init_std},
           {"tie_word_embeddings", false},
-          {"atoll_preset", c.preset}});
+          {"atoll_preset", c.preset}};
 }
 
 TensorMap Inkling2Model::to_hf(const TensorMap& native) const {
