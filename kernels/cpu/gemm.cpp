@@ -201,7 +201,8 @@ KBlock k_block(const Plan& p, std::int64_t k, std::int64_t pc) {
 
 // vdpbf16ps treats denormal inputs (the accumulator's too) as zero and flushes denormal results,
 // whatever MXCSR says; the fp32 FMAs that stand in for it do the same while this guard sets
-// MXCSR's DAZ and FTZ bits (this thread only; restored on leaving). Packing stays outside it.
+// MXCSR's DAZ and FTZ bits (this thread only; restored on leaving). Packing moves and rounds bits
+// with integer operations, which the bits do not touch.
 class Bf16DenormalRule {
  public:
   explicit Bf16DenormalRule(bool on) {
@@ -233,7 +234,6 @@ class Bf16DenormalRule {
 // at ap) and packed B panels.
 void multiply_block(const Operands& o, const Plan& p, const KBlock& kb, const char* ap, const void* bp,
                     std::int64_t ic, std::int64_t mc, std::int64_t jc, std::int64_t nc, bool accumulate, float* tile) {
-  const Bf16DenormalRule denormals(p.route == Route::bf16_as_f32);
   for (std::int64_t jr = 0; jr < nc; jr += p.nr) {
     const char* b_panel = static_cast<const char*>(bp) + jr * kb.stride;
     for (std::int64_t ir = 0; ir < mc; ir += p.mr) {
@@ -270,6 +270,7 @@ void gemm_serial_whole_a(const Operands& o, const Plan& p) {
 
 // BLIS order: a B block (K block x column block) packed once, A packed per row block.
 void gemm_serial(const Operands& o, const Plan& p) {
+  const Bf16DenormalRule denormals(p.route == Route::bf16_as_f32);  // once per call and per pool part
   const GemmShape& s = o.s;
   if (s.m <= kWholeARows && (s.n > kNc || (s.trans_a && p.route == Route::bf16_dot))) {
     gemm_serial_whole_a(o, p);
