@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <streambuf>
 
 #include "actors/actor_engine.hpp"
@@ -18,14 +17,6 @@
 namespace atl {
 
 namespace {
-
-// Posts one collective (`post(done)`) and waits for it.
-template <class Post>
-void wait_for(Post post) {
-  std::promise<void> done;
-  post([&done] { done.set_value(); });
-  done.get_future().wait();
-}
 
 // Node 0's starting point to every node: collectives among each node's first rank (`me`: this
 // node's first rank).
@@ -44,7 +35,7 @@ StartHandOver hand_over_from_node0(const std::shared_ptr<UcxWorld>& world,
   // The world's progress thread runs every transfer and stops with the world: the hand-over keeps it.
   std::shared_ptr<Communicator> comm(world->communicator(firsts, me).release(), [world](Communicator* c) { delete c; });
   link.tensor = [comm](const Tensor& t) {
-    wait_for([&](Completion done) { comm->broadcast(t, 0, "start", std::move(done)); });
+    run_and_wait([&](Completion done) { comm->broadcast(t, 0, "start", std::move(done)); });
   };
   link.bytes = [root, tensor = link.tensor](std::vector<std::byte> bytes) {
     Tensor length = Tensor::empty({1}, DType::i64);
@@ -60,7 +51,7 @@ StartHandOver hand_over_from_node0(const std::shared_ptr<UcxWorld>& world,
   };
   link.barrier = [comm] {
     const Tensor zero = Tensor::zeros({1});
-    wait_for([&](Completion done) { comm->all_reduce(zero, "start", std::move(done)); });
+    run_and_wait([&](Completion done) { comm->all_reduce(zero, "start", std::move(done)); });
   };
   return link;
 }
@@ -130,12 +121,10 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
     addresses = rendezvous(settings, world->local_addresses(), &links);
   } catch (const JobMismatch&) {
     throw;
-  } catch (const std::runtime_error& e) {  // say where the address and port came from
-    std::string from = spec.source;
-    if (!config.topology.nodes.empty()) from += std::string(from.empty() ? "" : ", ") + "topology.nodes";
+  } catch (const std::runtime_error& e) {  // say where node 0's address and port came from
     throw std::runtime_error(std::string(e.what()) + " [node " + std::to_string(spec.node_rank) + " of " +
-                             std::to_string(spec.nnodes) + ", rendezvous at " + spec.master_addr + ":" +
-                             std::to_string(spec.master_port) + ", placed by " + (from.empty() ? "defaults" : from) + "]");
+                             std::to_string(spec.nnodes) + ", placed by " +
+                             (spec.source.empty() ? std::string("defaults") : spec.source) + "]");
   }
   world->connect(addresses);
   ControlPlaneSettings control;

@@ -3,12 +3,9 @@
 // TCP (job token from ATOLL_JOB_TOKEN or topology.job_token_file), the UCX engine factory for its
 // ranks, and the channel that hands node 0's starting point to the other nodes.
 #pragma once
-#include <cstddef>
-#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
-#include <vector>
 
 #include "graph/config.hpp"
 #include "graph/launch/node_spec.hpp"

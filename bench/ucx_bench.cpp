@@ -8,34 +8,13 @@
 // node 1 one after another (the collectives' way: one at a time); timed at node 0 up to node 1's
 // acknowledgement of the last.
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
 #include <CLI/CLI.hpp>
 
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "comm/ucx/ucx_world.hpp"
-
-namespace {
-
-// Runs `post(done)` and waits for done().
-template <class Post>
-void blocking(Post post) {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool finished = false;
-  post([&] {
-    std::lock_guard<std::mutex> lock(mutex);
-    finished = true;
-    cv.notify_all();
-  });
-  std::unique_lock<std::mutex> lock(mutex);
-  cv.wait(lock, [&] { return finished; });
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"atoll-bench-ucx: UCX all-gather and reduce-scatter bus bandwidth between processes"};
@@ -69,7 +48,7 @@ int main(int argc, char** argv) {
       for (const char* name : {"all_gather", "reduce_scatter"}) {
         const bool gather = name[0] == 'a';
         auto once = [&] {
-          blocking([&](atl::Completion done) {
+          atl::run_and_wait([&](atl::Completion done) {
             if (gather) {
               comm->all_gather(part, whole, "bench", std::move(done));
             } else {
@@ -87,15 +66,15 @@ int main(int argc, char** argv) {
                       peer_errors ? "on" : "off");
         }
       }
-      if (node > 1) continue;  // one way: node 0 to node 1
+      if (nnodes < 2 || node > 1) continue;  // one way: node 0 to node 1
       const atl::Tensor ack = atl::Tensor::zeros({1});
       auto one_way = [&](int messages) {
         for (int i = 0; i < messages; ++i) {
-          blocking([&](atl::Completion done) {
+          atl::run_and_wait([&](atl::Completion done) {
             if (node == 0) comm->send(part, 1, "bench", std::move(done)); else comm->recv(part, 0, "bench", std::move(done));
           });
         }
-        blocking([&](atl::Completion done) {
+        atl::run_and_wait([&](atl::Completion done) {
           if (node == 0) comm->recv(ack, 1, "bench", std::move(done)); else comm->send(ack, 0, "bench", std::move(done));
         });
       };

@@ -1,6 +1,14 @@
 #include "comm/communicator.hpp"
 
+#include <future>
+
 namespace atl {
+
+void run_and_wait(const std::function<void(Completion)>& post) {
+  std::promise<void> done;
+  post([&done] { done.set_value(); });
+  done.get_future().wait();
+}
 
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {

@@ -18,6 +18,10 @@ const char* collective_name(CollectiveKind kind);
 
 using Completion = std::function<void()>;
 
+// Runs `post(done)` (a collective, say) and blocks this thread until `done` is called: for callers
+// outside the actors (a process's start-up, benchmarks), never on a thread that must run it.
+void run_and_wait(const std::function<void(Completion)>& post);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

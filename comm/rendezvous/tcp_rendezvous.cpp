@@ -217,13 +217,10 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
   try {
     reply = receive_message(socket.fd(), deadline);
   } catch (const std::exception& e) {  // node 0 gave up on a node that never came, or timed out itself
-    errno = 0;
-    std::string why = e.what();
-    if (why.starts_with("control channel: ")) why.erase(0, 17);  // fail() adds it again
-    fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " sent no address book: " + why +
-         " (node 0 names the nodes that did not join within " + seconds_text(s.timeout) +
-         " s, topology.rendezvous_timeout_s; if that port belongs to another program, give atoll-train its own: "
-         "--master-port)");
+    throw std::runtime_error(std::string(e.what()) + ", and node 0 at " + s.master_addr + ":" +
+                             std::to_string(s.master_port) + " sent no address book (it names the nodes that did "
+                             "not join within " + seconds_text(s.timeout) + " s, topology.rendezvous_timeout_s; "
+                             "another program on that port would not answer either)");
   }
   if (reply.contains("mismatch")) {
     const std::string key = reply["mismatch"].get<std::string>();

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -92,17 +91,20 @@ struct UcxWorld::Impl {
   std::mutex mutex;
   std::deque<std::function<void()>> tasks;
   bool stopping = false;
+  bool sleeping = false;  // in epoll_wait: post() signals task_fd only then
   // Where the thread sleeps: an epoll set of every worker's event fd and task_fd, which post()
   // signals.
   int epoll_fd = -1, task_fd = -1;
   std::thread thread;
 
   void post(std::function<void()> task) {
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mutex);
       tasks.push_back(std::move(task));
+      wake = sleeping;  // a thread that is not asleep sees the task before it sleeps
     }
-    signal();
+    if (wake) signal();
   }
 
   // Wakes the thread if it sleeps.
@@ -163,9 +165,14 @@ struct UcxWorld::Impl {
     {
       std::lock_guard<std::mutex> lock(mutex);  // a task posted after this check signals task_fd
       if (stopping || !tasks.empty()) return;
+      sleeping = true;
     }
     epoll_event events[8];
     const int n = ::epoll_wait(epoll_fd, events, 8, limit_ms);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      sleeping = false;
+    }
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == task_fd) {
         std::uint64_t count = 0;
@@ -180,9 +187,9 @@ struct UcxWorld::Impl {
       std::deque<std::function<void()>> batch;
       {
         std::lock_guard<std::mutex> lock(mutex);
-        // After shutdown() no worker is left to complete a transfer still in flight (one posted to
-        // a dead peer, say): nothing more can happen.
-        if (stopping && tasks.empty() && (in_flight == 0 || workers.empty())) return;
+        // stop() ran shutdown() first: no worker is left to complete a transfer still in flight
+        // (one posted to a dead peer, say), so nothing more can happen.
+        if (stopping && tasks.empty()) return;
         batch.swap(tasks);
       }
       for (auto& task : batch) task();

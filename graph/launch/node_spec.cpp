@@ -150,6 +150,9 @@ NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const N
     p.all.push_back(std::move(ranks));
   }
   p.spec.nnodes = n;
+  if (!given.master_addr_given || !given.master_port_given) {
+    p.spec.source += std::string(p.spec.source.empty() ? "" : ", ") + "topology.nodes";
+  }
   if (!given.master_addr_given) p.spec.master_addr = nodes.front().host;
   if (!given.master_port_given) p.spec.master_port = static_cast<int>(nodes.front().port);
   if (!given.node_rank_given) {

@@ -339,6 +339,13 @@ TEST_CASE("ucx and sim refuse the same bad collectives with the same messages", 
     CHECK(messages[0].substr(std::string("sim").size()) == messages[1].substr(std::string("ucx").size()));
     CHECK(messages[0].find(expected) != std::string::npos);
   }
+  // In place means this member's own block: member 1's is block 1, not block 0.
+  for (Communicator* c : {sim[1].get(), ucx[1].get()}) {
+    CHECK_THROWS_WITH(c->reduce_scatter(send, send.slice_rows(0, 2), "t", fired.tick()),
+                      Catch::Contains("(rank 1, tag 't'): recv must lie apart from send, or be exactly send's block 1"));
+    CHECK_THROWS_WITH(c->all_gather(send.slice_rows(0, 2), send, "t", fired.tick()),
+                      Catch::Contains("send must lie apart from recv, or be exactly recv's block 1"));
+  }
   CHECK(fired.count() == 0);
 }
 

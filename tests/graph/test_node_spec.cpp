@@ -99,6 +99,7 @@ TEST_CASE("node spec: a topology's node list places each node, flags and variabl
   CHECK(p.spec.nnodes == 2);
   CHECK(p.spec.master_addr == "alpha");
   CHECK(p.spec.master_port == 29600);
+  CHECK(p.spec.source == "topology.nodes");  // named in rendezvous errors
   CHECK(p.ranks == std::vector<int>{1, 2, 3});
   CHECK(p.all.front() == std::vector<int>{0});
 
