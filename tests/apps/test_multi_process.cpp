@@ -40,10 +40,16 @@ std::string launch_script() {
          shell_quote(source_path("scripts/launch").string());
 }
 
+// atoll-train over UCX with the job token and `env` (variables that place the node).
+std::string ucx_node_command(const std::string& env, const std::vector<std::string>& args) {
+  return env + " ATOLL_JOB_TOKEN=secret " + shell_quote(app_binary("atoll-train").string()) + joined(args) +
+         " --set topology.backend=ucx";
+}
+
 std::string node_command(int node, int nnodes, int port, const std::vector<std::string>& args) {
-  return "NODE_RANK=" + std::to_string(node) + " NNODES=" + std::to_string(nnodes) +
-         " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ATOLL_JOB_TOKEN=secret " +
-         shell_quote(app_binary("atoll-train").string()) + joined(args) + " --set topology.backend=ucx";
+  return ucx_node_command("NODE_RANK=" + std::to_string(node) + " NNODES=" + std::to_string(nnodes) +
+                              " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port),
+                          args);
 }
 
 // Node 1's command in a thread and node 0's here, at once; their results (node 0's first). Each
@@ -270,49 +276,22 @@ TEST_CASE("apps: nodes placed by Slurm's variables (a --master-port flag, a job 
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 10);
 }
 
-namespace {
-
-// A listening socket on 127.0.0.1 (torchrun's agent store, in the test) on a port below the
-// kernel's ephemeral range, so that no connection or bind(0) elsewhere takes its successor, which
-// was free when checked; -1 if no such pair turned up.
-int listen_below_a_free_port(int& port) {
-  int ephemeral_low = 32768;
-  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
-  const int low = 10000, span = ephemeral_low - 1 - low;
-  if (span < 100) return -1;
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    port = low + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u + 31u * attempt) % static_cast<unsigned>(span));
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr = loopback(port);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(fd, 4) == 0) {
-      const int next = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in above = loopback(port + 1);
-      const bool free = ::bind(next, reinterpret_cast<sockaddr*>(&above), sizeof(above)) == 0;
-      ::close(next);
-      if (free) return fd;
-    }
-    ::close(fd);
-  }
-  return -1;
-}
-
-}  // namespace
-
 TEST_CASE("apps: nodes placed by torchrun's variables train beside torchrun's agent store on MASTER_PORT",
           "[apps][ucx]") {
   TempDir tmp;
-  int port = 0;
-  const int agent_store = listen_below_a_free_port(port);  // torchrun's agent serves its store here
-  REQUIRE(agent_store >= 0);
+  const HeldPort agent_store = listen_below_free_successor();  // torchrun's agent serves its store here
+  REQUIRE(agent_store.fd >= 0);
+  const int port = agent_store.port;
   // (A node that took the store for node 0 would wait for its answer until the timeout.)
   const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
                                {"topology.mesh.dp_shard=2", "topology.rendezvous_timeout_s=30"});
   // What torchrun 2.15 exports to each worker of `torchrun --nnodes 2 --nproc-per-node 1`.
   auto command = [&](int node, int local_world) {
-    return "GROUP_RANK=" + std::to_string(node) + " RANK=" + std::to_string(node) + " GROUP_WORLD_SIZE=2 WORLD_SIZE=2" +
-           " LOCAL_RANK=0 LOCAL_WORLD_SIZE=" + std::to_string(local_world) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-           std::to_string(port) + " TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RUN_ID=none ATOLL_JOB_TOKEN=secret " +
-           shell_quote(app_binary("atoll-train").string()) + joined(args) + " --set topology.backend=ucx";
+    return ucx_node_command("GROUP_RANK=" + std::to_string(node) + " RANK=" + std::to_string(node) +
+                                " GROUP_WORLD_SIZE=2 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=" +
+                                std::to_string(local_world) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                                std::to_string(port) + " TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RUN_ID=none",
+                            args);
   };
   // Two processes per node would be two node 0s: refused before any connection.
   const Result two_per_node = run_shell(command(0, 2), tmp.path / "two");
@@ -320,7 +299,7 @@ TEST_CASE("apps: nodes placed by torchrun's variables train beside torchrun's ag
   CHECK_THAT(two_per_node.err, Catch::Contains("LOCAL_WORLD_SIZE (torchrun)") && Catch::Contains("expected 1"));
 
   const auto [node0, node1] = run_two_nodes(command(0, 1), command(1, 1), tmp.path / "n");
-  ::close(agent_store);
+  ::close(agent_store.fd);
   INFO(node0.err << node1.err);
   CHECK(node0.exit_code == 0);
   CHECK(node1.exit_code == 0);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <fstream>
 
 namespace atl::testing {
 
@@ -26,6 +27,37 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// A socket listening on 127.0.0.1 (another program's server, in a test) on a port below the
+// kernel's ephemeral range whose successor was free when checked: no connection or bind(0)
+// elsewhere takes that successor meanwhile. fd -1 when no such pair turned up. The caller closes fd.
+struct HeldPort {
+  int fd = -1;
+  int port = 0;
+};
+
+inline HeldPort listen_below_free_successor() {
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  const int low = 10000, span = ephemeral_low - 1 - low;
+  if (span < 100) return {};
+  for (unsigned attempt = 0; attempt < 200; ++attempt) {
+    const int port = low + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u + 31u * attempt) %
+                                            static_cast<unsigned>(span));
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return {};
+    sockaddr_in addr = loopback(port);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(fd, 4) == 0) {
+      const int next = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in above = loopback(port + 1);
+      const bool free = next >= 0 && ::bind(next, reinterpret_cast<sockaddr*>(&above), sizeof(above)) == 0;
+      if (next >= 0) ::close(next);
+      if (free) return {fd, port};
+    }
+    ::close(fd);
+  }
+  return {};
 }
 
 }  // namespace atl::testing
