@@ -28,7 +28,8 @@ for target in safetensors config token_file; do
   echo "== fuzz_$target for ${seconds}s"
   status=0
   mkdir -p build-fuzz/findings
-  build-fuzz/fuzz_$target -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+  # TMPDIR: the targets write each input to a scratch file under it; the trap removes it
+  TMPDIR="$probe" build-fuzz/fuzz_$target -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
     -artifact_prefix="build-fuzz/findings/$target-" "$work" "fuzz/corpus/$target" >"$probe/$target.log" 2>&1 ||
     status=$?
   grep -E "^Done" "$probe/$target.log" || true
