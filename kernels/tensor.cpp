@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "kernels/cpu/isa_dispatch.hpp"
@@ -26,6 +27,19 @@ struct ToFloatLoop {
     for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
   }
 };
+
+// v as an integer (truncated toward zero); a NaN, an infinity or a value out of I's range has no
+// integer value (the plain cast would be undefined behaviour).
+template <class I>
+I checked_integer(double v, std::int64_t index) {
+  constexpr double low = static_cast<double>(std::numeric_limits<I>::min());  // -2^31 or -2^63: exact
+  if (!(v >= low && v < -low)) {
+    throw std::domain_error("Tensor conversion: element " + std::to_string(index) + " (" + std::to_string(v) +
+                            ") has no " + std::to_string(sizeof(I) * 8) + "-bit integer value");
+  }
+  return static_cast<I>(v);
+}
+
 }  // namespace
 
 std::int64_t shape_numel(const Shape& shape) {
@@ -172,8 +186,8 @@ void Tensor::convert_into(const Tensor& t) const {
     switch (dtype) {
       case DType::f32: t.data<float>()[i] = static_cast<float>(v); break;
       case DType::bf16: t.data<bf16>()[i] = to_bf16(static_cast<float>(v)); break;
-      case DType::i32: t.data<std::int32_t>()[i] = static_cast<std::int32_t>(v); break;
-      case DType::i64: t.data<std::int64_t>()[i] = static_cast<std::int64_t>(v); break;
+      case DType::i32: t.data<std::int32_t>()[i] = checked_integer<std::int32_t>(v, i); break;
+      case DType::i64: t.data<std::int64_t>()[i] = checked_integer<std::int64_t>(v, i); break;
       case DType::boolean: t.data<bool>()[i] = v != 0.0; break;
     }
   }

@@ -82,6 +82,7 @@ struct Scratch {
   static void* grow(void*& p, std::size_t& have, std::size_t need) {
     if (need <= have) return p;
     std::free(p);
+    have = 0;  // a failed allocation below must not leave a null buffer that claims the old size
     p = std::aligned_alloc(64, (need + 63) / 64 * 64);
     if (!p) throw std::bad_alloc();
     have = need;

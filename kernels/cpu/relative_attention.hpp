@@ -20,11 +20,11 @@ struct RelativeProfileBias {
   }
   T value(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t j) const {
     const std::int64_t distance = t - j;
-    return distance < extent ? profiles[index(b, h, t, distance)] : T(0);
+    return distance >= 0 && distance < extent ? profiles[index(b, h, t, distance)] : T(0);
   }
   void add_grad(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t j, T g) const {
     const std::int64_t distance = t - j;
-    if (grads != nullptr && distance < extent) grads[index(b, h, t, distance)] += g;
+    if (grads != nullptr && distance >= 0 && distance < extent) grads[index(b, h, t, distance)] += g;
   }
 };
 

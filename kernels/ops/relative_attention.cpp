@@ -37,6 +37,9 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
   }
   if (sink_logits.defined()) detail::require_tensor(op, "sink_logits", sink_logits, DType::f32, {s.batch, s.q_heads, s.seq});
   require(options.window >= 0, op, "window must be >= 0, got " + std::to_string(options.window));
+  // Profiles are indexed by query row and distance t - j within the row: queries sit at their own
+  // key index (no context-parallel query_index here).
+  require(!options.query_index.defined(), op, "query_index is not supported (queries are keys 0..S-1)");
   for (std::int64_t p : positions.span<std::int64_t>()) require(p >= 0, op, "negative position " + std::to_string(p));
   return s;
 }

@@ -154,6 +154,26 @@ TEST_CASE("A -inf sink and zero profiles reproduce the plain attention kernel bi
   }
 }
 
+TEST_CASE("Relative profiles are read only at distances 0..R-1 and refuse a query_index", "[relative_attention]") {
+  // A key after its query (distance < 0: a context-parallel query sits elsewhere than its row
+  // index) has no profile entry: bias 0, no gradient written (it was an out-of-bounds index).
+  std::vector<double> profiles(Hq * S * R, 1.0), grads(Hq * S * R, 0.0);
+  const cpu::RelativeProfileBias<double> bias{profiles.data(), grads.data(), Hq, S, R};
+  CHECK(bias.value(0, 1, 2, 2) == 1.0);
+  CHECK(bias.value(0, 1, 2, 3) == 0.0);
+  CHECK(bias.value(0, 1, 5, 5 - R) == 0.0);
+  bias.add_grad(0, 1, 2, 3, 7.0);
+  bias.add_grad(0, 1, 5, 5 - R, 7.0);
+  for (double g : grads) CHECK(g == 0.0);
+  Inputs in;
+  Tensor q = tensor_of({B, S, Hq, D}, in.q), k = tensor_of({B, S, Hkv, D}, in.k), v = tensor_of({B, S, Hkv, D}, in.v);
+  AttentionOptions opts;
+  opts.query_index = positions();
+  CHECK_THROWS_WITH(relative_attention_forward(q, k, v, positions(), valid(), tensor_of({B, Hq, S, R}, in.p), Tensor(),
+                                               opts),
+                    Catch::Contains("query_index is not supported"));
+}
+
 TEST_CASE("Relative attention gradients through the Tensor API match the double kernel", "[relative_attention]") {
   Inputs in;
   auto r = random_vector(in.q.size(), 7);

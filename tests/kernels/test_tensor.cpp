@@ -54,6 +54,23 @@ TEST_CASE("Tensor dtype conversion rounds f32 to bf16 and back", "[tensor]") {
   for (int i = 0; i < 3; ++i) CHECK(back.data<float>()[i] == round_to_bf16(a.data<float>()[i]));
 }
 
+TEST_CASE("Tensor conversion to integers truncates, and refuses NaN, infinity and out-of-range values",
+          "[tensor]") {
+  const Tensor fine = Tensor::from_floats({3}, std::vector<float>{-2.75f, 0.5f, 2147483520.0f}).to(DType::i32);
+  CHECK(fine.data<std::int32_t>()[0] == -2);
+  CHECK(fine.data<std::int32_t>()[1] == 0);
+  CHECK(fine.data<std::int32_t>()[2] == 2147483520);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 2147483648.0f,
+                    -2147483904.0f}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(Tensor::from_floats({2}, std::vector<float>{1.0f, bad}).to(DType::i32),
+                      Catch::Contains("element 1") && Catch::Contains("has no 32-bit integer value"));
+  }
+  CHECK(Tensor::from_floats({1}, std::vector<float>{-9.2233720e18f}).to(DType::i64).data<std::int64_t>()[0] ==
+        static_cast<std::int64_t>(-9.2233720e18f));
+  CHECK_THROWS(Tensor::from_floats({1}, std::vector<float>{9.2233720e18f}).to(DType::i64));
+}
+
 TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors", "[rng]") {
   PhiloxBlock zero = philox4x32({0, 0, 0, 0}, {0, 0});
   CHECK(zero == PhiloxBlock{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u});
