@@ -136,6 +136,10 @@ TopologyConfig read_topology(ConfigReader reader) {
     }
   }
   if (reader.has("sim_delay_ms")) {
+    // Only the sim backend injects delays: a ucx run would ignore them silently.
+    if (topology.backend != Backend::sim) {
+      reader.fail("sim_delay_ms", "the sim backend's injected delays; topology.backend is " + backend);
+    }
     ConfigReader delays = reader.section("sim_delay_ms");
     for (const char* kind :
          {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all_v", "send", "recv"}) {

@@ -254,6 +254,8 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
        "topology.heartbeat_timeout_s: expected seconds in [1, 3600] (heartbeats go every 0.5 s), got 0.2"},
       {"huge_threads", std::string(kMinimal) + "compute: {threads: 100000}\n",
        "compute.threads: expected a thread count of at most 4096 (0 = automatic)"},
+      {"delay_without_sim", std::string(kMinimal) + "topology: {backend: ucx, sim_delay_ms: {all_gather: 5}}\n",
+       "topology.sim_delay_ms: the sim backend's injected delays; topology.backend is ucx"},
   };
   for (const Case& c : cases) {
     INFO(c.name);
