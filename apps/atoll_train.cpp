@@ -18,8 +18,34 @@
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/config.hpp"
 #include "graph/data/data_source.hpp"
+#include "graph/launch/node_spec.hpp"
 #include "graph/training/run.hpp"
 #include "graph/training/starting_point.hpp"
+
+namespace {
+
+// torchrun starts this same command on every node: with any backend but ucx each would run the
+// whole job and write run_dir. (Slurm's variables are in every step of an allocation, so they
+// alone say nothing.)
+void refuse_torchrun_nodes(const atl::RunConfig& config) {
+  const atl::Environment env = atl::process_environment();
+  if (!env("TORCHELASTIC_RUN_ID") && !env("GROUP_RANK")) return;
+  atl::NodeSpec spec;
+  try {
+    spec = atl::resolve_node_spec({}, env);
+  } catch (const std::invalid_argument& e) {
+    throw atl::ConfigError(config.source_file, "topology.backend", std::string("torchrun's variables: ") + e.what());
+  }
+  if (spec.nnodes > 1) {
+    throw atl::ConfigError(config.source_file, "topology.backend",
+                           "torchrun started this process as node " + std::to_string(spec.node_rank) + " of " +
+                               std::to_string(spec.nnodes) + " (" + spec.source + "), but " +
+                               atl::backend_name(config.topology.backend) +
+                               " runs the whole job in each process; expected ucx (--set topology.backend=ucx)");
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"atoll-train: train a Mixture-of-Experts transformer (simulation mode runs the whole mesh here)"};
@@ -40,10 +66,14 @@ int main(int argc, char** argv) {
                                      "one, else start fresh (what scripts/launch --max-restarts uses)");
   resume_if_any->excludes(resume);
   atl::NodeFlags node;
-  app.add_option("--node-rank", node.node_rank, "ucx: this node's rank (else NODE_RANK or SLURM_NODEID)");
-  app.add_option("--nnodes", node.nnodes, "ucx: the number of nodes (else NNODES or SLURM_NNODES)");
+  // The variables in their order of precedence (graph/launch/node_spec.cpp; docs/runtime.md).
+  app.add_option("--node-rank", node.node_rank, "ucx: this node's rank (else GROUP_RANK, NODE_RANK or SLURM_NODEID)");
+  app.add_option("--nnodes", node.nnodes,
+                 "ucx: the number of nodes (else GROUP_WORLD_SIZE, NNODES, WORLD_SIZE / LOCAL_WORLD_SIZE or "
+                 "SLURM_NNODES)");
   app.add_option("--master-addr", node.master_addr, "ucx: node 0's address (else MASTER_ADDR or Slurm's first host)");
-  app.add_option("--master-port", node.master_port, "ucx: node 0's rendezvous port (else MASTER_PORT; 29500)");
+  app.add_option("--master-port", node.master_port,
+                 "ucx: node 0's rendezvous port (else MASTER_PORT, plus 1 beside torchrun's agent store; 29500)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -64,11 +94,13 @@ int main(int argc, char** argv) {
       throw atl::ConfigError(config.source_file, "topology.backend",
                              "--node-rank, --nnodes, --master-addr and --master-port need ucx");
     }
+    if (config.topology.backend != atl::Backend::ucx) refuse_torchrun_nodes(config);
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
       const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr);
       atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
       // Node 0 writes the run; the others print to stderr behind their node rank.
       node_options.writer = launch.spec.node_rank == 0;
+      node_options.ranks_here = static_cast<int>(launch.ranks.size());
       // Node 0 alone reads the checkpoint to start from; when it cannot, every node stops.
       bool start_failed = false;
       node_options.from_writer = launch.from_node0;

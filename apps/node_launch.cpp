@@ -140,6 +140,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   };
   launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));
   launch.from_node0 = hand_over_from_node0(world, every_node, ranks.front());
+  launch.ranks = ranks;
   launch.engine = [world, ranks](EngineInputs in) -> std::unique_ptr<TrainingEngine> {
     return std::make_unique<ActorEngine>(std::move(in), ProcessOptions{ranks, std::make_shared<UcxBackend>(world)});
   };

@@ -17,6 +17,7 @@ class ControlPlane;
 
 struct NodeLaunch {
   NodeSpec spec;
+  std::vector<int> ranks;  // this node's ranks of the mesh
   EngineFactory engine;  // an actor engine of this node's ranks over UCX
   // Heartbeats with the other nodes; a lost node stops this process (exit 1, naming the node and
   // its ranks). finish() after a successful run.

@@ -70,7 +70,7 @@ double RunMemoryEstimate::total() const {
   return sum;
 }
 
-RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model) {
+RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model, int ranks_here) {
   // Counted in double: absurd sizes must not overflow on the way to being refused.
   double params = 0;
   for (const auto& s : model.specs()) {
@@ -79,8 +79,8 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
     params += n;
   }
   const bool reference = config.topology.engine == Engine::reference;
-  const double ranks = ranks_in_process(config);
-  const double threads = static_cast<double>(compute_threads(config));
+  const double ranks = ranks_in_process(config, ranks_here);
+  const double threads = static_cast<double>(compute_threads(config, ranks_here));
   RunMemoryEstimate e;
   const double in_flight = reference ? threads : ranks;
   if (reference) {
@@ -98,7 +98,7 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
     // from full tensors) holds the whole fp32 master and both moments in the process.
     e.parts.push_back({"the full model state a checkpoint gathers (master and two moments, model size x 3)",
                        12.0 * params});
-    e.parts.push_back({"per-rank shards, gathers and unsharded gradients (topology.mesh ranks x the plan's per-rank "
+    e.parts.push_back({"per-rank shards, gathers and unsharded gradients (this process's ranks x the plan's per-rank "
                        "estimate, atoll-plan prints it)",
                        ranks * (static_cast<double>(m.total_bytes()) + 4.0 * static_cast<double>(m.peak_gathered_bytes))});
   }
@@ -130,10 +130,10 @@ std::optional<double> available_memory_bytes() {
   return room;
 }
 
-void check_memory_preflight(const RunConfig& config, const Model& model) {
+void check_memory_preflight(const RunConfig& config, const Model& model, int ranks_here) {
   const char* skip = std::getenv("ATOLL_SKIP_MEMORY_CHECK");
   if (skip && std::string(skip) == "1") return;
-  const RunMemoryEstimate e = estimate_run_memory(config, model);
+  const RunMemoryEstimate e = estimate_run_memory(config, model, ranks_here);
   const std::optional<double> room = available_memory_bytes();
   if (!room || e.total() <= *room) return;
   const auto biggest = std::max_element(e.parts.begin(), e.parts.end(),

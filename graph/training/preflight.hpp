@@ -25,12 +25,13 @@ struct RunMemoryEstimate {
   double total() const;
 };
 
-RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model);
+// The memory a run of `config` takes in this process; ranks_here: as ranks_in_process (run.hpp).
+RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model, int ranks_here = 0);
 
 // Bytes this process may still allocate (nullopt: unknown).
 std::optional<double> available_memory_bytes();
 
 // Throws ConfigError when the estimate exceeds the available memory (or a size overflows).
-void check_memory_preflight(const RunConfig& config, const Model& model);
+void check_memory_preflight(const RunConfig& config, const Model& model, int ranks_here = 0);
 
 }  // namespace atl

@@ -140,12 +140,13 @@ TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& 
   return given.names().empty() ? TensorMap::zeros_like(specs) : given;
 }
 
-int compute_threads(const RunConfig& config) {
+int compute_threads(const RunConfig& config, int ranks_here) {
   if (config.compute.threads > 0) return static_cast<int>(config.compute.threads);
-  return cpu::default_compute_threads(ranks_in_process(config));
+  return cpu::default_compute_threads(ranks_in_process(config, ranks_here));
 }
 
-int ranks_in_process(const RunConfig& config) {
+int ranks_in_process(const RunConfig& config, int ranks_here) {
+  if (ranks_here > 0) return ranks_here;
   return config.topology.engine == Engine::reference ? 1 : static_cast<int>(config.topology.mesh.world_size());
 }
 
@@ -341,7 +342,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   // Everything that can be wrong with the config is found before run_dir is touched.
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   Mesh(config.topology.mesh, config.source_file).require_runnable();  // planned, not run yet: pp, cp, ep > 1
-  check_memory_preflight(config, *model);  // before the data source, the weights or the engine allocate
+  check_memory_preflight(config, *model, options.ranks_here);  // before the data source, the weights or the engine allocate
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
   const auto& t = config.train;
   StartingPoint begin = options.from_writer ? shared_starting_point(config, options, *model)
@@ -372,7 +373,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["model"] = {{"family", model->family()}, {"preset", model->preset()}, {"parameters", model->parameter_count()}};
   run_json["engine"] = engine->name();
   const std::string cpu_kernel = cpu::kernel_description(cpu::cpu_features());
-  const int threads = compute_threads(config);
+  const int threads = compute_threads(config, options.ranks_here);
   run_json["cpu_kernel"] = cpu_kernel;
   run_json["compute_threads"] = threads;
   run_json["data"] = data->describe();

@@ -51,6 +51,10 @@ struct RunOptions {
   // job. Every other process takes part in every collective (checkpoints' included) and writes
   // nothing.
   bool writer = true;
+  // The ranks this process runs: a node's share of a multi-process job's mesh; 0 for every rank
+  // of the mesh (sim) or the reference engine's one. Sizes compute.threads' default and the
+  // memory preflight.
+  int ranks_here = 0;
   // A multi-process job: set, node 0 alone finds and reads the checkpoint to start from and hands
   // its starting point to the others through these collectives, so they need no view of
   // checkpoint.dir and cannot start anywhere else.
@@ -80,10 +84,11 @@ std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs inputs);
 TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& specs);
 OptimizerSettings optimizer_settings(const TrainConfig& train);
 // compute.threads resolved: the configured count, or the default for the ranks this process runs
-// (the reference engine: one; the sim actor runtime: the whole mesh) -- kernels/cpu/compute_pool.hpp.
-int compute_threads(const RunConfig& config);
-// The ranks this process runs: 1 for the reference engine, the whole mesh for the sim.
-int ranks_in_process(const RunConfig& config);
+// (ranks_in_process) -- kernels/cpu/compute_pool.hpp.
+int compute_threads(const RunConfig& config, int ranks_here = 0);
+// The ranks this process runs: `ranks_here` when given (RunOptions), else 1 for the reference
+// engine and the whole mesh for the sim.
+int ranks_in_process(const RunConfig& config, int ranks_here = 0);
 // The micro-batches each data-parallel rank runs per step; ConfigError (train.global_batch) unless
 // the global batch splits into whole micro-batches for every rank.
 int micro_batches_per_rank(const RunConfig& config, const Mesh& mesh);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "kernels/cpu/compute_pool.hpp"
 #include "tests/apps/app_test_support.hpp"
 #include "tests/support/free_port.hpp"
 
@@ -127,14 +128,32 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
   CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
 }
 
-TEST_CASE("apps: node flags without the ucx backend are a config error, not a whole job per node", "[apps][ucx]") {
+TEST_CASE("apps: node flags or torchrun's nodes without the ucx backend are a config error, not a whole job per node",
+          "[apps][ucx]") {
   TempDir tmp;
-  const Result r = run_app("atoll-train", {source_path("configs/beam-tiny.yaml").string(), "--set",
-                                           "run_dir=" + (tmp.path / "run").string(), "--node-rank", "1", "--nnodes", "2"},
-                           tmp.path / "out");
+  const std::vector<std::string> sim = {source_path("configs/beam-tiny.yaml").string(), "--set",
+                                        "run_dir=" + (tmp.path / "run").string()};
+  std::vector<std::string> flags = sim;
+  flags.insert(flags.end(), {"--node-rank", "1", "--nnodes", "2"});
+  const Result r = run_app("atoll-train", flags, tmp.path / "out");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Catch::Contains("topology.backend: --node-rank, --nnodes, --master-addr and --master-port need ucx"));
+  // torchrun's variables for node 1 of 2, no flags: refused the same way.
+  std::string command = "GROUP_RANK=1 GROUP_WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 "
+                        "TORCHELASTIC_RUN_ID=none " + shell_quote(app_binary("atoll-train").string());
+  for (const auto& a : sim) command.append(" ").append(shell_quote(a));
+  const Result torchrun = run_shell(command, tmp.path / "torchrun");
+  CHECK(torchrun.exit_code == 2);
+  CHECK_THAT(torchrun.err, Catch::Contains("topology.backend: torchrun started this process as node 1 of 2") &&
+                               Catch::Contains("expected ucx"));
   CHECK_FALSE(fs::exists(tmp.path / "run"));
+  // torchrun with a single node: a sim job is whole there.
+  const Result single = run_shell("GROUP_RANK=0 GROUP_WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 TORCHELASTIC_RUN_ID=none " +
+                                      shell_quote(app_binary("atoll-train").string()) + " " + shell_quote(sim[0]) +
+                                      " --set " + shell_quote(sim[2]) + " --set train.steps=2",
+                                  tmp.path / "single");
+  INFO(single.err);
+  CHECK(single.exit_code == 0);
 }
 
 TEST_CASE("apps: a node alone at the rendezvous exits 1 after topology.rendezvous_timeout_s, naming the missing node",
@@ -304,6 +323,10 @@ TEST_CASE("apps: nodes placed by torchrun's variables train beside torchrun's ag
   CHECK(node0.exit_code == 0);
   CHECK(node1.exit_code == 0);
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 10);
+  // One rank per node: compute.threads' default is every core of the node (as the engine uses),
+  // not the share of a process that ran the whole 2-rank mesh.
+  const auto run_json = nlohmann::json::parse(read_file(tmp.path / "run" / "run.json"));
+  CHECK(run_json.at("compute_threads").get<int>() == atl::cpu::default_compute_threads(1));
 }
 
 TEST_CASE("apps: SIGTERM to one node stops every node after the same step, saved, and --resume continues exactly",
