@@ -20,10 +20,10 @@ int main(int argc, char** argv) {
   exp->add_option("out", out, "the HF directory to create")->required();
   exp->add_option("--dtype", dtype, "bulk tensors in fp32 or bf16 (FP32 islands always stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size");
+  exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size (default 5 GiB)");
   auto* imp = app.add_subcommand("import", "read an HF directory into a training checkpoint (step 0)");
   imp->add_option("hf_dir", hf_dir, "the HF directory")->required();
-  imp->add_option("out_root", out_root, "checkpoint root; the checkpoint is written to OUT_ROOT/step-00000000")
+  imp->add_option("out_root", out_root, "checkpoint root; the checkpoint is written to OUT_ROOT/step-00000000 (never over an existing one)")
       ->required();
   imp->add_option("--config", config_path,
                   "a run config whose model section states the model (default: the HF directory's config.json); "

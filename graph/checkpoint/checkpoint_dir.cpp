@@ -48,12 +48,6 @@ std::optional<std::int64_t> parse_step_dir_name(const std::string& name) {
   return step;
 }
 
-fs::path normalised(const fs::path& dir) {
-  fs::path d = dir.lexically_normal();
-  if (d.filename().empty()) d = d.parent_path();
-  return d;
-}
-
 std::string process_tag() { return std::to_string(static_cast<long>(::getpid())); }
 
 // Removal that is atomic as far as readers go: rename under a .tmp- name first, so a crash in the
@@ -101,6 +95,12 @@ void check_values(const fs::path& file, const std::string& what, const Tensor& t
 
 }  // namespace
 
+fs::path normalised_directory(const fs::path& dir) {
+  fs::path d = dir.lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  return d;
+}
+
 std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:08d}", step); }
 
 fs::path save_checkpoint(const fs::path& root, const CheckpointContents& contents, int keep) {
@@ -125,7 +125,11 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   json config = contents.model_config.is_null() ? json::object() : contents.model_config;
   if (!config.is_object()) fail(final_dir, "model_config (config.json) must be a JSON object");
 
-  fs::create_directories(root);
+  if (!fs::exists(root)) {
+    fs::create_directories(root);
+    const fs::path parent = normalised_directory(root).parent_path();
+    fsync_directory(parent.empty() ? fs::path(".") : parent);  // the new root survives a crash
+  }
   const fs::path temporary = root / fmt::format("{}{}-{}", kTemporaryPrefix, name, process_tag());
   fs::remove_all(temporary);
   fs::create_directory(temporary);
@@ -171,9 +175,6 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   }
   for (const auto& dir : stale) fs::remove_all(dir);
 
-  // Checkpoints of later steps belong to the timeline this save diverged from (a run resumed from
-  // an earlier step that stopped before its first save left them): retire them.
-  retire_checkpoints_after(root, contents.step);
   std::vector<fs::path> others;
   for (const auto& dir : complete_checkpoints(root)) {
     if (dir.filename() != final_dir.filename()) others.push_back(dir);
@@ -204,6 +205,20 @@ std::vector<fs::path> retire_checkpoints_after(const fs::path& root, std::int64_
   return later;
 }
 
+std::vector<fs::path> set_aside_checkpoints_after(const fs::path& root, std::int64_t step, const fs::path& aside) {
+  const std::vector<fs::path> later = checkpoints_after(root, step);
+  if (later.empty()) return {};
+  fs::create_directories(aside);
+  std::vector<fs::path> moved;
+  for (const auto& dir : later) {
+    moved.push_back(aside / dir.filename());
+    fs::rename(dir, moved.back());
+  }
+  fsync_directory(aside);
+  fsync_directory(root);
+  return moved;
+}
+
 std::vector<fs::path> complete_checkpoints(const fs::path& root) {
   std::vector<std::pair<std::int64_t, fs::path>> found;
   std::error_code ec;
@@ -227,7 +242,7 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
 }
 
 CheckpointContents load_checkpoint(const fs::path& dir_in, const CheckpointLoadOptions& options) {
-  const fs::path dir = normalised(dir_in);
+  const fs::path dir = normalised_directory(dir_in);
   if (!fs::is_directory(dir)) fail(dir, "not a checkpoint directory (missing or not a directory)");
   if (!fs::is_regular_file(dir / kComplete)) {
     fail(dir / kComplete, "missing: the checkpoint is incomplete (its save did not finish)");

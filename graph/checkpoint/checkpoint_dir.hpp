@@ -30,12 +30,16 @@ struct CheckpointContents {
 // Model shards are at most this big (2 GiB).
 inline constexpr std::int64_t kCheckpointShardBytes = std::int64_t{2} << 30;
 
+// `dir` without "." parts or a trailing slash ("out/" -> "out"): its filename() names it.
+std::filesystem::path normalised_directory(const std::filesystem::path& dir);
+
 // "step-00000010".
 std::string checkpoint_dir_name(std::int64_t step);
 
 // Saves `contents` as root/step-XXXXXXXX (replacing an existing one: it is renamed aside, then removed)
 // and returns that path. Then removes stale .tmp-* directories and, when keep > 0, the complete
 // checkpoints beyond `keep`: the one just saved stays, with the keep-1 highest-step others.
+// Checkpoints of later steps stay (a run resumed from an earlier step sets them aside first).
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const CheckpointContents& contents, int keep);
 
 // The complete checkpoints under root of steps above `step`, by step ascending: the timeline a run
@@ -43,6 +47,10 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& root, const C
 std::vector<std::filesystem::path> checkpoints_after(const std::filesystem::path& root, std::int64_t step);
 // Removes those; returns their paths.
 std::vector<std::filesystem::path> retire_checkpoints_after(const std::filesystem::path& root, std::int64_t step);
+// Moves those into `aside` (created; a name that is no step, so no --resume picks them, on the
+// same file system: a rename each) and returns their new paths.
+std::vector<std::filesystem::path> set_aside_checkpoints_after(const std::filesystem::path& root, std::int64_t step,
+                                                               const std::filesystem::path& aside);
 
 // Complete checkpoint directories (step-* holding COMPLETE) under root, by step ascending.
 std::vector<std::filesystem::path> complete_checkpoints(const std::filesystem::path& root);

@@ -23,9 +23,10 @@ RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
   return parse_run_config(config.dump(), state.string());
 }
 
-void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesystem::path& out_dir, DType bulk_dtype,
-               std::int64_t max_shard_bytes) {
+void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesystem::path& out_dir_given,
+               DType bulk_dtype, std::int64_t max_shard_bytes) {
   namespace fs = std::filesystem;
+  const fs::path out_dir = normalised_directory(out_dir_given);  // "out/" names out, for the temp name
   if (fs::exists(out_dir)) throw CheckpointError(out_dir.string() + ": already exists; export writes a new directory");
   const RunConfig config = checkpoint_run_config(checkpoint_dir);
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
@@ -80,6 +81,12 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   contents.trainer_state = {{"step", 0}, {"imported_from", hf_dir.string()}, {"family", model->family()},
                             {"preset", model->preset()}, {"config", to_json(config)}};
   contents.model_config = model->hf_config();
+  // An import adds a checkpoint; it never replaces one (nor touches the root's others).
+  const std::filesystem::path target = checkpoint_root / checkpoint_dir_name(0);
+  if (std::filesystem::exists(std::filesystem::symlink_status(target))) {
+    throw CheckpointError(target.string() + ": already exists; import writes a new step-00000000: choose another "
+                          "output directory");
+  }
   return save_checkpoint(checkpoint_root, contents, 0);
 }
 

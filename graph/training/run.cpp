@@ -20,6 +20,7 @@
 #include "graph/reference/trainer.hpp"
 #include "graph/plan/mesh.hpp"
 #include "graph/training/preflight.hpp"
+#include "graph/training/run_start.hpp"
 #include "graph/training/starting_point.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/model_weights.hpp"
@@ -50,73 +51,6 @@ void check_reference_supports(const RunConfig& c) {
   if (c.topology.backend != Backend::sim) {
     throw ConfigError(c.source_file, "topology.backend",
                       std::string("only sim runs in this build, got ") + backend_name(c.topology.backend));
-  }
-}
-
-// Throws ConfigError(`file`, `key`, "<context>'<dir>' is not writable: why") unless this process
-// can make a file in the existing directory `dir`, found by making one and removing it: root
-// passes access(2) even where the file system refuses (/sys, read-only mounts).
-void require_can_create_in(const std::filesystem::path& dir, const std::string& context, const std::string& file,
-                           const std::string& key) {
-  std::string probe = (dir / ".atoll-write-probe-XXXXXX").string();
-  std::string why;
-  if (const int fd = ::mkstemp(probe.data()); fd < 0) {
-    why = std::strerror(errno);
-  } else {
-    ::close(fd);
-    if (::unlink(probe.c_str()) != 0) why = "cannot remove the probe file " + probe + ": " + std::strerror(errno);
-  }
-  if (!why.empty()) throw ConfigError(file, key, context + "'" + dir.string() + "' is not writable: " + why);
-}
-
-// An output path must be a directory (or a file, for `as_file`) we can create or write: checked
-// before the first step, so a typo fails in a second instead of after the run.
-void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(path, ec)) {
-    if (as_file && fs::is_directory(path, ec)) throw ConfigError(file, key, "'" + path.string() + "' is a directory");
-    if (!as_file && !fs::is_directory(path, ec)) {
-      throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
-    }
-    const fs::path dir = as_file ? (path.has_parent_path() ? path.parent_path() : fs::path(".")) : path;
-    require_can_create_in(dir, "", file, key);
-    return;
-  }
-  // A file is written where it is named, without creating directories: its folder must exist.
-  if (as_file) {
-    const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-    if (!fs::is_directory(dir, ec)) {
-      throw ConfigError(file, key, "cannot write '" + path.string() + "': '" + dir.string() + "' is not a directory");
-    }
-    require_can_create_in(dir, "", file, key);
-    return;
-  }
-  // Not there yet: the nearest existing ancestor must be a writable directory.
-  fs::path ancestor = fs::absolute(path, ec).parent_path();
-  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path()) {
-    ancestor = ancestor.parent_path();
-  }
-  if (!fs::is_directory(ancestor, ec)) {
-    throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() + "' is not a directory");
-  }
-  require_can_create_in(ancestor, "cannot create '" + path.string() + "': ", file, key);
-}
-
-void check_outputs(const RunConfig& config, const RunOptions& options) {
-  check_output_path(config.run_dir, false, config.source_file, "run_dir");
-  if (config.checkpoint.every > 0) check_output_path(config.checkpoint.dir, false, config.source_file, "checkpoint.dir");
-  if (!options.trace_path.empty()) check_output_path(options.trace_path, true, config.source_file, "--trace");
-}
-
-// The writer's outputs can be made: usable paths, and no earlier run in run_dir unless --overwrite
-// or --resume says to replace or continue it.
-void check_writer_outputs(const RunConfig& config, const RunOptions& options) {
-  check_outputs(config, options);
-  if (std::filesystem::exists(std::filesystem::path(config.run_dir) / "metrics.jsonl") && !options.overwrite &&
-      !options.resume) {
-    throw ConfigError(config.source_file, "run_dir",
-                      "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it");
   }
 }
 
@@ -182,147 +116,6 @@ std::string format_duration(double seconds) {
   return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
 }
 
-// Resuming continues the same run: the model, the seed and the data must be those the checkpoint
-// was saved with (anything else silently changes the batches). train.steps may grow.
-void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state, const std::filesystem::path& dir) {
-  if (!trainer_state.contains("config")) return;  // imported checkpoints carry no run to continue
-  const nlohmann::json& saved = trainer_state.at("config");
-  const nlohmann::json now = to_json(config);
-  auto same = [&](const char* section, const char* key) {
-    const nlohmann::json& a = key ? saved.at(section).at(key) : saved.at(section);
-    const nlohmann::json& b = key ? now.at(section).at(key) : now.at(section);
-    if (a != b) {
-      const std::string name = key ? std::string(section) + "." + key : std::string(section);
-      throw ConfigError(config.source_file, name,
-                        "--resume continues the run saved in " + dir.string() + ", which had " + a.dump() +
-                            "; this config has " + b.dump());
-    }
-  };
-  same("model", nullptr);
-  same("train", "seed");
-  same("train", "global_batch");
-  same("train", "seq_len");
-  same("data", nullptr);
-}
-
-// A training checkpoint carries what a run needs to continue exactly; without it a resume would
-// silently restart the data stream or the token count. (An import, at step 0, carries none.)
-void check_resumable_state(const nlohmann::json& state, const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / "trainer_state.json";
-  if (state.contains("imported_from")) return;
-  auto need = [&](const char* key, bool ok, const char* expected) {
-    if (!state.contains(key)) {
-      throw CheckpointError(fmt::format("{}: \"{}\" is missing (expected {}); --resume cannot continue the run",
-                                        file.string(), key, expected));
-    }
-    if (!ok) throw CheckpointError(fmt::format("{}: \"{}\" must be {}", file.string(), key, expected));
-  };
-  need("data_cursor", state.contains("data_cursor") && state.at("data_cursor").is_object(), "a JSON object");
-  need("tokens",
-       state.contains("tokens") && state.at("tokens").is_number_integer() && state.at("tokens").get<std::int64_t>() >= 0,
-       "a non-negative integer");
-  need("config", state.contains("config") && state.at("config").is_object(), "the run's resolved config (an object)");
-  need("seed", state.contains("seed") && state.at("seed").is_number_unsigned(), "a non-negative integer");
-}
-
-// Where the run starts: a resumed checkpoint, weights to fine-tune from, or a fresh init.
-StartingPoint starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
-  namespace fs = std::filesystem;
-  StartingPoint start;
-  std::optional<fs::path> resume_dir;
-  if (options.resume) {
-    resume_dir = fs::path(*options.resume);
-    if (resume_dir->empty()) {
-      auto latest = latest_checkpoint(config.checkpoint.dir);
-      if (latest) {
-        resume_dir = *latest;
-      } else if (options.resume_if_any) {
-        resume_dir.reset();  // nothing saved yet: start fresh
-      } else {
-        throw ConfigError(config.source_file, "checkpoint.dir",
-                          "--resume found no complete checkpoint under '" + config.checkpoint.dir + "'");
-      }
-    }
-  }
-  if (resume_dir) {
-    const fs::path dir = *resume_dir;
-    CheckpointContents c = load_checkpoint(dir);
-    TensorMap master = model_weights_from(model, c, dir.string());
-    check_resumable_state(c.trainer_state, dir);
-    check_same_run(config, c.trainer_state, dir);
-    if (c.step >= config.train.steps) {
-      throw ConfigError(config.source_file, "train.steps",
-                        "the checkpoint " + dir.string() + " is at step " + std::to_string(c.step) +
-                            "; expected train.steps above it to continue");
-    }
-    start.state = {c.step, std::move(master), model_weights_from(model, c.exp_avg, dir.string() + " (exp_avg)"),
-                   model_weights_from(model, c.exp_avg_sq, dir.string() + " (exp_avg_sq)")};
-    if (c.trainer_state.contains("data_cursor")) {
-      start.data_cursor = c.trainer_state.at("data_cursor");
-    }
-    start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
-    start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
-    return start;
-  }
-  if (!config.checkpoint.load.empty()) {
-    start.state.master = model_weights_from(model, load_checkpoint(config.checkpoint.load), config.checkpoint.load);
-    start.description = "weights from " + config.checkpoint.load;
-    return start;
-  }
-  return start;  // a fresh model: the engine generates it (empty master)
-}
-
-// A multi-process job: node 0 finds and reads the starting point and hands it to every other
-// node (options.from_writer), or hands on why it could not.
-StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
-  const StartHandOver& link = *options.from_writer;
-  StartingPoint start;
-  if (options.writer) {
-    std::vector<std::byte> header;
-    try {
-      check_writer_outputs(config, options);  // a refusal reaches every node as node 0's reason
-      start = starting_point(config, options, model);
-      header = encode_start_header(start);
-    } catch (const std::exception& e) {
-      link.bytes(encode_start_failure(e.what()));
-      link.barrier();
-      throw;
-    }
-    link.bytes(std::move(header));
-  } else {
-    // (A malformed header, which a node 0 of the same build never sends, ends this node here and
-    // node 0 through the control plane.)
-    try {
-      start = decode_start_header(link.bytes({}));
-    } catch (const StartFailed&) {  // node 0's: it waits for every node to hear it
-      link.barrier();
-      throw;
-    }
-  }
-  for (const Tensor& t : start_tensors(start)) link.tensor(t);
-  link.barrier();
-  return start;
-}
-
-// A run resumed from `step` leaves checkpoint.dir's later checkpoints behind (their metrics lines
-// are cut): a bare --resume must not pick them. A run that saves there removes them now, before
-// the metrics are cut (its first save would, but a crash before it would leave them; save_checkpoint
-// keeps that rule for any other way in); one that saves nothing (checkpoint.every 0) keeps them, named.
-void leave_later_checkpoints(const RunConfig& config, std::int64_t step, std::ostream& out) {
-  namespace fs = std::filesystem;
-  if (config.checkpoint.every > 0) {
-    for (const fs::path& dir : retire_checkpoints_after(config.checkpoint.dir, step)) {
-      out << "removed " << dir.string() << ": a later step of the timeline this run resumes away from\n";
-    }
-    return;
-  }
-  const std::vector<fs::path> later = checkpoints_after(config.checkpoint.dir, step);
-  if (!later.empty()) {
-    out << "note: " << later.size() << " later checkpoint(s) stay, up to " << later.back().string()
-        << " (checkpoint.every is 0): a bare --resume would pick them, not this run's steps\n";
-  }
-}
-
 nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, const TrainingEngine& engine,
                                   std::int64_t step, std::int64_t tokens, const DataSource& data) {
   return {{"step", step},
@@ -345,9 +138,17 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   check_memory_preflight(config, *model, options.ranks_here);  // before the data source, the weights or the engine allocate
   auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
   const auto& t = config.train;
+  // (A single process is the writer: the checks of its outputs come first, writing nothing.)
   StartingPoint begin = options.from_writer ? shared_starting_point(config, options, *model)
-                                            : starting_point(config, options, *model);
-  if (begin.data_cursor) data->restore(*begin.data_cursor);
+                                            : writer_starting_point(config, options, *model);
+  if (begin.data_cursor) {
+    try {
+      data->restore(*begin.data_cursor);
+    } catch (const DataError& e) {  // name the checkpoint, not only the data source
+      throw DataError(begin.description + ": trainer_state.json's \"data_cursor\" does not fit data.source: " +
+                      e.what());
+    }
+  }
   const std::int64_t tokens_before = begin.tokens;
   const std::string start_description = begin.description;
   const std::int64_t first_step = begin.state.step + 1;
@@ -363,10 +164,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
-  if (options.writer) {
-    if (!options.from_writer) check_writer_outputs(config, options);  // shared: before the start is handed on
-    fs::create_directories(run_dir);
-  }
+  if (options.writer) fs::create_directories(run_dir);
 
   nlohmann::json run_json;
   run_json["config"] = to_json(config);
@@ -383,17 +181,16 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   // metrics.jsonl is the live record: one line appended and flushed per step, so a crash keeps
   // every finished step. It starts as the history this run continues (empty for a fresh run;
   // on resume, the lines before the resumed step), written durably in one piece.
-  std::string history;
-  if (options.writer && options.resume && fs::exists(metrics_path)) {
+  std::string history, cut;  // cut: the lines after the resumed step (kept with the checkpoints set aside)
+  if (options.writer && begin.resumed && fs::exists(metrics_path)) {
     std::ifstream old(metrics_path);
     for (std::string line; std::getline(old, line);) {
       // A line cut short by a crash is not history.
-      if (nlohmann::json::accept(line) && nlohmann::json::parse(line).value("step", std::int64_t{0}) < first_step) {
-        history += line + "\n";
-      }
+      if (!nlohmann::json::accept(line)) continue;
+      (nlohmann::json::parse(line).value("step", std::int64_t{0}) < first_step ? history : cut) += line + "\n";
     }
   }
-  if (options.writer && options.resume) leave_later_checkpoints(config, first_step - 1, out);
+  if (options.writer) prepare_checkpoint_dir(config, options, begin, cut, out);
   std::ofstream metrics;
   if (options.writer) {
     write_file_durably(metrics_path, history);
@@ -415,6 +212,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   const auto start = clock::now();
   double last_loss = 0;
   out << "start: " << start_description << "\n";
+  if (!begin.changed_settings.empty()) {
+    out << "note: settings differ from the checkpoint's run: " << begin.changed_settings
+        << " (the steps from here differ from that run's own continuation)\n";
+  }
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
   std::int64_t last_saved = -1;

@@ -22,6 +22,10 @@ struct StartingPoint {
   std::optional<nlohmann::json> data_cursor;
   std::int64_t tokens = 0;  // tokens trained on before the start
   std::string description = "fresh initialisation";
+  // Node 0's alone (not handed over): whether it resumes a checkpoint, and the settings that
+  // differ from that checkpoint's run ("train.steps 300 -> 400"; empty when none).
+  bool resumed = false;
+  std::string changed_settings;
 };
 
 // Node 0 could not start (a missing or damaged checkpoint, say); what() says why, from node 0.

@@ -5,10 +5,13 @@
 #include <thread>
 #include <tuple>
 
+#include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "tests/apps/app_test_support.hpp"
 
 using namespace atl::testing;
+using atl::complete_checkpoints;
+using atl::load_checkpoint;
 
 namespace {
 
@@ -197,6 +200,18 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-e
       tmp.path);
   CHECK(no_data.exit_code == 2);
   CHECK(no_data.err.find("none.txt") != std::string::npos);
+
+  // Export to "out/" (a trailing slash) writes out; an import into a root with training
+  // checkpoints adds step 0 and leaves them, and never replaces a step 0.
+  must_run("atoll-convert", {"export", ckpt.string(), (tmp.path / "hf-slash").string() + "/"}, tmp.path);
+  CHECK(fs::exists(tmp.path / "hf-slash" / "model.safetensors"));
+  const fs::path root = run / "checkpoints";
+  must_run("atoll-convert", {"import", (tmp.path / "hf-slash").string(), root.string()}, tmp.path);
+  CHECK(complete_checkpoints(root) == std::vector<fs::path>{root / "step-00000000", ckpt});
+  const Result again = run_app("atoll-convert", {"import", (tmp.path / "hf-slash").string(), root.string()}, tmp.path);
+  CHECK(again.exit_code == 2);
+  CHECK_THAT(again.err, Catch::Contains((root / "step-00000000").string() + ": already exists"));
+  CHECK(complete_checkpoints(root).size() == 2);
 }
 
 TEST_CASE("apps: atoll-eval --dump-logits writes fp32 logits that Python's safetensors reads", "[apps][checkpoint]") {
@@ -281,39 +296,104 @@ TEST_CASE("apps: a run killed mid-way resumes with its whole metrics history", "
   check_steps_once_in_order(run / "metrics.jsonl", 12);
 }
 
-TEST_CASE("apps: resuming from an earlier step removes the later checkpoints before its first step, unless it saves nothing",
+TEST_CASE("apps: resuming from an earlier step sets the later checkpoints and their metrics lines aside first",
           "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run", ck = run / "checkpoints";
   auto first = train_args(run);
   add_sets(first, {"train.steps=8", "checkpoint.every=2", "checkpoint.keep=0"});
   must_run("atoll-train", first, tmp.path);
-  auto from_step4 = [&](const char* every) {
-    auto args = train_args(run);
-    add_sets(args, {"train.steps=6", every});
-    args.push_back("--resume");
-    args.push_back((ck / "step-00000004").string());
-    return must_run("atoll-train", args, tmp.path);
-  };
-  // Saving nothing, it removes nothing: the later checkpoints stay, named.
-  const Result keeps = from_step4("checkpoint.every=0");
-  CHECK_THAT(keeps.out, Catch::Contains("2 later checkpoint(s) stay, up to " + (ck / "step-00000008").string()));
-  CHECK(fs::exists(ck / "step-00000008" / "COMPLETE"));
-  // Saving there, it removes them before its first step (a crash before its first save cannot
-  // leave them for a bare --resume to pick after the metrics were cut).
-  const Result removes = from_step4("checkpoint.every=3");
-  const auto removed = removes.out.find("removed " + (ck / "step-00000008").string());
-  const auto first_step = removes.out.find("step     5/6");
-  REQUIRE(removed != std::string::npos);
+  const auto first_lines = read_metrics(run / "metrics.jsonl");
+  REQUIRE(first_lines.size() == 8);
+
+  auto from_step4 = train_args(run);
+  add_sets(from_step4, {"train.steps=6"});  // saves nothing (checkpoint.every 0)
+  from_step4.push_back("--resume");
+  from_step4.push_back((ck / "step-00000004").string());
+  const Result r = must_run("atoll-train", from_step4, tmp.path);
+  const auto moved = r.out.find("moved 2 later checkpoint(s), step-00000006 to step-00000008, and their metrics lines, to " +
+                                (ck / "superseded-at-step-00000004-").string());
+  const auto first_step = r.out.find("step     5/6");
+  REQUIRE(moved != std::string::npos);
   REQUIRE(first_step != std::string::npos);
-  CHECK(removed < first_step);
-  CHECK_FALSE(fs::exists(ck / "step-00000008"));
-  // A bare --resume continues from this run's step 6: every step once, in order.
+  CHECK(moved < first_step);  // before the first step: a crash later cannot leave them for --resume
+  std::vector<fs::path> aside;
+  for (const auto& e : fs::directory_iterator(ck)) {
+    if (e.path().filename().string().rfind("superseded-", 0) == 0) aside.push_back(e.path());
+  }
+  REQUIRE(aside.size() == 1);
+  // Nothing is lost: the checkpoints load, and the lines after step 4 are the first run's.
+  CHECK(load_checkpoint(aside[0] / "step-00000008").step == 8);
+  CHECK(fs::exists(aside[0] / "step-00000006" / "COMPLETE"));
+  const auto cut = read_metrics(aside[0] / "metrics.jsonl");
+  REQUIRE(cut.size() == 4);
+  for (std::size_t i = 0; i < cut.size(); ++i) CHECK(cut[i] == first_lines[i + 4]);
+  CHECK(complete_checkpoints(ck) == std::vector<fs::path>{ck / "step-00000002", ck / "step-00000004"});
+  check_steps_once_in_order(run / "metrics.jsonl", 6);
+
+  // A bare --resume continues from step 4 (the latest left): every step once, in order, and the
+  // changed train.steps is named (the schedule's end moved).
   auto again = train_args(run);
   add_sets(again, {"train.steps=9", "checkpoint.every=3"});
   again.push_back("--resume");
-  must_run("atoll-train", again, tmp.path);
+  const Result resumed = must_run("atoll-train", again, tmp.path);
+  CHECK_THAT(resumed.out, Catch::Contains("start: resumed from " + (ck / "step-00000004").string()));
+  CHECK_THAT(resumed.out, Catch::Contains("note: settings differ from the checkpoint's run: train.steps 8 -> 9"));
   check_steps_once_in_order(run / "metrics.jsonl", 9);
+}
+
+TEST_CASE("apps: a fresh run refuses a checkpoint.dir that holds another run's checkpoints, --overwrite removes them",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path ck = tmp.path / "ck";
+  auto first = train_args(tmp.path / "a");
+  add_sets(first, {"train.steps=4", "checkpoint.every=2", ("checkpoint.dir=" + ck.string()).c_str()});
+  must_run("atoll-train", first, tmp.path);
+  REQUIRE(complete_checkpoints(ck).size() == 2);
+
+  auto second = train_args(tmp.path / "b");
+  add_sets(second, {"train.steps=3", "checkpoint.every=3", ("checkpoint.dir=" + ck.string()).c_str()});
+  const Result refused = run_app("atoll-train", second, tmp.path);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.err, Catch::Contains("checkpoint.dir: '" + ck.string() +
+                                          "' holds checkpoints of an earlier run (up to step-00000004)"));
+  CHECK(complete_checkpoints(ck).size() == 2);
+  CHECK_FALSE(fs::exists(tmp.path / "b"));
+
+  // --overwrite never removes the weights the run starts from.
+  auto from_own = second;
+  add_sets(from_own, {("checkpoint.load=" + (ck / "step-00000002").string()).c_str()});
+  from_own.push_back("--overwrite");
+  const Result load_refused = run_app("atoll-train", from_own, tmp.path);
+  CHECK(load_refused.exit_code == 2);
+  CHECK_THAT(load_refused.err, Catch::Contains("checkpoint.load: "));
+  CHECK(complete_checkpoints(ck).size() == 2);
+
+  second.push_back("--overwrite");
+  const Result replaced = must_run("atoll-train", second, tmp.path);
+  CHECK_THAT(replaced.out, Catch::Contains("removed " + (ck / "step-00000004").string()));
+  CHECK(complete_checkpoints(ck) == std::vector<fs::path>{ck / "step-00000003"});
+}
+
+TEST_CASE("apps: --resume-if-any with nothing saved starts again only the run in run_dir, never another",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
+  auto args = train_args(run);
+  add_sets(args, {"train.steps=3"});
+  args.push_back("--resume-if-any");
+  must_run("atoll-train", args, tmp.path);
+  const std::string metrics = metrics_without_timing(run / "metrics.jsonl");
+  // The same job restarted (no checkpoint yet): it starts again and writes the same steps.
+  must_run("atoll-train", args, tmp.path);
+  CHECK(metrics_without_timing(run / "metrics.jsonl") == metrics);
+  // Another config is another run: kept, unless --overwrite.
+  auto other = args;
+  add_sets(other, {"train.lr=1.0e-3"});
+  const Result refused = run_app("atoll-train", other, tmp.path);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.err, Catch::Contains("already holds a run") && Catch::Contains("train.lr differs"));
+  CHECK(metrics_without_timing(run / "metrics.jsonl") == metrics);
 }
 
 TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, checkpoint.load and atoll-eval",

@@ -326,6 +326,31 @@ TEST_CASE("failures: checkpoints with NaN weights, negative second moments, no d
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("\"data_cursor\" is missing") != std::string::npos);
 
+  // A saved config without a key the resume compares (an older or edited file): named, exit 2.
+  const fs::path no_seed = copy_checkpoint(good, tmp.path / "seed" / "step-00000002");
+  {
+    nlohmann::json state = nlohmann::json::parse(read_file(no_seed / "trainer_state.json"));
+    state["config"]["train"].erase("seed");
+    write_file(no_seed / "trainer_state.json", state.dump());
+    write_file(no_seed / "COMPLETE", make_manifest(no_seed, 2, "COMPLETE").dump());
+  }
+  r = resume(no_seed);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains((no_seed / "trainer_state.json").string() + ": \"config\" has no train.seed"));
+
+  // A data cursor of another kind of source: the checkpoint is named, not only the data.
+  const fs::path other_cursor = copy_checkpoint(good, tmp.path / "other-cursor" / "step-00000002");
+  {
+    nlohmann::json state = nlohmann::json::parse(read_file(other_cursor / "trainer_state.json"));
+    state["data_cursor"]["source"] = "documents";
+    write_file(other_cursor / "trainer_state.json", state.dump());
+    write_file(other_cursor / "COMPLETE", make_manifest(other_cursor, 2, "COMPLETE").dump());
+  }
+  r = resume(other_cursor);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("resumed from " + other_cursor.string()) &&
+                        Catch::Contains("trainer_state.json's \"data_cursor\" does not fit data.source"));
+
   const fs::path int_weights = copy_checkpoint(good, tmp.path / "i32" / "step-00000002");
   edit_checkpoint_tensor(int_weights, "model.safetensors", "model.norm.weight",
                          [](const Tensor& t) { return t.to(DType::i32); });

@@ -115,14 +115,27 @@ TEST_CASE("checkpoint dir: keep rotation removes the oldest complete checkpoints
   CHECK(entries(root) == std::vector<std::string>{"step-00000004", "step-00000005"});
   check_same(load_checkpoint(root / "step-00000004"), make_contents(4, 14));
 
-  // Saving an earlier step (a run resumed from there) retires the later ones of the abandoned
-  // timeline, so a bare --resume cannot pick them; the checkpoint just saved stays.
-  save_checkpoint(root, make_contents(3, 33), 2);
-  CHECK(entries(root) == std::vector<std::string>{"step-00000003"});
-  CHECK(latest_checkpoint(root) == root / "step-00000003");
   save_checkpoint(root, make_contents(6, 16), 1);
   CHECK(entries(root) == std::vector<std::string>{"step-00000006"});
   CHECK(latest_checkpoint(root) == root / "step-00000006");
+}
+
+TEST_CASE("checkpoint dir: later checkpoints are set aside intact, out of --resume's sight", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  for (std::int64_t step : {2, 4, 6}) save_checkpoint(root, make_contents(step, 10 + step), 0);
+  CHECK(checkpoints_after(root, 2) == std::vector<fs::path>{root / "step-00000004", root / "step-00000006"});
+  const fs::path aside = root / "superseded-test";
+  const auto moved = set_aside_checkpoints_after(root, 2, aside);
+  CHECK(moved == std::vector<fs::path>{aside / "step-00000004", aside / "step-00000006"});
+  CHECK(entries(root) == std::vector<std::string>{"step-00000002", "superseded-test"});
+  CHECK(latest_checkpoint(root) == root / "step-00000002");
+  check_same(load_checkpoint(aside / "step-00000006"), make_contents(6, 16));  // whole, still loadable
+  // A save (keep rotation, stale temporaries) leaves the folder alone; nothing left to set aside.
+  save_checkpoint(root, make_contents(3, 13), 1);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000003", "superseded-test"});
+  CHECK(set_aside_checkpoints_after(root, 3, root / "other").empty());
+  CHECK_FALSE(fs::exists(root / "other"));
 }
 
 TEST_CASE("checkpoint dir: a killed save leaves the previous checkpoint the latest and loadable", "[checkpoint]") {

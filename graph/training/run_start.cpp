@@ -1,0 +1,331 @@
+#include "graph/training/run_start.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <ostream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/model_weights.hpp"
+
+namespace atl {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Throws ConfigError(`file`, `key`, "<context>'<dir>' is not writable: why") unless this process
+// can make a file in the existing directory `dir`, found by making one and removing it: root
+// passes access(2) even where the file system refuses (/sys, read-only mounts).
+void require_can_create_in(const std::filesystem::path& dir, const std::string& context, const std::string& file,
+                           const std::string& key) {
+  std::string probe = (dir / ".atoll-write-probe-XXXXXX").string();
+  std::string why;
+  if (const int fd = ::mkstemp(probe.data()); fd < 0) {
+    why = std::strerror(errno);
+  } else {
+    ::close(fd);
+    if (::unlink(probe.c_str()) != 0) why = "cannot remove the probe file " + probe + ": " + std::strerror(errno);
+  }
+  if (!why.empty()) throw ConfigError(file, key, context + "'" + dir.string() + "' is not writable: " + why);
+}
+
+// An output path must be a directory (or a file, for `as_file`) we can create or write: checked
+// before the first step, so a typo fails in a second instead of after the run.
+void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    if (as_file && fs::is_directory(path, ec)) throw ConfigError(file, key, "'" + path.string() + "' is a directory");
+    if (!as_file && !fs::is_directory(path, ec)) {
+      throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
+    }
+    const fs::path dir = as_file ? (path.has_parent_path() ? path.parent_path() : fs::path(".")) : path;
+    require_can_create_in(dir, "", file, key);
+    return;
+  }
+  // A file is written where it is named, without creating directories: its folder must exist.
+  if (as_file) {
+    const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+    if (!fs::is_directory(dir, ec)) {
+      throw ConfigError(file, key, "cannot write '" + path.string() + "': '" + dir.string() + "' is not a directory");
+    }
+    require_can_create_in(dir, "", file, key);
+    return;
+  }
+  // Not there yet: the nearest existing ancestor must be a writable directory.
+  fs::path ancestor = fs::absolute(path, ec).parent_path();
+  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path()) {
+    ancestor = ancestor.parent_path();
+  }
+  if (!fs::is_directory(ancestor, ec)) {
+    throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() + "' is not a directory");
+  }
+  require_can_create_in(ancestor, "cannot create '" + path.string() + "': ", file, key);
+}
+
+void check_outputs(const RunConfig& config, const RunOptions& options) {
+  check_output_path(config.run_dir, false, config.source_file, "run_dir");
+  if (config.checkpoint.every > 0) check_output_path(config.checkpoint.dir, false, config.source_file, "checkpoint.dir");
+  if (!options.trace_path.empty()) check_output_path(options.trace_path, true, config.source_file, "--trace");
+}
+
+// The resolved config of the run recorded in run_dir (run.json), if it can be read.
+std::optional<nlohmann::json> recorded_config(const RunConfig& config) {
+  std::ifstream in(fs::path(config.run_dir) / "run.json");
+  if (!in) return std::nullopt;
+  const nlohmann::json run = nlohmann::json::parse(in, nullptr, false);
+  if (run.is_discarded() || !run.is_object() || !run.contains("config")) return std::nullopt;
+  return run.at("config");
+}
+
+// The first key ("train.steps") whose value differs between two resolved configs.
+std::string first_changed_key(const nlohmann::json& was, const nlohmann::json& now) {
+  for (const auto& [section, value] : now.items()) {
+    if (!was.contains(section)) return section;
+    if (!value.is_object() || !was.at(section).is_object()) {
+      if (was.at(section) != value) return section;
+      continue;
+    }
+    for (const auto& [key, v] : value.items()) {
+      if (!was.at(section).contains(key) || was.at(section).at(key) != v) return section + "." + key;
+    }
+  }
+  return "(a key this config lacks)";
+}
+
+// The writer's outputs can be made: usable paths, and, for a fresh start, no earlier run in run_dir
+// or checkpoint.dir unless --overwrite says to replace it. (Checks only: nothing is written.)
+void check_writer_outputs(const RunConfig& config, const RunOptions& options, bool resuming) {
+  check_outputs(config, options);
+  if (resuming || options.overwrite) {
+    if (!resuming && !config.checkpoint.load.empty()) {
+      // --overwrite removes checkpoint.dir's checkpoints: never the weights this run starts from.
+      const fs::path load = fs::weakly_canonical(config.checkpoint.load);
+      for (const fs::path& dir : checkpoints_after(config.checkpoint.dir, 0)) {
+        if (fs::weakly_canonical(dir) == load) {
+          throw ConfigError(config.source_file, "checkpoint.load",
+                            "'" + config.checkpoint.load + "' is a checkpoint of the run --overwrite replaces (under "
+                            "checkpoint.dir '" + config.checkpoint.dir + "'); copy it elsewhere first, or set "
+                            "another checkpoint.dir");
+        }
+      }
+    }
+    return;
+  }
+  if (fs::exists(fs::path(config.run_dir) / "metrics.jsonl")) {
+    std::string why = "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it";
+    if (options.resume_if_any) {
+      // A job restarted before its first checkpoint starts again: the same config reproduces it.
+      const std::optional<nlohmann::json> recorded = recorded_config(config);
+      const nlohmann::json now = to_json(config);
+      if (recorded && *recorded == now) return;
+      why += fmt::format(" (--resume-if-any found no checkpoint under '{}', and run.json {})", config.checkpoint.dir,
+                         recorded ? "has another config: " + first_changed_key(*recorded, now) + " differs"
+                                  : std::string("is missing or unreadable"));
+    }
+    throw ConfigError(config.source_file, "run_dir", why);
+  }
+  // Step 0 is an import's (weights to start from), never a run's save.
+  if (const std::vector<fs::path> earlier = checkpoints_after(config.checkpoint.dir, 0); !earlier.empty()) {
+    throw ConfigError(config.source_file, "checkpoint.dir",
+                      "'" + config.checkpoint.dir + "' holds checkpoints of an earlier run (up to " +
+                          earlier.back().filename().string() + "), which a later --resume would mix with this "
+                          "run; pass --resume to continue that run, --overwrite to replace it (its checkpoints "
+                          "are removed), or set another checkpoint.dir");
+  }
+}
+
+// The checkpoint the writer resumes from, or none for a fresh start.
+std::optional<fs::path> resume_source(const RunConfig& config, const RunOptions& options) {
+  if (!options.resume) return std::nullopt;
+  if (!options.resume->empty()) return fs::path(*options.resume);
+  if (auto latest = latest_checkpoint(config.checkpoint.dir)) return *latest;
+  if (options.resume_if_any) return std::nullopt;  // nothing saved yet: start fresh
+  throw ConfigError(config.source_file, "checkpoint.dir",
+                    "--resume found no complete checkpoint under '" + config.checkpoint.dir + "'");
+}
+
+// A saved config value ("train.seed" in trainer_state.json's "config"); CheckpointError naming the
+// file and key when it is missing (a damaged or foreign file).
+const nlohmann::json& saved_value(const nlohmann::json& saved, const std::string& section, const char* key,
+                                  const fs::path& dir) {
+  const std::string name = key ? section + "." + key : section;
+  const bool found = saved.contains(section) && (!key || (saved.at(section).is_object() && saved.at(section).contains(key)));
+  if (!found) {
+    throw CheckpointError((dir / "trainer_state.json").string() + ": \"config\" has no " + name +
+                          "; --resume cannot tell whether this config continues its run");
+  }
+  return key ? saved.at(section).at(key) : saved.at(section);
+}
+
+// Resuming continues the same run: the model, the seed and the data must be those the checkpoint
+// was saved with (anything else silently changes the batches). Imports carry no run to continue.
+void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state, const fs::path& dir) {
+  if (trainer_state.contains("imported_from")) return;
+  const nlohmann::json& saved = trainer_state.at("config");
+  const nlohmann::json now = to_json(config);
+  auto same = [&](const char* section, const char* key) {
+    const nlohmann::json& a = saved_value(saved, section, key, dir);
+    const nlohmann::json& b = key ? now.at(section).at(key) : now.at(section);
+    if (a != b) {
+      const std::string name = key ? std::string(section) + "." + key : std::string(section);
+      throw ConfigError(config.source_file, name,
+                        "--resume continues the run saved in " + dir.string() + ", which had " + a.dump() +
+                            "; this config has " + b.dump());
+    }
+  };
+  same("model", nullptr);
+  same("train", "seed");
+  same("train", "global_batch");
+  same("train", "seq_len");
+  same("data", nullptr);
+}
+
+// Settings a resumed run may change, each of which makes its steps differ from the saved run's
+// continuation (train.steps moves the cosine schedule's end): named, so a change is never silent.
+std::string changed_settings(const RunConfig& config, const nlohmann::json& trainer_state) {
+  if (trainer_state.contains("imported_from")) return "";
+  const nlohmann::json& saved = trainer_state.at("config");
+  const nlohmann::json now = to_json(config);
+  static const std::pair<const char*, const char*> keys[] = {
+      {"train", "steps"},        {"train", "lr"},      {"train", "warmup"}, {"train", "min_lr_ratio"},
+      {"train", "weight_decay"}, {"train", "beta1"},   {"train", "beta2"},  {"train", "adam_eps"},
+      {"train", "grad_clip"},    {"train", "micro_batch"}, {"precision", nullptr}};
+  std::string changed;
+  for (const auto& [section, key] : keys) {
+    const nlohmann::json* was = saved.contains(section) ? &saved.at(section) : nullptr;
+    if (was && key) was = was->is_object() && was->contains(key) ? &was->at(key) : nullptr;
+    const nlohmann::json& is = key ? now.at(section).at(key) : now.at(section);
+    if (was && *was != is) {
+      changed += fmt::format("{}{}{}{} {} -> {}", changed.empty() ? "" : ", ", section, key ? "." : "",
+                             key ? key : "", was->dump(), is.dump());
+    }
+  }
+  return changed;
+}
+
+// A training checkpoint carries what a run needs to continue exactly; without it a resume would
+// silently restart the data stream or the token count. (An import, at step 0, carries none.)
+void check_resumable_state(const nlohmann::json& state, const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "trainer_state.json";
+  if (state.contains("imported_from")) return;
+  auto need = [&](const char* key, bool ok, const char* expected) {
+    if (!state.contains(key)) {
+      throw CheckpointError(fmt::format("{}: \"{}\" is missing (expected {}); --resume cannot continue the run",
+                                        file.string(), key, expected));
+    }
+    if (!ok) throw CheckpointError(fmt::format("{}: \"{}\" must be {}", file.string(), key, expected));
+  };
+  need("data_cursor", state.contains("data_cursor") && state.at("data_cursor").is_object(), "a JSON object");
+  need("tokens",
+       state.contains("tokens") && state.at("tokens").is_number_integer() && state.at("tokens").get<std::int64_t>() >= 0,
+       "a non-negative integer");
+  need("config", state.contains("config") && state.at("config").is_object(), "the run's resolved config (an object)");
+  need("seed", state.contains("seed") && state.at("seed").is_number_unsigned(), "a non-negative integer");
+}
+
+// Reads the starting point: the checkpoint resumed from, weights to fine-tune from, or a fresh init.
+StartingPoint read_starting_point(const RunConfig& config, const std::optional<fs::path>& resume_dir,
+                                  const Model& model) {
+  StartingPoint start;
+  if (resume_dir) {
+    const fs::path dir = *resume_dir;
+    CheckpointContents c = load_checkpoint(dir);
+    TensorMap master = model_weights_from(model, c, dir.string());
+    check_resumable_state(c.trainer_state, dir);
+    check_same_run(config, c.trainer_state, dir);
+    if (c.step >= config.train.steps) {
+      throw ConfigError(config.source_file, "train.steps",
+                        "the checkpoint " + dir.string() + " is at step " + std::to_string(c.step) +
+                            "; expected train.steps above it to continue");
+    }
+    start.state = {c.step, std::move(master), model_weights_from(model, c.exp_avg, dir.string() + " (exp_avg)"),
+                   model_weights_from(model, c.exp_avg_sq, dir.string() + " (exp_avg_sq)")};
+    if (c.trainer_state.contains("data_cursor")) {
+      start.data_cursor = c.trainer_state.at("data_cursor");
+    }
+    start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
+    start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
+    start.resumed = true;
+    start.changed_settings = changed_settings(config, c.trainer_state);
+    return start;
+  }
+  if (!config.checkpoint.load.empty()) {
+    start.state.master = model_weights_from(model, load_checkpoint(config.checkpoint.load), config.checkpoint.load);
+    start.description = "weights from " + config.checkpoint.load;
+    return start;
+  }
+  return start;  // a fresh model: the engine generates it (empty master)
+}
+
+}  // namespace
+
+StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
+  const std::optional<fs::path> from = resume_source(config, options);
+  check_writer_outputs(config, options, from.has_value());
+  return read_starting_point(config, from, model);
+}
+
+StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
+  const StartHandOver& link = *options.from_writer;
+  StartingPoint start;
+  if (options.writer) {
+    std::vector<std::byte> header;
+    try {
+      start = writer_starting_point(config, options, model);  // a refusal reaches every node as node 0's reason
+      header = encode_start_header(start);
+    } catch (const std::exception& e) {
+      link.bytes(encode_start_failure(e.what()));
+      link.barrier();
+      throw;
+    }
+    link.bytes(std::move(header));
+  } else {
+    // (A malformed header, which a node 0 of the same build never sends, ends this node here and
+    // node 0 through the control plane.)
+    try {
+      start = decode_start_header(link.bytes({}));
+    } catch (const StartFailed&) {  // node 0's: it waits for every node to hear it
+      link.barrier();
+      throw;
+    }
+  }
+  for (const Tensor& t : start_tensors(start)) link.tensor(t);
+  link.barrier();
+  return start;
+}
+
+void prepare_checkpoint_dir(const RunConfig& config, const RunOptions& options, const StartingPoint& start,
+                            const std::string& cut_metrics, std::ostream& out) {
+  const fs::path root = config.checkpoint.dir;
+  if (!start.resumed) {
+    if (!options.overwrite) return;  // a fresh start found no earlier run's checkpoints (checked)
+    for (const fs::path& dir : retire_checkpoints_after(root, 0)) {
+      out << "removed " << dir.string() << ": a checkpoint of the run --overwrite replaces\n";
+    }
+    return;
+  }
+  const std::int64_t step = start.state.step;
+  if (checkpoints_after(root, step).empty()) return;
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+  const fs::path aside = root / fmt::format("superseded-at-step-{:08d}-{}", step, now.count());
+  const std::vector<fs::path> moved = set_aside_checkpoints_after(root, step, aside);
+  if (!cut_metrics.empty()) write_file_durably(aside / "metrics.jsonl", cut_metrics);
+  out << "moved " << moved.size() << " later checkpoint(s), " << moved.front().filename().string() << " to "
+      << moved.back().filename().string() << (cut_metrics.empty() ? "" : ", and their metrics lines")
+      << ", to " << aside.string() << ": the timeline this run resumes away from (a bare --resume no longer picks "
+      << "them; delete the folder when it is no longer needed)\n";
+}
+
+}  // namespace atl
