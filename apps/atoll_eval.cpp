@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   app.add_option("config", config_path, "run config (model, precision, data, train.global_batch/seq_len)")->required();
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
   app.add_option("--set", sets, "override a config key (repeatable)");
-  app.add_option("--batches", batches, "batches of train.global_batch x train.seq_len to score")
+  app.add_option("--batches", batches, "batches of train.global_batch x train.seq_len to score (default 8)")
       ->check(CLI::PositiveNumber);
   auto* dump = app.add_option("--dump-logits", dump_logits, "write the fp32 logits of --tokens rows here");
   auto* rows = app.add_option("--tokens", tokens, "safetensors file with input_ids, positions, valid [B, S]");
