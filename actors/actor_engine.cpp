@@ -35,7 +35,8 @@ std::shared_ptr<CommBackend> make_comm_backend(const RunConfig& config, int worl
 }
 
 // CAF's scheduler, sized for a process whose heavy work runs elsewhere: kernels run on detached
-// compute actors and their pools, transfers on detached comm actors. CAF's defaults (at least 4
+// compute actors and their pools, transfers on the backends' own threads (comm actors only post
+// them). CAF's defaults (at least 4
 // workers; an idle worker spins, then polls 500 times with 50 us sleeps before it waits on its
 // condition variable) took ~15% of a 2-core machine's cycles in context switches while the
 // compute threads worked (perf, beam-small). One worker per core, and 10 sleeping polls (0.5 ms)

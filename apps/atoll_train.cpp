@@ -4,6 +4,8 @@
 // Exit codes: 0 done, 2 bad config or command line (nothing written; nodes running different
 // jobs), 3 a non-finite loss or gradient, 143 / 130 stopped by SIGTERM / SIGINT after saving
 // (docs/failures.md), 1 failure while running.
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <new>
 
@@ -87,6 +89,11 @@ int main(int argc, char** argv) {
   atl::install_graceful_stop();
   atl::exit_on_escaped_exception("atoll-train");
   options.stop_requested = atl::graceful_stop_signal;
+  // scripts/launch names a file to create once the run has prepared its outputs: its restarts
+  // then resume the latest checkpoint instead of repeating this start's --resume DIR or --overwrite.
+  if (const char* marker = std::getenv("ATOLL_LAUNCH_STARTED"); marker != nullptr && *marker != '\0') {
+    options.started = [path = std::string(marker)] { std::ofstream(path) << "started\n"; };
+  }
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
     const bool node_flags = node.node_rank || node.nnodes || node.master_addr || node.master_port;
@@ -150,6 +157,9 @@ int main(int argc, char** argv) {
   } catch (const atl::DataError& e) {  // bad input: a data file
     std::cerr << "atoll-train: " << e.what() << "\n";
     return 2;
+  } catch (const atl::StartFailed& e) {  // node 0's reason; bad input there is bad input here
+    std::cerr << "atoll-train: " << e.what() << "\n";
+    return e.bad_input() ? 2 : 1;
   } catch (const std::bad_alloc&) {
     std::cerr << "atoll-train: out of memory (the preflight estimate, docs/failures.md, is coarse: reduce "
                  "train.micro_batch, train.seq_len or the mesh)\n";

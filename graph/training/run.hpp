@@ -55,6 +55,10 @@ struct RunOptions {
   // of the mesh (sim) or the reference engine's one. Sizes compute.threads' default and the
   // memory preflight.
   int ranks_here = 0;
+  // Called by the writer once it has prepared run_dir and checkpoint.dir, before the first step:
+  // from then on a restart must resume the latest checkpoint rather than repeat this start's
+  // --resume DIR or --overwrite (scripts/launch).
+  std::function<void()> started;
   // A multi-process job: set, node 0 alone finds and reads the checkpoint to start from and hands
   // its starting point to the others through these collectives, so they need no view of
   // checkpoint.dir and cannot start anywhere else.

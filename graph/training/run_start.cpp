@@ -17,6 +17,7 @@
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/durable_file.hpp"
 #include "graph/checkpoint/model_weights.hpp"
+#include "graph/data/data_source.hpp"
 
 namespace atl {
 
@@ -104,8 +105,17 @@ std::string first_changed_key(const nlohmann::json& was, const nlohmann::json& n
   return "(a key this config lacks)";
 }
 
-// The writer's outputs can be made: usable paths, and, for a fresh start, no earlier run in run_dir
-// or checkpoint.dir unless --overwrite says to replace it. (Checks only: nothing is written.)
+// Whether `dir` is an imported checkpoint (atoll-convert import: step 0, no run to continue); an
+// unreadable state is left for the load to report.
+bool is_import(const fs::path& dir) {
+  std::ifstream in(dir / "trainer_state.json");
+  const nlohmann::json state = nlohmann::json::parse(in, nullptr, false);
+  return !state.is_discarded() && state.is_object() && state.contains("imported_from");
+}
+
+// The writer's outputs can be made: usable paths, and, for a fresh start (or one from an import),
+// no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it. (Checks only:
+// nothing is written.)
 void check_writer_outputs(const RunConfig& config, const RunOptions& options, bool resuming) {
   check_outputs(config, options);
   if (resuming || options.overwrite) {
@@ -146,11 +156,12 @@ void check_writer_outputs(const RunConfig& config, const RunOptions& options, bo
   }
 }
 
-// The checkpoint the writer resumes from, or none for a fresh start.
+// The checkpoint the writer resumes from, or none for a fresh start. A bare --resume takes the
+// latest a run saved (steps from 1): an import (step 0) is weights to start from, not a run.
 std::optional<fs::path> resume_source(const RunConfig& config, const RunOptions& options) {
   if (!options.resume) return std::nullopt;
   if (!options.resume->empty()) return fs::path(*options.resume);
-  if (auto latest = latest_checkpoint(config.checkpoint.dir)) return *latest;
+  if (const auto saved = checkpoints_after(config.checkpoint.dir, 0); !saved.empty()) return saved.back();
   if (options.resume_if_any) return std::nullopt;  // nothing saved yet: start fresh
   throw ConfigError(config.source_file, "checkpoint.dir",
                     "--resume found no complete checkpoint under '" + config.checkpoint.dir + "'");
@@ -257,7 +268,7 @@ StartingPoint read_starting_point(const RunConfig& config, const std::optional<f
     }
     start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
     start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
-    start.resumed = true;
+    start.resumed = !c.trainer_state.contains("imported_from");  // an import starts a run afresh
     start.changed_settings = changed_settings(config, c.trainer_state);
     return start;
   }
@@ -273,7 +284,7 @@ StartingPoint read_starting_point(const RunConfig& config, const std::optional<f
 
 StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
   const std::optional<fs::path> from = resume_source(config, options);
-  check_writer_outputs(config, options, from.has_value());
+  check_writer_outputs(config, options, from && !is_import(*from));
   return read_starting_point(config, from, model);
 }
 
@@ -286,7 +297,9 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
       start = writer_starting_point(config, options, model);  // a refusal reaches every node as node 0's reason
       header = encode_start_header(start);
     } catch (const std::exception& e) {
-      link.bytes(encode_start_failure(e.what()));
+      const bool bad_input = dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const CheckpointError*>(&e) ||
+                             dynamic_cast<const DataError*>(&e);
+      link.bytes(encode_start_failure(e.what(), bad_input));
       link.barrier();
       throw;
     }
@@ -319,9 +332,12 @@ void prepare_checkpoint_dir(const RunConfig& config, const RunOptions& options, 
   const std::int64_t step = start.state.step;
   if (checkpoints_after(root, step).empty()) return;
   const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
-  const fs::path aside = root / fmt::format("superseded-at-step-{:08d}-{}", step, now.count());
-  const std::vector<fs::path> moved = set_aside_checkpoints_after(root, step, aside);
+  const std::string name = fmt::format("superseded-at-step-{:08d}-{}", step, now.count());
+  fs::path aside = root / name;
+  for (int n = 2; !fs::create_directory(aside); ++n) aside = root / fmt::format("{}-{}", name, n);  // a fresh one
+  // The metrics lines first: a crash among the moves leaves them with what was moved.
   if (!cut_metrics.empty()) write_file_durably(aside / "metrics.jsonl", cut_metrics);
+  const std::vector<fs::path> moved = set_aside_checkpoints_after(root, step, aside);
   out << "moved " << moved.size() << " later checkpoint(s), " << moved.front().filename().string() << " to "
       << moved.back().filename().string() << (cut_metrics.empty() ? "" : ", and their metrics lines")
       << ", to " << aside.string() << ": the timeline this run resumes away from (a bare --resume no longer picks "

@@ -53,7 +53,9 @@ std::vector<Tensor> start_tensors(const StartingPoint& start) {
   return out;
 }
 
-std::vector<std::byte> encode_start_failure(const std::string& why) { return frame(json{{"failed", why}}); }
+std::vector<std::byte> encode_start_failure(const std::string& why, bool bad_input) {
+  return frame(json{{"failed", why}, {"bad_input", bad_input}});
+}
 
 namespace {
 
@@ -73,7 +75,10 @@ json header_of(std::span<const std::byte> bytes) {
 }
 
 StartingPoint decode_body(const json& header) {
-  if (header.contains("failed")) throw StartFailed("node 0 could not start: " + header.at("failed").get<std::string>());
+  if (header.contains("failed")) {
+    throw StartFailed("node 0 could not start: " + header.at("failed").get<std::string>(),
+                      header.value("bad_input", false));
+  }
   StartingPoint start;
   start.state.step = header.at("step").get<std::int64_t>();
   start.tokens = header.at("tokens").get<std::int64_t>();

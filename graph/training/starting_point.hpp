@@ -29,9 +29,15 @@ struct StartingPoint {
 };
 
 // Node 0 could not start (a missing or damaged checkpoint, say); what() says why, from node 0.
+// bad_input: node 0's reason was bad input (config, checkpoint, data: its exit code 2), which every
+// node then reports alike, so a launcher does not take it for a failure a restart could mend.
 class StartFailed : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  StartFailed(const std::string& what, bool bad_input) : std::runtime_error(what), bad_input_(bad_input) {}
+  bool bad_input() const { return bad_input_; }
+
+ private:
+  bool bad_input_;
 };
 
 // How node 0 hands its starting point to the other nodes of a multi-process job (the app wires
@@ -50,7 +56,7 @@ struct StartHandOver {
 // then exp_avg, then exp_avg_sq).
 std::vector<std::byte> encode_start_header(const StartingPoint& start);
 // Node 0's failure, to hand on instead of a header.
-std::vector<std::byte> encode_start_failure(const std::string& why);
+std::vector<std::byte> encode_start_failure(const std::string& why, bool bad_input);
 // Whether bytes encode node 0's failure (every node then stops: an end they all agree on).
 bool is_start_failure(std::span<const std::byte> bytes);
 // The header's starting point with uninitialised tensors of its shapes, to receive into. Throws

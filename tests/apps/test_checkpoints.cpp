@@ -212,6 +212,24 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-e
   CHECK(again.exit_code == 2);
   CHECK_THAT(again.err, Catch::Contains((root / "step-00000000").string() + ": already exists"));
   CHECK(complete_checkpoints(root).size() == 2);
+
+  // An import is weights to start from, not a run: a bare --resume does not take it, and a
+  // --resume of it is a fresh start (the run in run_dir is kept unless --overwrite).
+  const fs::path imported = tmp.path / "imported-fp32";
+  auto bare = train_args(run);
+  add_sets(bare, {("checkpoint.dir=" + imported.string()).c_str()});
+  bare.push_back("--resume");
+  const Result no_run = run_app("atoll-train", bare, tmp.path);
+  CHECK(no_run.exit_code == 2);
+  CHECK_THAT(no_run.err, Catch::Contains("--resume found no complete checkpoint"));
+  const std::string metrics = read_file(run / "metrics.jsonl");
+  auto from_import = train_args(run);
+  from_import.push_back("--resume");
+  from_import.push_back((imported / "step-00000000").string());
+  const Result kept = run_app("atoll-train", from_import, tmp.path);
+  CHECK(kept.exit_code == 2);
+  CHECK_THAT(kept.err, Catch::Contains("already holds a run"));
+  CHECK(read_file(run / "metrics.jsonl") == metrics);
 }
 
 TEST_CASE("apps: atoll-eval --dump-logits writes fp32 logits that Python's safetensors reads", "[apps][checkpoint]") {

@@ -235,6 +235,43 @@ Result launch_and_kill_a_node(const std::string& launch_args, const fs::path& ru
 
 }  // namespace
 
+TEST_CASE("scripts/launch: a restart after the start resumes the latest checkpoint, before it repeats the start",
+          "[apps][launch]") {
+  TempDir tmp;
+  // A stand-in atoll-train: node 0 records its arguments and fails once, having reached its
+  // first step (ATOLL_LAUNCH_STARTED created) or not; node 1 succeeds.
+  const fs::path fake = tmp.path / "fake-train", log = tmp.path / "args", failed = tmp.path / "failed",
+                 reach = tmp.path / "reach-first-step";
+  write_file(fake, "#!/usr/bin/env bash\nif [[ $NODE_RANK == 0 ]]; then\n  echo \"$*\" >> " + shell_quote(log.string()) +
+                       "\n  if [[ ! -e " + shell_quote(failed.string()) + " ]]; then\n    touch " +
+                       shell_quote(failed.string()) + "\n    if [[ -e " + shell_quote(reach.string()) +
+                       " ]]; then touch \"$ATOLL_LAUNCH_STARTED\"; fi\n    exit 1\n  fi\nfi\nexit 0\n");
+  fs::permissions(fake, fs::perms::owner_all);
+  const std::string launch = "ATOLL_TRAIN=" + shell_quote(fake.string()) + " " +
+                             shell_quote(source_path("scripts/launch").string());
+  const std::string given = "cfg.yaml --resume /a/step-00000100 --set x=1 --resume=/b --resume-if-any --resume --overwrite";
+  auto restarted = [&](bool started) {
+    fs::remove(log);
+    fs::remove(failed);
+    if (started) write_file(reach, "");
+    const Result r = run_shell(launch + " --nnodes 2 --max-restarts 1 -- " + given, tmp.path / "run");
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    return read_file(log);
+  };
+  // Failed before its first step: nothing of --resume DIR or --overwrite was acted on, so the
+  // restart repeats them.
+  CHECK(restarted(false) == given + " --set topology.backend=ucx\n" + given + " --set topology.backend=ucx\n");
+  // Failed after: the latest checkpoint, whatever the first start named.
+  CHECK(restarted(true) == given + " --set topology.backend=ucx\n" +
+                               "cfg.yaml --set x=1 --overwrite --resume-if-any --set topology.backend=ucx\n");
+  for (const char* bad : {" --nnodes", " --nnodes 2 --port", " --nnodes 2 --max-restarts"}) {
+    const Result usage = run_shell(launch + bad, tmp.path / "usage");
+    CHECK(usage.exit_code == 2);
+    CHECK_THAT(usage.err, Catch::Contains("usage: scripts/launch"));
+  }
+}
+
 TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restarts resumes to the same losses",
           "[apps][ucx]") {
   TempDir tmp;
@@ -392,11 +429,12 @@ TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with n
     };
     return run_two_nodes(in("a", 0), in("b", 1), tmp.path / phase);
   };
-  // Nothing to resume yet: node 0 says why (exit 2) and node 1 hands on node 0's reason.
+  // Nothing to resume yet: node 0 says why (exit 2) and node 1 hands on node 0's reason, with
+  // its exit code (bad input: a launcher must not restart).
   const auto [none0, none1] = job(10, true, "none");
   CHECK(none0.exit_code == 2);
   CHECK_THAT(none0.err, Catch::Contains("--resume found no complete checkpoint"));
-  CHECK(none1.exit_code == 1);
+  CHECK(none1.exit_code == 2);
   CHECK_THAT(none1.err, Catch::Contains("node 0 could not start: ") &&
                             Catch::Contains("--resume found no complete checkpoint"));
 
@@ -405,10 +443,11 @@ TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with n
   REQUIRE(first0.exit_code == 0);
   REQUIRE(first1.exit_code == 0);
   CHECK_FALSE(fs::exists(tmp.path / "b" / "run"));  // node 1 writes nothing
-  // The same job again without --resume or --overwrite: node 0 refuses run_dir, node 1 says why.
+  // The same job again without --resume or --overwrite: node 0 refuses run_dir, node 1 says why,
+  // both as bad input.
   const auto [again_fresh0, again_fresh1] = job(10, false, "refused");
   CHECK(again_fresh0.exit_code == 2);
-  CHECK(again_fresh1.exit_code == 1);
+  CHECK(again_fresh1.exit_code == 2);
   CHECK_THAT(again_fresh1.err, Catch::Contains("node 0 could not start: ") && Catch::Contains("already holds a run"));
   const auto [again0, again1] = job(15, true, "again");
   INFO(again0.err << again1.err);
