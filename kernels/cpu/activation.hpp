@@ -57,7 +57,7 @@ template <class T>
 inline T glu_value_given(const GluConfig& cfg, T g, T u, T s) {
   if (cfg.activation == GluActivation::swiglu) return g * s * u;
   const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
-  return bg * std::tanh(g / bg) * s * (bu * std::tanh(u / bu));
+  return bg * tanh_value(g / bg) * s * (bu * tanh_value(u / bu));
 }
 
 template <class T>
@@ -77,7 +77,7 @@ inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T& d_dg, T& d_du) 
     return;
   }
   const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
-  const T tg = std::tanh(g / bg), tu = std::tanh(u / bu);
+  const T tg = tanh_value(g / bg), tu = tanh_value(u / bu);
   const T gate = bg * tg * s;  // capped silu
   const T up = bu * tu;        // capped up
   d_dg = ((T(1) - tg * tg) * s + bg * tg * ds) * up;

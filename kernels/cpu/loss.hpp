@@ -40,9 +40,12 @@ double logit_loss_forward(const T* logits, const std::int64_t* targets, std::int
     const T* z = logits + r * vocab;
     T* c = capped + r * vocab;
     T* p = probs + r * vocab;
-    for (std::int64_t v = 0; v < vocab; ++v) {
-      const T zc = cap > T(0) ? cap * std::tanh(z[v] / cap) : z[v];
-      c[v] = v < usable_vocab ? zc : neg_inf;
+    if (cap > T(0)) {  // cap * tanh(z / cap), tanh a row at a time
+      for (std::int64_t v = 0; v < vocab; ++v) c[v] = z[v] / cap;
+      tanh_values(c, vocab);
+      for (std::int64_t v = 0; v < vocab; ++v) c[v] = v < usable_vocab ? cap * c[v] : neg_inf;
+    } else {
+      for (std::int64_t v = 0; v < vocab; ++v) c[v] = v < usable_vocab ? z[v] : neg_inf;
     }
     T mx = c[0];
     for (std::int64_t v = 1; v < usable_vocab; ++v) mx = std::max(mx, c[v]);

@@ -1,25 +1,47 @@
 // Positional ops on per-head vectors x[tokens, heads, D] (raw pointers, T = float or double):
 // NeoX rotate-half RoPE and SSMax query scaling (MODELS.md §3.3, §10.1.11, §10.4.2).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 namespace atl::cpu {
 
-// cos/sin of one token's angles, first half only: the NeoX table is duplicated-half, so entry
-// i and i + D/2 are equal. Computed in fp32 whatever T is (as the reference does), so the
-// double template sees exactly the tables the float path uses.
-inline void rope_half_table(std::int64_t position, std::int64_t head_dim, float theta, float* cos_half,
-                            float* sin_half) {
-  const std::int64_t half = head_dim / 2;
-  for (std::int64_t i = 0; i < half; ++i) {
-    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-    const float angle = static_cast<float>(position) * inv_freq;
-    cos_half[i] = std::cos(angle);
-    sin_half[i] = std::sin(angle);
+// cos/sin of the angles of each distinct position among `positions`, first half only (the NeoX
+// table is duplicated-half: entries i and i + D/2 are equal). Computed in fp32 whatever T is (as
+// the reference does), so the double template sees exactly the tables the float path uses.
+// Packed rows repeat positions (each document starts at 0): one table per distinct position.
+struct RopeHalfTables {
+  std::vector<std::int64_t> positions;  // distinct, ascending
+  std::vector<float> cos_half, sin_half;  // [positions.size(), D/2]
+  std::int64_t half = 0;
+
+  RopeHalfTables(const std::int64_t* token_positions, std::int64_t tokens, std::int64_t head_dim, float theta)
+      : positions(token_positions, token_positions + tokens), half(head_dim / 2) {
+    std::sort(positions.begin(), positions.end());
+    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+    std::vector<float> inv_freq(static_cast<std::size_t>(half));
+    for (std::int64_t i = 0; i < half; ++i) {
+      inv_freq[static_cast<std::size_t>(i)] =
+          1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    }
+    cos_half.resize(positions.size() * static_cast<std::size_t>(half));
+    sin_half.resize(cos_half.size());
+    for (std::size_t k = 0; k < positions.size(); ++k) {
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(positions[k]) * inv_freq[static_cast<std::size_t>(i)];
+        cos_half[k * static_cast<std::size_t>(half) + static_cast<std::size_t>(i)] = std::cos(angle);
+        sin_half[k * static_cast<std::size_t>(half) + static_cast<std::size_t>(i)] = std::sin(angle);
+      }
+    }
   }
-}
+  // The row of `position` (one of the positions given).
+  std::size_t row(std::int64_t position) const {
+    const auto it = std::lower_bound(positions.begin(), positions.end(), position);
+    return static_cast<std::size_t>(it - positions.begin()) * static_cast<std::size_t>(half);
+  }
+};
 
 // y[i] = x[i] cos - x[i+h] sin, y[i+h] = x[i+h] cos + x[i] sin (h = D/2). With inverse = true the
 // rotation is transposed (angle negated): that is the backward, since the map is orthogonal.
@@ -27,17 +49,17 @@ template <class T>
 void rope_apply(const T* x, const std::int64_t* positions, T* y, std::int64_t tokens, std::int64_t heads,
                 std::int64_t head_dim, float theta, bool inverse) {
   const std::int64_t half = head_dim / 2;
-  std::vector<float> cos_half(static_cast<std::size_t>(half)), sin_half(static_cast<std::size_t>(half));
+  const RopeHalfTables tables(positions, tokens, head_dim, theta);
   for (std::int64_t t = 0; t < tokens; ++t) {
-    rope_half_table(positions[t], head_dim, theta, cos_half.data(), sin_half.data());
+    const float* cos_half = tables.cos_half.data() + tables.row(positions[t]);
+    const float* sin_half = tables.sin_half.data() + tables.row(positions[t]);
     for (std::int64_t h = 0; h < heads; ++h) {
       const std::int64_t base = (t * heads + h) * head_dim;
       const T* xr = x + base;
       T* yr = y + base;
       for (std::int64_t i = 0; i < half; ++i) {
-        const T c = static_cast<T>(cos_half[static_cast<std::size_t>(i)]);
-        const T s = inverse ? -static_cast<T>(sin_half[static_cast<std::size_t>(i)])
-                            : static_cast<T>(sin_half[static_cast<std::size_t>(i)]);
+        const T c = static_cast<T>(cos_half[i]);
+        const T s = inverse ? -static_cast<T>(sin_half[i]) : static_cast<T>(sin_half[i]);
         const T lo = xr[i], hi = xr[i + half];  // read both before writing (y may alias x)
         yr[i] = lo * c - hi * s;
         yr[i + half] = hi * c + lo * s;

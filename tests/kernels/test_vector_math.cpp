@@ -102,3 +102,30 @@ TEST_CASE("vector math: sigmoid matches double, never overflows, the same bits e
   CHECK(d[1] == 0.5);
   CHECK(d[0] + d[2] == Approx(1.0).epsilon(1e-15));
 }
+
+TEST_CASE("vector math: tanh is within 2^-22 relative of tanh in double, odd, the same bits everywhere",
+          "[vector_math]") {
+  std::vector<float> x;
+  CounterRng rng(6, "tanh");
+  for (std::uint64_t i = 0; i < 20001; ++i) {  // dense around the polynomial's edge, and out to 12
+    const double u = rng.uniform(i);
+    x.push_back(static_cast<float>(i % 2 ? -1.5 + 3.0 * u : -12.0 + 24.0 * u));
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {0.625f, -0.625f, std::nextafter(0.625f, 0.0f), 1e-30f, 1e-3f, 9.0f, 20.0f, 50.0f, 1e30f, inf, -inf})
+    x.push_back(v);
+  const std::vector<float> y = same_at_every_level(x, cpu::tanh_inplace);
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::tanh(static_cast<double>(x[i]));
+    worst = std::max(worst, std::abs(y[i] - want) / std::abs(want));
+    CHECK(cpu::tanh_f32(x[i]) == y[i]);
+    CHECK(cpu::tanh_f32(-x[i]) == -y[i]);
+  }
+  CHECK(worst < 0x1p-22);
+  CHECK(y[y.size() - 2] == 1.0f);
+  CHECK(y[y.size() - 1] == -1.0f);
+  CHECK(std::signbit(cpu::tanh_f32(-0.0f)));
+  CHECK(cpu::tanh_f32(0.0f) == 0.0f);
+  CHECK(std::isnan(cpu::tanh_f32(std::numeric_limits<float>::quiet_NaN())));
+}
