@@ -1,6 +1,7 @@
 // atoll-convert export CHECKPOINT OUT [--dtype fp32|bf16] [--max-shard-bytes N]
 // atoll-convert import HF_DIR OUT_ROOT [--config RUN.yaml [--set key=value ...]]
 // Exit codes: 0 done, 2 bad input (config, checkpoint, HF files), 1 other failures.
+#include <limits>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -20,7 +21,8 @@ int main(int argc, char** argv) {
   exp->add_option("out", out, "the HF directory to create")->required();
   exp->add_option("--dtype", dtype, "bulk tensors in fp32 or bf16 (FP32 islands always stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size (default 5 GiB)");
+  exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size (default 5 GiB)")
+      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max(), "a positive byte count"));
   auto* imp = app.add_subcommand("import", "read an HF directory into a training checkpoint (step 0)");
   imp->add_option("hf_dir", hf_dir, "the HF directory")->required();
   imp->add_option("out_root", out_root, "checkpoint root; the checkpoint is written to OUT_ROOT/step-00000000 (never over an existing one)")

@@ -3,6 +3,7 @@
 // fp32 logits of the token rows in --tokens as a safetensors file (tensor `logits` [B, S, V]).
 // Exit codes: 0 done, 2 bad input (a checkpoint with NaN/inf weights too, unless
 // --allow-nonfinite), 3 the loss is not finite, 1 other failures.
+#include <limits>
 #include <cmath>
 #include <iostream>
 
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
   app.add_option("--set", sets, "override a config key (repeatable)");
   app.add_option("--batches", batches, "batches of train.global_batch x train.seq_len to score (default 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max(), "a positive count"));
   auto* dump = app.add_option("--dump-logits", dump_logits, "write the fp32 logits of --tokens rows here");
   auto* rows = app.add_option("--tokens", tokens, "safetensors file with input_ids, positions, valid [B, S]");
   bool allow_nonfinite = false;

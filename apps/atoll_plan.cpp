@@ -3,6 +3,7 @@
 // policies, schedules, the mesh and its groups, and a per-rank memory estimate; with --graph,
 // only the step program every rank runs (instructions and collective nodes). Nothing is written.
 // Exit codes: 0 printed, 2 bad config or command line, 1 any other failure.
+#include <limits>
 #include <iostream>
 #include <optional>
 
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
   std::optional<int> world_size;
   app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required();
   app.add_option("--set", sets, "override a config key: --set topology.mesh.dp_shard=4 (repeatable)");
-  app.add_option("--world-size", world_size, "check the mesh against the ranks a launcher will start");
+  app.add_option("--world-size", world_size, "check the mesh against the ranks a launcher will start")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max(), "a positive rank count"));
   bool graph = false;
   std::string graph_format = "text";
   auto* graph_flag =

@@ -157,9 +157,12 @@ int main(int argc, char** argv) {
   } catch (const atl::DataError& e) {  // bad input: a data file
     std::cerr << "atoll-train: " << e.what() << "\n";
     return 2;
-  } catch (const atl::StartFailed& e) {  // node 0's reason; bad input there is bad input here
-    std::cerr << "atoll-train: " << e.what() << "\n";
-    return e.bad_input() ? 2 : 1;
+  } catch (const atl::RunFinished& e) {  // --resume-if-any of a finished run
+    std::cout << "atoll-train: " << e.what() << "\n";
+    return 0;
+  } catch (const atl::StartFailed& e) {  // node 0's reason, and its exit code
+    (e.exit_code() == 0 ? std::cout : std::cerr) << "atoll-train: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const std::bad_alloc&) {
     std::cerr << "atoll-train: out of memory (the preflight estimate, docs/failures.md, is coarse: reduce "
                  "train.micro_batch, train.seq_len or the mesh)\n";

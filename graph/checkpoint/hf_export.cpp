@@ -27,6 +27,9 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
                DType bulk_dtype, std::int64_t max_shard_bytes) {
   namespace fs = std::filesystem;
   const fs::path out_dir = normalised_directory(out_dir_given);  // "out/" names out, for the temp name
+  if (!fs::is_directory(checkpoint_dir)) {
+    throw CheckpointError(checkpoint_dir.string() + ": not a checkpoint directory (missing or not a directory)");
+  }
   if (fs::exists(out_dir)) throw CheckpointError(out_dir.string() + ": already exists; export writes a new directory");
   const RunConfig config = checkpoint_run_config(checkpoint_dir);
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
@@ -82,12 +85,27 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
                             {"preset", model->preset()}, {"config", to_json(config)}};
   contents.model_config = model->hf_config();
   // An import adds a checkpoint; it never replaces one (nor touches the root's others).
+  std::error_code ec;
+  if (std::filesystem::exists(checkpoint_root, ec) && !std::filesystem::is_directory(checkpoint_root, ec)) {
+    throw CheckpointError(checkpoint_root.string() + ": exists and is not a directory; import writes a checkpoint "
+                          "into it (OUT_ROOT/step-00000000)");
+  }
   const std::filesystem::path target = checkpoint_root / checkpoint_dir_name(0);
   if (std::filesystem::exists(std::filesystem::symlink_status(target))) {
     throw CheckpointError(target.string() + ": already exists; import writes a new step-00000000: choose another "
                           "output directory");
   }
-  return save_checkpoint(checkpoint_root, contents, 0);
+  // Made here (a root that cannot be made is bad input, named), and removed again if the save
+  // refuses the weights: a refused import leaves nothing behind.
+  const bool made = !std::filesystem::exists(checkpoint_root, ec);
+  std::filesystem::create_directories(checkpoint_root, ec);
+  if (ec) throw CheckpointError(checkpoint_root.string() + ": cannot create it: " + ec.message());
+  try {
+    return save_checkpoint(checkpoint_root, contents, 0);
+  } catch (...) {
+    if (made) std::filesystem::remove(checkpoint_root, ec);  // only while empty
+    throw;
+  }
 }
 
 }  // namespace atl

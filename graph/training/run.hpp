@@ -25,6 +25,13 @@ class NonFiniteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// --resume-if-any found the run finished (its latest checkpoint is at train.steps): nothing to do,
+// and atoll-train exits 0 (a launcher or scheduler restarting a job that had already ended).
+class RunFinished : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // The run stopped early because a signal asked it to (after finishing a step and saving a
 // checkpoint when checkpoints are configured). atoll-train exits with 128 + signal.
 class RunStopped : public std::runtime_error {

@@ -105,6 +105,13 @@ std::string first_changed_key(const nlohmann::json& was, const nlohmann::json& n
   return "(a key this config lacks)";
 }
 
+// Whether `dir` is one of checkpoint.dir's own checkpoints (a step of the run kept there).
+bool in_checkpoint_dir(const RunConfig& config, const fs::path& dir) {
+  std::error_code ec;
+  const fs::path parent = fs::weakly_canonical(normalised_directory(dir), ec).parent_path();
+  return !ec && parent == fs::weakly_canonical(normalised_directory(config.checkpoint.dir), ec) && !ec;
+}
+
 // Whether `dir` is an imported checkpoint (atoll-convert import: step 0, no run to continue); an
 // unreadable state is left for the load to report.
 bool is_import(const fs::path& dir) {
@@ -116,7 +123,8 @@ bool is_import(const fs::path& dir) {
 // The writer's outputs can be made: usable paths, and, for a fresh start (or one from an import),
 // no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it. (Checks only:
 // nothing is written.)
-void check_writer_outputs(const RunConfig& config, const RunOptions& options, bool resuming) {
+void check_writer_outputs(const RunConfig& config, const RunOptions& options, bool resuming,
+                          const std::string& context) {
   check_outputs(config, options);
   if (resuming || options.overwrite) {
     if (!resuming && !config.checkpoint.load.empty()) {
@@ -144,7 +152,7 @@ void check_writer_outputs(const RunConfig& config, const RunOptions& options, bo
                          recorded ? "has another config: " + first_changed_key(*recorded, now) + " differs"
                                   : std::string("is missing or unreadable"));
     }
-    throw ConfigError(config.source_file, "run_dir", why);
+    throw ConfigError(config.source_file, "run_dir", why + context);
   }
   // Step 0 is an import's (weights to start from), never a run's save.
   if (const std::vector<fs::path> earlier = checkpoints_after(config.checkpoint.dir, 0); !earlier.empty()) {
@@ -152,7 +160,7 @@ void check_writer_outputs(const RunConfig& config, const RunOptions& options, bo
                       "'" + config.checkpoint.dir + "' holds checkpoints of an earlier run (up to " +
                           earlier.back().filename().string() + "), which a later --resume would mix with this "
                           "run; pass --resume to continue that run, --overwrite to replace it (its checkpoints "
-                          "are removed), or set another checkpoint.dir");
+                          "are removed), or set another checkpoint.dir" + context);
   }
 }
 
@@ -247,8 +255,8 @@ void check_resumable_state(const nlohmann::json& state, const std::filesystem::p
 }
 
 // Reads the starting point: the checkpoint resumed from, weights to fine-tune from, or a fresh init.
-StartingPoint read_starting_point(const RunConfig& config, const std::optional<fs::path>& resume_dir,
-                                  const Model& model) {
+StartingPoint read_starting_point(const RunConfig& config, const RunOptions& options,
+                                  const std::optional<fs::path>& resume_dir, const Model& model) {
   StartingPoint start;
   if (resume_dir) {
     const fs::path dir = *resume_dir;
@@ -256,6 +264,10 @@ StartingPoint read_starting_point(const RunConfig& config, const std::optional<f
     TensorMap master = model_weights_from(model, c, dir.string());
     check_resumable_state(c.trainer_state, dir);
     check_same_run(config, c.trainer_state, dir);
+    if (c.step == config.train.steps && options.resume_if_any) {
+      throw RunFinished("nothing to do: the latest checkpoint, " + dir.string() + ", is at train.steps (" +
+                        std::to_string(c.step) + "): the run has finished");
+    }
     if (c.step >= config.train.steps) {
       throw ConfigError(config.source_file, "train.steps",
                         "the checkpoint " + dir.string() + " is at step " + std::to_string(c.step) +
@@ -268,7 +280,6 @@ StartingPoint read_starting_point(const RunConfig& config, const std::optional<f
     }
     start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
     start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
-    start.resumed = !c.trainer_state.contains("imported_from");  // an import starts a run afresh
     start.changed_settings = changed_settings(config, c.trainer_state);
     return start;
   }
@@ -284,8 +295,18 @@ StartingPoint read_starting_point(const RunConfig& config, const std::optional<f
 
 StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
   const std::optional<fs::path> from = resume_source(config, options);
-  check_writer_outputs(config, options, from && !is_import(*from));
-  return read_starting_point(config, from, model);
+  // Continuing the run kept in run_dir and checkpoint.dir: a checkpoint of checkpoint.dir, not an
+  // import. Any other checkpoint starts a run here (from its state), with a fresh start's checks.
+  const bool continues = from && !is_import(*from) && in_checkpoint_dir(config, *from);
+  std::string context;
+  if (from && !continues && !is_import(*from)) {
+    context = " (--resume " + from->string() + " is not one of checkpoint.dir's checkpoints: continuing it here "
+              "would mix two runs; resume it into an empty run_dir and checkpoint.dir)";
+  }
+  check_writer_outputs(config, options, continues, context);
+  StartingPoint start = read_starting_point(config, options, from, model);
+  start.resumed = continues;
+  return start;
 }
 
 StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
@@ -299,7 +320,7 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
     } catch (const std::exception& e) {
       const bool bad_input = dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const CheckpointError*>(&e) ||
                              dynamic_cast<const DataError*>(&e);
-      link.bytes(encode_start_failure(e.what(), bad_input));
+      link.bytes(encode_start_failure(e.what(), dynamic_cast<const RunFinished*>(&e) ? 0 : bad_input ? 2 : 1));
       link.barrier();
       throw;
     }

@@ -53,8 +53,8 @@ std::vector<Tensor> start_tensors(const StartingPoint& start) {
   return out;
 }
 
-std::vector<std::byte> encode_start_failure(const std::string& why, bool bad_input) {
-  return frame(json{{"failed", why}, {"bad_input", bad_input}});
+std::vector<std::byte> encode_start_failure(const std::string& why, int exit_code) {
+  return frame(json{{"failed", why}, {"exit_code", exit_code}});
 }
 
 namespace {
@@ -76,8 +76,8 @@ json header_of(std::span<const std::byte> bytes) {
 
 StartingPoint decode_body(const json& header) {
   if (header.contains("failed")) {
-    throw StartFailed("node 0 could not start: " + header.at("failed").get<std::string>(),
-                      header.value("bad_input", false));
+    throw StartFailed("node 0 did not start: " + header.at("failed").get<std::string>(),
+                      header.value("exit_code", 1));
   }
   StartingPoint start;
   start.state.step = header.at("step").get<std::int64_t>();

@@ -22,22 +22,24 @@ struct StartingPoint {
   std::optional<nlohmann::json> data_cursor;
   std::int64_t tokens = 0;  // tokens trained on before the start
   std::string description = "fresh initialisation";
-  // Node 0's alone (not handed over): whether it resumes a checkpoint, and the settings that
-  // differ from that checkpoint's run ("train.steps 300 -> 400"; empty when none).
+  // Node 0's alone (not handed over): whether it continues the run kept in run_dir and
+  // checkpoint.dir (a checkpoint of checkpoint.dir, not an import), and the settings that differ
+  // from the checkpoint's run ("train.steps 300 -> 400"; empty when none).
   bool resumed = false;
   std::string changed_settings;
 };
 
-// Node 0 could not start (a missing or damaged checkpoint, say); what() says why, from node 0.
-// bad_input: node 0's reason was bad input (config, checkpoint, data: its exit code 2), which every
-// node then reports alike, so a launcher does not take it for a failure a restart could mend.
+// Node 0 did not start (a missing or damaged checkpoint, say, or a run already finished); what()
+// says why, from node 0. exit_code: node 0's (2 bad input: config, checkpoint, data; 0 nothing to
+// do; 1 otherwise), which every node exits with, so a launcher reads the job's end alike from any
+// node (a refusal is not a failure a restart could mend).
 class StartFailed : public std::runtime_error {
  public:
-  StartFailed(const std::string& what, bool bad_input) : std::runtime_error(what), bad_input_(bad_input) {}
-  bool bad_input() const { return bad_input_; }
+  StartFailed(const std::string& what, int exit_code) : std::runtime_error(what), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
 
  private:
-  bool bad_input_;
+  int exit_code_;
 };
 
 // How node 0 hands its starting point to the other nodes of a multi-process job (the app wires
@@ -56,7 +58,7 @@ struct StartHandOver {
 // then exp_avg, then exp_avg_sq).
 std::vector<std::byte> encode_start_header(const StartingPoint& start);
 // Node 0's failure, to hand on instead of a header.
-std::vector<std::byte> encode_start_failure(const std::string& why, bool bad_input);
+std::vector<std::byte> encode_start_failure(const std::string& why, int exit_code);
 // Whether bytes encode node 0's failure (every node then stops: an end they all agree on).
 bool is_start_failure(std::span<const std::byte> bytes);
 // The header's starting point with uninitialised tensors of its shapes, to receive into. Throws

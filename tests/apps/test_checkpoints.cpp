@@ -212,6 +212,12 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-e
   CHECK(again.exit_code == 2);
   CHECK_THAT(again.err, Catch::Contains((root / "step-00000000").string() + ": already exists"));
   CHECK(complete_checkpoints(root).size() == 2);
+  // An output root that is a file: exit 2, named.
+  write_file(tmp.path / "a-file", "x");
+  const Result into_file =
+      run_app("atoll-convert", {"import", (tmp.path / "hf-slash").string(), (tmp.path / "a-file").string()}, tmp.path);
+  CHECK(into_file.exit_code == 2);
+  CHECK_THAT(into_file.err, Catch::Contains((tmp.path / "a-file").string() + ": exists and is not a directory"));
 
   // An import is weights to start from, not a run: a bare --resume does not take it, and a
   // --resume of it is a fresh start (the run in run_dir is kept unless --overwrite).
@@ -349,6 +355,17 @@ TEST_CASE("apps: resuming from an earlier step sets the later checkpoints and th
   CHECK(complete_checkpoints(ck) == std::vector<fs::path>{ck / "step-00000002", ck / "step-00000004"});
   check_steps_once_in_order(run / "metrics.jsonl", 6);
 
+  // Back to the set-aside timeline in this run_dir: refused, it would mix the two (a checkpoint
+  // outside checkpoint.dir starts a run of its own, in an empty run_dir).
+  auto back = train_args(run);
+  add_sets(back, {"train.steps=10", "checkpoint.every=2"});
+  back.push_back("--resume");
+  back.push_back((aside[0] / "step-00000008").string());
+  const Result mixed = run_app("atoll-train", back, tmp.path);
+  CHECK(mixed.exit_code == 2);
+  CHECK_THAT(mixed.err, Catch::Contains("is not one of checkpoint.dir's checkpoints"));
+  check_steps_once_in_order(run / "metrics.jsonl", 6);
+
   // A bare --resume continues from step 4 (the latest left): every step once, in order, and the
   // changed train.steps is named (the schedule's end moved).
   auto again = train_args(run);
@@ -412,6 +429,17 @@ TEST_CASE("apps: --resume-if-any with nothing saved starts again only the run in
   CHECK(refused.exit_code == 2);
   CHECK_THAT(refused.err, Catch::Contains("already holds a run") && Catch::Contains("train.lr differs"));
   CHECK(metrics_without_timing(run / "metrics.jsonl") == metrics);
+
+  // A finished run restarted with --resume-if-any: nothing to do, exit 0, nothing changed.
+  auto saving = args;
+  add_sets(saving, {"checkpoint.every=3"});
+  saving.push_back("--overwrite");
+  must_run("atoll-train", saving, tmp.path);
+  const std::string finished = read_file(run / "metrics.jsonl");
+  const Result again = must_run("atoll-train", saving, tmp.path);
+  CHECK_THAT(again.out, Catch::Contains("nothing to do: the latest checkpoint") &&
+                            Catch::Contains("is at train.steps (3)"));
+  CHECK(read_file(run / "metrics.jsonl") == finished);
 }
 
 TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, checkpoint.load and atoll-eval",

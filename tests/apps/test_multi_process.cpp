@@ -262,9 +262,26 @@ TEST_CASE("scripts/launch: a restart after the start resumes the latest checkpoi
   // Failed before its first step: nothing of --resume DIR or --overwrite was acted on, so the
   // restart repeats them.
   CHECK(restarted(false) == given + " --set topology.backend=ucx\n" + given + " --set topology.backend=ucx\n");
-  // Failed after: the latest checkpoint, whatever the first start named.
+  // Failed after: the latest checkpoint, whatever the first start named (--overwrite was done).
   CHECK(restarted(true) == given + " --set topology.backend=ucx\n" +
-                               "cfg.yaml --set x=1 --overwrite --resume-if-any --set topology.backend=ucx\n");
+                               "cfg.yaml --set x=1 --resume-if-any --set topology.backend=ucx\n");
+  // SIGTERM to the launcher reaches every node once (a second would end it unsaved); they exit
+  // 143 and no restart follows, --max-restarts or not.
+  const fs::path stopping = tmp.path / "stopping-train", signals = tmp.path / "signals";
+  write_file(stopping, "#!/usr/bin/env bash\nstop=0\ntrap 'echo \"$NODE_RANK TERM\" >> " + shell_quote(signals.string()) +
+                           "; stop=1' TERM\ntouch " + shell_quote(tmp.path.string()) +
+                           "/ready-$NODE_RANK\nwhile ((stop == 0)); do sleep 0.05; done\nexit 143\n");
+  fs::permissions(stopping, fs::perms::owner_all);
+  const Result stop = run_shell(
+      "ATOLL_TRAIN=" + shell_quote(stopping.string()) + " " + shell_quote(source_path("scripts/launch").string()) +
+          " --nnodes 2 --max-restarts 3 -- cfg.yaml & launcher=$!; until [ -e " +
+          shell_quote((tmp.path / "ready-0").string()) + " ] && [ -e " + shell_quote((tmp.path / "ready-1").string()) +
+          " ]; do sleep 0.05; done; kill -TERM $launcher; wait $launcher; echo \"launcher $?\"",
+      tmp.path / "stop");
+  CHECK(stop.out == "launcher 143\n");
+  std::string lines = read_file(signals);
+  CHECK((lines == "0 TERM\n1 TERM\n" || lines == "1 TERM\n0 TERM\n"));
+  CHECK_THAT(stop.err, !Catch::Contains("restart"));
   for (const char* bad : {" --nnodes", " --nnodes 2 --port", " --nnodes 2 --max-restarts"}) {
     const Result usage = run_shell(launch + bad, tmp.path / "usage");
     CHECK(usage.exit_code == 2);
@@ -435,7 +452,7 @@ TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with n
   CHECK(none0.exit_code == 2);
   CHECK_THAT(none0.err, Catch::Contains("--resume found no complete checkpoint"));
   CHECK(none1.exit_code == 2);
-  CHECK_THAT(none1.err, Catch::Contains("node 0 could not start: ") &&
+  CHECK_THAT(none1.err, Catch::Contains("node 0 did not start: ") &&
                             Catch::Contains("--resume found no complete checkpoint"));
 
   const auto [first0, first1] = job(10, false, "first");
@@ -448,7 +465,7 @@ TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with n
   const auto [again_fresh0, again_fresh1] = job(10, false, "refused");
   CHECK(again_fresh0.exit_code == 2);
   CHECK(again_fresh1.exit_code == 2);
-  CHECK_THAT(again_fresh1.err, Catch::Contains("node 0 could not start: ") && Catch::Contains("already holds a run"));
+  CHECK_THAT(again_fresh1.err, Catch::Contains("node 0 did not start: ") && Catch::Contains("already holds a run"));
   const auto [again0, again1] = job(15, true, "again");
   INFO(again0.err << again1.err);
   REQUIRE(again0.exit_code == 0);

@@ -62,14 +62,14 @@ TEST_CASE("starting point: the header and the tensors in order round-trip every 
 }
 
 TEST_CASE("starting point: node 0's failure and malformed bytes", "[graph][launch]") {
-  CHECK_THROWS_MATCHES(decode_start_header(encode_start_failure("checkpoint.dir: no checkpoint", true)), StartFailed,
-                       Catch::Message("node 0 could not start: checkpoint.dir: no checkpoint"));
-  for (bool bad_input : {true, false}) {
+  CHECK_THROWS_MATCHES(decode_start_header(encode_start_failure("checkpoint.dir: no checkpoint", 2)), StartFailed,
+                       Catch::Message("node 0 did not start: checkpoint.dir: no checkpoint"));
+  for (int code : {0, 1, 2}) {
     try {
-      decode_start_header(encode_start_failure("why", bad_input));
+      decode_start_header(encode_start_failure("why", code));
       FAIL("no StartFailed");
     } catch (const StartFailed& e) {
-      CHECK(e.bad_input() == bad_input);
+      CHECK(e.exit_code() == code);
     }
   }
   auto bytes = encode_start_header(example());
@@ -80,7 +80,7 @@ TEST_CASE("starting point: node 0's failure and malformed bytes", "[graph][launc
   longer.push_back(std::byte{0});
   CHECK_THROWS_WITH(decode_start_header(longer), Catch::Contains("bytes follow"));
   CHECK_THROWS_AS(decode_start_header(std::vector<std::byte>(4)), std::invalid_argument);
-  CHECK(is_start_failure(encode_start_failure("why", false)));
+  CHECK(is_start_failure(encode_start_failure("why", 1)));
   CHECK_FALSE(is_start_failure(bytes));
   CHECK_FALSE(is_start_failure(std::vector<std::byte>(4)));
   // A header without its fields: invalid_argument, not a JSON library error.
