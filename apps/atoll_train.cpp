@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   if (const char* marker = std::getenv("ATOLL_LAUNCH_STARTED"); marker != nullptr && *marker != '\0') {
     options.started = [path = std::string(marker)] { std::ofstream(path) << "started\n"; };
   }
+  std::string node_prefix;  // "[node N] " on the nodes other than 0, as their progress lines
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
     const bool node_flags = node.node_rank || node.nnodes || node.master_addr || node.master_port;
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
         start_failed = atl::is_start_failure(got);
         return got;
       };
+      if (launch.spec.node_rank != 0) node_prefix = "[node " + std::to_string(launch.spec.node_rank) + "] ";
       auto node_out = atl::prefixed_stream(std::cerr, "[node " + std::to_string(launch.spec.node_rank) + "] ");
       // Ends every node agrees on (done, a stop every node takes after the same step, a
       // non-finite step every node sees) say goodbye, so the other nodes do not count this one
@@ -140,35 +142,35 @@ int main(int argc, char** argv) {
     atl::run_training(config, options, engine, std::cout);
     return 0;
   } catch (const atl::RunStopped& e) {
-    std::cerr << "atoll-train: " << e.what() << "\n";
+    std::cerr << node_prefix << "atoll-train: " << e.what() << "\n";
     return 128 + e.signal();
   } catch (const atl::NonFiniteError& e) {
-    std::cerr << "atoll-train: non-finite training: " << e.what() << "\n";
+    std::cerr << node_prefix << "atoll-train: non-finite training: " << e.what() << "\n";
     return 3;
   } catch (const atl::JobMismatch& e) {  // another node runs a different job
-    std::cerr << "atoll-train: config error: " << e.what() << "\n";
+    std::cerr << node_prefix << "atoll-train: config error: " << e.what() << "\n";
     return 2;
   } catch (const atl::ConfigError& e) {
-    std::cerr << "atoll-train: config error: " << e.what() << "\n";
+    std::cerr << node_prefix << "atoll-train: config error: " << e.what() << "\n";
     return 2;
   } catch (const atl::CheckpointError& e) {  // bad input: a damaged or mismatched checkpoint
-    std::cerr << "atoll-train: " << e.what() << "\n";
+    std::cerr << node_prefix << "atoll-train: " << e.what() << "\n";
     return 2;
   } catch (const atl::DataError& e) {  // bad input: a data file
-    std::cerr << "atoll-train: " << e.what() << "\n";
+    std::cerr << node_prefix << "atoll-train: " << e.what() << "\n";
     return 2;
   } catch (const atl::RunFinished& e) {  // --resume-if-any of a finished run
     std::cout << "atoll-train: " << e.what() << "\n";
     return 0;
   } catch (const atl::StartFailed& e) {  // node 0's reason, and its exit code
-    (e.exit_code() == 0 ? std::cout : std::cerr) << "atoll-train: " << e.what() << "\n";
+    (e.exit_code() == 0 ? std::cout : std::cerr) << node_prefix << "atoll-train: " << e.what() << "\n";
     return e.exit_code();
   } catch (const std::bad_alloc&) {
-    std::cerr << "atoll-train: out of memory (the preflight estimate, docs/failures.md, is coarse: reduce "
+    std::cerr << node_prefix << "atoll-train: out of memory (the preflight estimate, docs/failures.md, is coarse: reduce "
                  "train.micro_batch, train.seq_len or the mesh)\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "atoll-train: error: " << e.what() << "\n";
+    std::cerr << node_prefix << "atoll-train: error: " << e.what() << "\n";
     return 1;
   }
 }

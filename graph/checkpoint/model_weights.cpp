@@ -24,13 +24,17 @@ TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const
   return out;
 }
 
-TensorMap model_weights_from(const Model& model, const CheckpointContents& checkpoint, const std::string& where) {
+void check_checkpoint_family(const Model& model, const CheckpointContents& checkpoint, const std::string& where) {
   const nlohmann::json& config = checkpoint.model_config;
   const auto type = config.is_object() ? config.find("model_type") : config.end();
   if (type != config.end() && type->is_string() && type->get<std::string>() != model.family()) {
     throw CheckpointError(where + ": holds a " + type->get<std::string>() + " model (config.json model_type), the config "
                           "describes " + model.family() + " " + model.preset());
   }
+}
+
+TensorMap model_weights_from(const Model& model, const CheckpointContents& checkpoint, const std::string& where) {
+  check_checkpoint_family(model, checkpoint, where);
   return model_weights_from(model, checkpoint.model, where);
 }
 

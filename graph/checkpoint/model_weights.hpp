@@ -14,5 +14,7 @@ TensorMap model_weights_from(const Model& model, const TensorMap& tensors, const
 // the model's family: a checkpoint of another family is refused as such, not by its first
 // missing tensor.
 TensorMap model_weights_from(const Model& model, const CheckpointContents& checkpoint, const std::string& where);
+// That family check alone (CheckpointError naming `where`).
+void check_checkpoint_family(const Model& model, const CheckpointContents& checkpoint, const std::string& where);
 
 }  // namespace atl

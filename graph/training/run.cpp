@@ -225,7 +225,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     TrainingState state = engine->state();  // a collective: every process takes part
     if (!options.writer) {
       last_saved = s;
-      last_saved_path = fs::path(config.checkpoint.dir) / "(written by node 0)";
+      last_saved_path = fs::path(config.checkpoint.dir) / (checkpoint_dir_name(s) + " (on node 0)");
       return last_saved_path;
     }
     CheckpointContents contents{s,

@@ -198,10 +198,21 @@ void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state
     const nlohmann::json& a = saved_value(saved, section, key, dir);
     const nlohmann::json& b = key ? now.at(section).at(key) : now.at(section);
     if (a != b) {
-      const std::string name = key ? std::string(section) + "." + key : std::string(section);
+      std::string name = key ? std::string(section) + "." + key : std::string(section);
+      const nlohmann::json *was = &a, *is = &b;
+      if (!key && a.is_object() && b.is_object()) {  // name the first differing key of the section
+        for (const auto& [k, v] : b.items()) {
+          if (!a.contains(k) || a.at(k) != v) {
+            name += "." + k;
+            was = a.contains(k) ? &a.at(k) : nullptr;
+            is = &v;
+            break;
+          }
+        }
+      }
       throw ConfigError(config.source_file, name,
-                        "--resume continues the run saved in " + dir.string() + ", which had " + a.dump() +
-                            "; this config has " + b.dump());
+                        "--resume continues the run saved in " + dir.string() + ", which had " +
+                            (was ? was->dump() : std::string("no such key")) + "; this config has " + is->dump());
     }
   };
   same("model", nullptr);
@@ -261,9 +272,12 @@ StartingPoint read_starting_point(const RunConfig& config, const RunOptions& opt
   if (resume_dir) {
     const fs::path dir = *resume_dir;
     CheckpointContents c = load_checkpoint(dir);
-    TensorMap master = model_weights_from(model, c, dir.string());
+    // The family, then the run's settings: a changed model is named by its key, not by a tensor's
+    // shape.
+    check_checkpoint_family(model, c, dir.string());
     check_resumable_state(c.trainer_state, dir);
     check_same_run(config, c.trainer_state, dir);
+    TensorMap master = model_weights_from(model, c, dir.string());
     if (c.step == config.train.steps && options.resume_if_any) {
       throw RunFinished("nothing to do: the latest checkpoint, " + dir.string() + ", is at train.steps (" +
                         std::to_string(c.step) + "): the run has finished");
