@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
     options.started = [path = std::string(marker)] { std::ofstream(path) << "started\n"; };
   }
   std::string node_prefix;  // "[node N] " on the nodes other than 0, as their progress lines
+  // One write per message: the nodes of a job share a terminal, and their lines must not interleave.
+  auto say = [&node_prefix](std::ostream& out, const std::string& message) {
+    out << (node_prefix + "atoll-train: " + message + "\n") << std::flush;
+  };
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
     const bool node_flags = node.node_rank || node.nnodes || node.master_addr || node.master_port;
@@ -142,35 +146,35 @@ int main(int argc, char** argv) {
     atl::run_training(config, options, engine, std::cout);
     return 0;
   } catch (const atl::RunStopped& e) {
-    std::cerr << node_prefix << "atoll-train: " << e.what() << "\n";
+    say(std::cerr, e.what());
     return 128 + e.signal();
   } catch (const atl::NonFiniteError& e) {
-    std::cerr << node_prefix << "atoll-train: non-finite training: " << e.what() << "\n";
+    say(std::cerr, "non-finite training: " + std::string(e.what()));
     return 3;
   } catch (const atl::JobMismatch& e) {  // another node runs a different job
-    std::cerr << node_prefix << "atoll-train: config error: " << e.what() << "\n";
+    say(std::cerr, "config error: " + std::string(e.what()));
     return 2;
   } catch (const atl::ConfigError& e) {
-    std::cerr << node_prefix << "atoll-train: config error: " << e.what() << "\n";
+    say(std::cerr, "config error: " + std::string(e.what()));
     return 2;
   } catch (const atl::CheckpointError& e) {  // bad input: a damaged or mismatched checkpoint
-    std::cerr << node_prefix << "atoll-train: " << e.what() << "\n";
+    say(std::cerr, e.what());
     return 2;
   } catch (const atl::DataError& e) {  // bad input: a data file
-    std::cerr << node_prefix << "atoll-train: " << e.what() << "\n";
+    say(std::cerr, e.what());
     return 2;
   } catch (const atl::RunFinished& e) {  // --resume-if-any of a finished run
-    std::cout << "atoll-train: " << e.what() << "\n";
+    say(std::cout, e.what());
     return 0;
   } catch (const atl::StartFailed& e) {  // node 0's reason, and its exit code
-    (e.exit_code() == 0 ? std::cout : std::cerr) << node_prefix << "atoll-train: " << e.what() << "\n";
+    say(e.exit_code() == 0 ? std::cout : std::cerr, e.what());
     return e.exit_code();
   } catch (const std::bad_alloc&) {
-    std::cerr << node_prefix << "atoll-train: out of memory (the preflight estimate, docs/failures.md, is coarse: reduce "
-                 "train.micro_batch, train.seq_len or the mesh)\n";
+    say(std::cerr, "out of memory (the preflight estimate, docs/failures.md, is coarse: reduce train.micro_batch, "
+                   "train.seq_len or the mesh)");
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << node_prefix << "atoll-train: error: " << e.what() << "\n";
+    say(std::cerr, "error: " + std::string(e.what()));
     return 1;
   }
 }

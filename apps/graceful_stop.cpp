@@ -1,32 +1,58 @@
 #include "apps/graceful_stop.hpp"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <ctime>
 
 namespace atl {
 
 namespace {
 
-// Written in a signal handler, read by the run loop's thread: a lock-free atomic is safe for both.
+// Written in a signal handler, read by the run loop's thread: lock-free atomics are safe for both.
 std::atomic<int> g_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
+std::atomic<bool> g_first_from_launcher{false};
+std::atomic<std::int64_t> g_first_ns{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<std::int64_t>::is_always_lock_free);
+// scripts/launch's pid when it started this process (it forwards stop signals), else 0.
+pid_t g_launcher = 0;
 
-extern "C" void on_stop_signal(int signal) {
-  if (g_signal.load() != 0) {  // the second request: no more grace
-    std::signal(signal, SIG_DFL);
-    std::raise(signal);
+std::int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+extern "C" void on_stop_signal(int signal, siginfo_t* info, void*) {
+  const bool from_launcher = g_launcher != 0 && info != nullptr && info->si_pid == g_launcher;
+  if (g_signal.load() == 0) {
+    g_first_ns.store(monotonic_ns());
+    g_first_from_launcher.store(from_launcher);
+    g_signal.store(signal);
     return;
   }
-  g_signal.store(signal);
+  // Under scripts/launch one stop can arrive twice, forwarded by the launcher and sent directly
+  // (a scheduler signals every process of the job): neither copy is the second request. The
+  // launcher turns a second request of its own into SIGKILL.
+  if (from_launcher) return;
+  if (g_first_from_launcher.load() && monotonic_ns() - g_first_ns.load() < 2000000000) return;
+  std::signal(signal, SIG_DFL);  // the second request: no more grace
+  std::raise(signal);
 }
 
 }  // namespace
 
 void install_graceful_stop() {
+  if (const char* launched = std::getenv("ATOLL_LAUNCH_STARTED"); launched != nullptr && *launched != '\0') {
+    g_launcher = ::getppid();
+  }
   struct sigaction action {};
-  action.sa_handler = on_stop_signal;
+  action.sa_sigaction = on_stop_signal;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;  // blocking calls in flight carry on; the run loop polls the flag
+  action.sa_flags = SA_RESTART | SA_SIGINFO;  // blocking calls in flight carry on; the run loop polls
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
 }

@@ -95,15 +95,22 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
     throw CheckpointError(target.string() + ": already exists; import writes a new step-00000000: choose another "
                           "output directory");
   }
-  // Made here (a root that cannot be made is bad input, named), and removed again if the save
-  // refuses the weights: a refused import leaves nothing behind.
-  const bool made = !std::filesystem::exists(checkpoint_root, ec);
-  std::filesystem::create_directories(checkpoint_root, ec);
+  // Made here (a root that cannot be made is bad input, named), durably, and removed again if
+  // the save refuses the weights: a refused import leaves nothing behind.
+  namespace fs = std::filesystem;
+  const fs::path root = fs::absolute(normalised_directory(checkpoint_root), ec);
+  fs::path top = root;  // the highest folder this import creates (root itself when none exists)
+  while (!fs::exists(top.parent_path(), ec) && top.parent_path() != top) top = top.parent_path();
+  const bool made = !fs::exists(root, ec);
+  fs::create_directories(root, ec);
   if (ec) throw CheckpointError(checkpoint_root.string() + ": cannot create it: " + ec.message());
+  if (made) fsync_directory(top.parent_path());
   try {
     return save_checkpoint(checkpoint_root, contents, 0);
   } catch (...) {
-    if (made) std::filesystem::remove(checkpoint_root, ec);  // only while empty
+    for (fs::path p = root; made; p = p.parent_path()) {  // each only while empty
+      if (!fs::remove(p, ec) || p == top) break;
+    }
     throw;
   }
 }

@@ -10,11 +10,14 @@
 #include <fstream>
 #include <thread>
 
+#include "graph/checkpoint/checkpoint_dir.hpp"
 #include "kernels/cpu/compute_pool.hpp"
 #include "tests/apps/app_test_support.hpp"
 #include "tests/support/free_port.hpp"
 
 using namespace atl::testing;
+using atl::checkpoint_dir_name;
+using atl::latest_checkpoint;
 
 namespace {
 
@@ -287,6 +290,34 @@ TEST_CASE("scripts/launch: a restart after the start resumes the latest checkpoi
     CHECK(usage.exit_code == 2);
     CHECK_THAT(usage.err, Catch::Contains("usage: scripts/launch"));
   }
+}
+
+TEST_CASE("scripts/launch: a stop sent to the launcher and to every node at once is one stop, saved",
+          "[apps][launch]") {
+  TempDir tmp;
+  // A scheduler signals every process of the job: each node gets SIGTERM directly and once more
+  // from the launcher. That is one request (a second would end a node unsaved): every node
+  // finishes its step, the checkpoint of that step is saved, and the job ends 143, no restart.
+  const fs::path run = tmp.path / "run";
+  const std::string metrics = shell_quote((run / "metrics.jsonl").string());
+  const Result r = run_shell(
+      "( " + launch_script() + " --nnodes 2 --max-restarts 2 --" +
+          joined(train_args("configs/beam-tiny.yaml", run,
+                            {"topology.mesh.dp_shard=2", "train.steps=100000", "checkpoint.every=1000"})) +
+          " & launcher=$!; for i in $(seq 600); do [ \"$(cat " + metrics +
+          " 2>/dev/null | wc -l)\" -ge 3 ] && break; sleep 0.1; done; "
+          "kill -TERM $launcher $(cat /proc/$launcher/task/*/children); wait $launcher; echo \"launcher $?\" )",
+      tmp.path / "out");
+  INFO(r.err);
+  CHECK(r.out.find("launcher 143") != std::string::npos);
+  const auto lines = read_metrics(run / "metrics.jsonl");
+  REQUIRE(lines.size() >= 3);
+  const auto latest = latest_checkpoint(run / "checkpoints");
+  REQUIRE(latest.has_value());
+  CHECK(latest->filename() == checkpoint_dir_name(static_cast<std::int64_t>(lines.size())));
+  CHECK_THAT(r.err, Catch::Contains("[node 1] atoll-train: stopped by SIGTERM after step " +
+                                    std::to_string(lines.size())));
+  CHECK_THAT(r.err, !Catch::Contains("restart"));
 }
 
 TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restarts resumes to the same losses",
