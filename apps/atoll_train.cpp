@@ -31,7 +31,7 @@ namespace {
 // alone say nothing.)
 void refuse_torchrun_nodes(const atl::RunConfig& config) {
   const atl::Environment env = atl::process_environment();
-  if (!env("TORCHELASTIC_RUN_ID") && !env("GROUP_RANK")) return;
+  if (!atl::under_torchrun(env)) return;
   atl::NodeSpec spec;
   try {
     spec = atl::resolve_node_spec({}, env);

@@ -51,6 +51,8 @@ std::string first_slurm_host(const std::string& nodelist) {
   return prefix + nodelist.substr(cut + 1, end - cut - 1);
 }
 
+bool under_torchrun(const Environment& env) { return env("TORCHELASTIC_RUN_ID") || env("GROUP_RANK"); }
+
 NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int default_nnodes) {
   auto integer = [&](const char* name) -> std::optional<int> {
     if (auto v = env(name)) return parse_int(*v, name);
@@ -66,7 +68,7 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   // the node count as its rendezvous assigned them (c10d ignores --node-rank), so they come before
   // a NODE_RANK or NNODES the script may also export. atoll-train is one process per node running
   // all its ranks: a second torchrun worker per node would claim the same node rank.
-  const bool torchrun = env("TORCHELASTIC_RUN_ID") || env("GROUP_RANK");
+  const bool torchrun = under_torchrun(env);
   if (auto local = integer("LOCAL_WORLD_SIZE"); torchrun && local && *local != 1) {
     throw std::invalid_argument("LOCAL_WORLD_SIZE (torchrun): atoll-train runs one process per node, which runs the "
                                 "node's ranks; expected 1 (torchrun --nproc-per-node 1), got " + std::to_string(*local));

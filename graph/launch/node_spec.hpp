@@ -37,6 +37,9 @@ Environment process_environment();
 // `default_nnodes`: the node count when no flag or variable gives one (a topology's node list).
 NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int default_nnodes = 1);
 
+// Whether torchrun started this process (its elastic agent's variables are set).
+bool under_torchrun(const Environment& env);
+
 // The first host of a Slurm node list: "node[01-04,07],gpu2" -> "node01".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -90,19 +90,24 @@ std::optional<nlohmann::json> recorded_config(const RunConfig& config) {
   return run.at("config");
 }
 
-// The first key ("train.steps") whose value differs between two resolved configs.
-std::string first_changed_key(const nlohmann::json& was, const nlohmann::json& now) {
-  for (const auto& [section, value] : now.items()) {
-    if (!was.contains(section)) return section;
-    if (!value.is_object() || !was.at(section).is_object()) {
-      if (was.at(section) != value) return section;
-      continue;
+// The first value that differs between two configs (or sections of one): its dotted key below
+// `prefix` ("train.steps") and both values (null where a side lacks the key).
+struct ConfigChange {
+  std::string key;
+  const nlohmann::json *was = nullptr, *now = nullptr;
+};
+ConfigChange first_change(const nlohmann::json& was, const nlohmann::json& now, const std::string& prefix) {
+  if (was.is_object() && now.is_object()) {
+    for (const auto& [k, v] : now.items()) {
+      const std::string key = prefix.empty() ? k : prefix + "." + k;
+      if (!was.contains(k)) return {key, nullptr, &v};
+      if (was.at(k) != v) return first_change(was.at(k), v, key);
     }
-    for (const auto& [key, v] : value.items()) {
-      if (!was.at(section).contains(key) || was.at(section).at(key) != v) return section + "." + key;
+    for (const auto& [k, v] : was.items()) {
+      if (!now.contains(k)) return {prefix.empty() ? k : prefix + "." + k, &v, nullptr};
     }
   }
-  return "(a key this config lacks)";
+  return {prefix, &was, &now};
 }
 
 // Whether `dir` is one of checkpoint.dir's own checkpoints (a step of the run kept there).
@@ -149,7 +154,7 @@ void check_writer_outputs(const RunConfig& config, const RunOptions& options, bo
       const nlohmann::json now = to_json(config);
       if (recorded && *recorded == now) return;
       why += fmt::format(" (--resume-if-any found no checkpoint under '{}', and run.json {})", config.checkpoint.dir,
-                         recorded ? "has another config: " + first_changed_key(*recorded, now) + " differs"
+                         recorded ? "has another config: " + first_change(*recorded, now, "").key + " differs"
                                   : std::string("is missing or unreadable"));
     }
     throw ConfigError(config.source_file, "run_dir", why + context);
@@ -199,21 +204,11 @@ void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state
     const nlohmann::json& a = saved_value(saved, section, key, dir);
     const nlohmann::json& b = key ? now.at(section).at(key) : now.at(section);
     if (a != b) {
-      std::string name = key ? std::string(section) + "." + key : std::string(section);
-      const nlohmann::json *was = &a, *is = &b;
-      if (!key && a.is_object() && b.is_object()) {  // name the first differing key of the section
-        for (const auto& [k, v] : b.items()) {
-          if (!a.contains(k) || a.at(k) != v) {
-            name += "." + k;
-            was = a.contains(k) ? &a.at(k) : nullptr;
-            is = &v;
-            break;
-          }
-        }
-      }
-      throw ConfigError(config.source_file, name,
-                        "--resume continues the run saved in " + dir.string() + ", which had " +
-                            (was ? was->dump() : std::string("no such key")) + "; this config has " + is->dump());
+      const ConfigChange c = first_change(a, b, key ? std::string(section) + "." + key : std::string(section));
+      auto shown = [](const nlohmann::json* v) { return v ? v->dump() : std::string("no such key"); };
+      throw ConfigError(config.source_file, c.key,
+                        "--resume continues the run saved in " + dir.string() + ", which had " + shown(c.was) +
+                            "; this config has " + shown(c.now));
     }
   };
   same("model", nullptr);
@@ -278,7 +273,7 @@ StartingPoint read_starting_point(const RunConfig& config, const RunOptions& opt
     check_checkpoint_family(model, c, dir.string());
     check_resumable_state(c.trainer_state, dir);
     check_same_run(config, c.trainer_state, dir);
-    TensorMap master = model_weights_from(model, c, dir.string());
+    TensorMap master = model_weights_from(model, c.model, dir.string());
     if (c.step == config.train.steps && options.resume_if_any) {
       throw RunFinished("nothing to do: the latest checkpoint, " + dir.string() + ", is at train.steps (" +
                         std::to_string(c.step) + "): the run has finished");
@@ -312,9 +307,10 @@ StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& o
   const std::optional<fs::path> from = resume_source(config, options);
   // Continuing the run kept in run_dir and checkpoint.dir: a checkpoint of checkpoint.dir, not an
   // import. Any other checkpoint starts a run here (from its state), with a fresh start's checks.
-  const bool continues = from && !is_import(*from) && in_checkpoint_dir(config, *from);
+  const bool import = from && is_import(*from);
+  const bool continues = from && !import && in_checkpoint_dir(config, *from);
   std::string context;
-  if (from && !continues && !is_import(*from)) {
+  if (from && !continues && !import) {
     context = " (--resume " + from->string() + " is not one of checkpoint.dir's checkpoints: continuing it here "
               "would mix two runs; resume it into an empty run_dir and checkpoint.dir)";
   }
