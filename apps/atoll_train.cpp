@@ -92,15 +92,7 @@ int main(int argc, char** argv) {
   // scripts/launch names a file to create once the run has prepared its outputs: its restarts
   // then resume the latest checkpoint instead of repeating this start's --resume DIR or --overwrite.
   if (const char* marker = std::getenv("ATOLL_LAUNCH_STARTED"); marker != nullptr && *marker != '\0') {
-    // It also names the checkpoint the job began from when that is outside checkpoint.dir: a
-    // restart before the first save begins there again instead of from a fresh model.
-    options.started = [path = std::string(marker)](const std::string& began_from) {
-      std::ofstream(path) << "started\n" << (began_from.empty() ? "" : "began_from " + began_from + "\n");
-    };
-    std::ifstream earlier(marker);  // a restart: what the first start began from
-    for (std::string line; std::getline(earlier, line);) {
-      if (line.rfind("began_from ", 0) == 0) options.restart_from = line.substr(11);
-    }
+    options.started = [path = std::string(marker)] { std::ofstream(path) << "started\n"; };
   }
   std::string node_prefix;  // "[node N] " on the nodes other than 0, as their progress lines
   // One write per message: the nodes of a job share a terminal, and their lines must not interleave.

@@ -196,7 +196,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     write_file_durably(metrics_path, history);
     metrics.open(metrics_path, std::ios::app);
     if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
-    if (options.started) options.started(begin.began_from);
+    if (options.started) options.started();
   }
 
   const auto& mesh = config.topology.mesh;

@@ -64,12 +64,8 @@ struct RunOptions {
   int ranks_here = 0;
   // Called by the writer once it has prepared run_dir and checkpoint.dir, before the first step:
   // from then on a restart must resume the latest checkpoint rather than repeat this start's
-  // --resume DIR or --overwrite (scripts/launch). Its argument: the checkpoint this run began
-  // from when it is not one of checkpoint.dir's (another run's, or an import; absolute), else "".
-  std::function<void(const std::string&)> started;
-  // With --resume-if-any and nothing under checkpoint.dir yet: the checkpoint to begin from (what
-  // the restarted job's first start began from, `started`'s argument), else a fresh start.
-  std::string restart_from;
+  // --resume DIR or --overwrite (scripts/launch).
+  std::function<void()> started;
   // A multi-process job: set, node 0 alone finds and reads the checkpoint to start from and hands
   // its starting point to the others through these collectives, so they need no view of
   // checkpoint.dir and cannot start anywhere else.

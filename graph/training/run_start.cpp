@@ -175,7 +175,6 @@ std::optional<fs::path> resume_source(const RunConfig& config, const RunOptions&
   if (!options.resume) return std::nullopt;
   if (!options.resume->empty()) return fs::path(*options.resume);
   if (const auto saved = checkpoints_after(config.checkpoint.dir, 0); !saved.empty()) return saved.back();
-  if (options.resume_if_any && !options.restart_from.empty()) return fs::path(options.restart_from);
   if (options.resume_if_any) return std::nullopt;  // nothing saved yet: start fresh
   throw ConfigError(config.source_file, "checkpoint.dir",
                     "--resume found no complete checkpoint under '" + config.checkpoint.dir + "'");
@@ -317,7 +316,6 @@ StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& o
   check_writer_outputs(config, options, continues, context);
   StartingPoint start = read_starting_point(config, options, from, model);
   start.resumed = continues;
-  if (from && !continues) start.began_from = fs::absolute(*from).string();
   return start;
 }
 

@@ -27,8 +27,6 @@ struct StartingPoint {
   // from the checkpoint's run ("train.steps 300 -> 400"; empty when none).
   bool resumed = false;
   std::string changed_settings;
-  // The checkpoint it began from when that is not one of checkpoint.dir's (absolute), else "".
-  std::string began_from;
 };
 
 // Node 0 did not start (a missing or damaged checkpoint, say, or a run already finished); what()
