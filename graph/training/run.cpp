@@ -175,6 +175,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["cpu_kernel"] = cpu_kernel;
   run_json["compute_threads"] = threads;
   run_json["data"] = data->describe();
+  if (!begin.began_from.empty()) run_json["began_from"] = begin.began_from;
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
   if (options.writer) write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
 

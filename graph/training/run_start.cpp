@@ -81,13 +81,40 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
   if (!options.trace_path.empty()) check_output_path(options.trace_path, true, config.source_file, "--trace");
 }
 
-// The resolved config of the run recorded in run_dir (run.json), if it can be read.
-std::optional<nlohmann::json> recorded_config(const RunConfig& config) {
+// The run recorded in run_dir (run.json), if it can be read as one.
+std::optional<nlohmann::json> recorded_run(const RunConfig& config) {
   std::ifstream in(fs::path(config.run_dir) / "run.json");
   if (!in) return std::nullopt;
-  const nlohmann::json run = nlohmann::json::parse(in, nullptr, false);
+  nlohmann::json run = nlohmann::json::parse(in, nullptr, false);
   if (run.is_discarded() || !run.is_object() || !run.contains("config")) return std::nullopt;
-  return run.at("config");
+  return run;
+}
+std::optional<nlohmann::json> recorded_config(const RunConfig& config) {
+  std::optional<nlohmann::json> run = recorded_run(config);
+  return run ? std::optional<nlohmann::json>(run->at("config")) : std::nullopt;
+}
+
+// --resume-if-any with nothing saved under checkpoint.dir: the checkpoint the run recorded in
+// run_dir began from (run.json's "began_from"), when that run is this config's. A restart before
+// the first save of a run begun from another run's checkpoint (or an import) begins there again,
+// not from a fresh model.
+std::optional<fs::path> recorded_beginning(const RunConfig& config) {
+  const std::optional<nlohmann::json> run = recorded_run(config);
+  if (!run || !run->contains("began_from") || run->at("config") != to_json(config)) return std::nullopt;
+  const fs::path file = fs::path(config.run_dir) / "run.json";
+  const nlohmann::json& began = run->at("began_from");
+  if (!began.is_string() || began.get<std::string>().empty()) {
+    throw ConfigError(file.string(), "began_from", "expected the path of the checkpoint the run began from, found " +
+                                                       began.dump());
+  }
+  const fs::path dir = began.get<std::string>();
+  if (!fs::is_directory(dir)) {
+    throw ConfigError(file.string(), "began_from",
+                      "the run began from '" + dir.string() + "', which is no longer a directory, and saved no "
+                      "checkpoint of its own under '" + config.checkpoint.dir + "': --resume-if-any has nothing to "
+                      "continue from (restore that checkpoint, or start again with --overwrite)");
+  }
+  return dir;
 }
 
 // The first value that differs between two configs (or sections of one): its dotted key below
@@ -175,7 +202,8 @@ std::optional<fs::path> resume_source(const RunConfig& config, const RunOptions&
   if (!options.resume) return std::nullopt;
   if (!options.resume->empty()) return fs::path(*options.resume);
   if (const auto saved = checkpoints_after(config.checkpoint.dir, 0); !saved.empty()) return saved.back();
-  if (options.resume_if_any) return std::nullopt;  // nothing saved yet: start fresh
+  // Nothing saved yet: where the run began (its recorded checkpoint, else a fresh model).
+  if (options.resume_if_any) return recorded_beginning(config);
   throw ConfigError(config.source_file, "checkpoint.dir",
                     "--resume found no complete checkpoint under '" + config.checkpoint.dir + "'");
 }
@@ -316,6 +344,7 @@ StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& o
   check_writer_outputs(config, options, continues, context);
   StartingPoint start = read_starting_point(config, options, from, model);
   start.resumed = continues;
+  if (from && !continues) start.began_from = fs::absolute(*from).lexically_normal().string();
   return start;
 }
 

@@ -15,7 +15,9 @@ namespace atl {
 
 // The writer's start. The checkpoint: --resume DIR; a bare --resume, the latest complete one under
 // checkpoint.dir (ConfigError if none; an import at step 0 is no run to continue); --resume-if-any
-// with none, a fresh start. A fresh start
+// with none, the checkpoint run_dir's run.json says this same config began from ("began_from",
+// recorded for a start from a checkpoint outside checkpoint.dir or an import), else a fresh start.
+// A fresh start
 // is refused (ConfigError, nothing written) when run_dir holds a run's metrics.jsonl or
 // checkpoint.dir holds a run's checkpoints, unless --overwrite says to replace them, or, for
 // --resume-if-any, run_dir's run.json is this same config (a job restarted before its first

@@ -27,6 +27,10 @@ struct StartingPoint {
   // from the checkpoint's run ("train.steps 300 -> 400"; empty when none).
   bool resumed = false;
   std::string changed_settings;
+  // Node 0's alone: the checkpoint a run that does not continue checkpoint.dir's began from
+  // (another run's, one set aside, or an import; absolute), else "". run.json records it, so a
+  // restart before the first save begins there again instead of from a fresh model.
+  std::string began_from;
 };
 
 // Node 0 did not start (a missing or damaged checkpoint, say, or a run already finished); what()

@@ -442,6 +442,44 @@ TEST_CASE("apps: --resume-if-any with nothing saved starts again only the run in
   CHECK(read_file(run / "metrics.jsonl") == finished);
 }
 
+TEST_CASE("apps: --resume-if-any of a run begun from another run's checkpoint, with nothing saved, begins there again",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path a = tmp.path / "a", b = tmp.path / "b", from = a / "checkpoints" / "step-00000004";
+  auto first = train_args(a);
+  add_sets(first, {"train.steps=6", "checkpoint.every=2"});
+  must_run("atoll-train", first, tmp.path);
+  const auto a_lines = read_metrics(a / "metrics.jsonl");
+  REQUIRE(a_lines.size() == 6);
+
+  auto begun = train_args(b);
+  add_sets(begun, {"train.steps=6"});  // saves nothing (checkpoint.every 0): a job that fails before its first save
+  begun.push_back("--resume");
+  begun.push_back(from.string());
+  must_run("atoll-train", begun, tmp.path);
+  CHECK(nlohmann::json::parse(read_file(b / "run.json")).at("began_from") == from.string());
+  const std::string metrics = metrics_without_timing(b / "metrics.jsonl");
+
+  // Restarted as a launcher restarts (--resume-if-any): from step 4 of run a again, not a fresh model.
+  auto restarted = train_args(b);
+  add_sets(restarted, {"train.steps=6"});
+  restarted.push_back("--resume-if-any");
+  const Result again = must_run("atoll-train", restarted, tmp.path);
+  CHECK_THAT(again.out, Catch::Contains("start: resumed from " + from.string() + " at step 4"));
+  CHECK(metrics_without_timing(b / "metrics.jsonl") == metrics);
+  const auto b_lines = read_metrics(b / "metrics.jsonl");
+  REQUIRE(b_lines.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) CHECK(b_lines[i].at("loss") == a_lines[i + 4].at("loss"));
+
+  // That checkpoint gone: nothing to continue from, named, and run b left as it was.
+  fs::rename(from, tmp.path / "moved");
+  const Result lost = run_app("atoll-train", restarted, tmp.path);
+  CHECK(lost.exit_code == 2);
+  CHECK_THAT(lost.err, Catch::Contains((b / "run.json").string() + ": began_from") &&
+                           Catch::Contains("is no longer a directory"));
+  CHECK(metrics_without_timing(b / "metrics.jsonl") == metrics);
+}
+
 TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, checkpoint.load and atoll-eval",
           "[apps][checkpoint]") {
   TempDir tmp;

@@ -350,6 +350,22 @@ TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restar
   REQUIRE(a.size() == 300);
   REQUIRE(b.size() == 300);
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
+
+  // A job begun from another run's checkpoint (step 260 of ref) and killed before its first save:
+  // the restart begins from that checkpoint again (run.json's began_from), not from a fresh
+  // model, and ends as the reference does.
+  const fs::path other = tmp.path / "other";
+  const Result from_other = launch_and_kill_a_node(
+      "--nnodes 2 --max-restarts 1 --" + args(other) + " --set checkpoint.every=1000 --resume " +
+          shell_quote((tmp.path / "ref" / "checkpoints" / "step-00000260").string()),
+      other, 5, tmp.path / "other_out");
+  INFO(from_other.out << from_other.err);  // both: the start lines name where each attempt began
+  REQUIRE(from_other.exit_code == 0);
+  CHECK(from_other.err.find("launch: restart 1 of 1 from the latest complete checkpoint") != std::string::npos);
+  const auto c = read_metrics(other / "metrics.jsonl");
+  REQUIRE(c.size() == 40);
+  CHECK(c.front().at("step").get<std::int64_t>() == 261);
+  for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i].at("loss").get<double>() == a[i + 260].at("loss").get<double>());
 }
 
 TEST_CASE("apps: nodes placed by Slurm's variables (a --master-port flag, a job token file) train together",
