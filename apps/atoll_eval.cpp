@@ -14,6 +14,7 @@
 #include "graph/checkpoint/safetensors.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/eval/evaluate.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"atoll-eval: evaluate a checkpoint"};
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   }
   try {
     const atl::RunConfig config = atl::load_run_config(config_path, sets);
+    atl::cpu::cpu_features();  // a bad ATOLL_CPU_ISA is refused here, not in a kernel
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
     const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint, allow_nonfinite);
     if (!dump_logits.empty()) {
@@ -48,7 +50,7 @@ int main(int argc, char** argv) {
       std::cout << "logits " << out.at("logits").describe() << " written to " << dump_logits << "\n";
       return 0;
     }
-    auto data = atl::make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
+    auto data = atl::make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed, config.source_file);
     const atl::EvalResult r = atl::evaluate(*model, master, config.precision, *data, config.train.global_batch,
                                             config.train.seq_len, batches);
     std::cout << fmt::format("eval loss={:.6f} perplexity={:.4f} targets={} batches={}\n", r.loss, r.perplexity,
@@ -65,6 +67,9 @@ int main(int argc, char** argv) {
     std::cerr << "atoll-eval: " << e.what() << "\n";
     return 2;
   } catch (const atl::DataError& e) {  // bad input: a data file
+    std::cerr << "atoll-eval: " << e.what() << "\n";
+    return 2;
+  } catch (const atl::cpu::CpuIsaError& e) {  // bad input: the environment
     std::cerr << "atoll-eval: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {

@@ -23,6 +23,7 @@
 #include "graph/launch/node_spec.hpp"
 #include "graph/training/run.hpp"
 #include "graph/training/starting_point.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 
 namespace {
 
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
   };
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
+    atl::cpu::cpu_features();  // a bad ATOLL_CPU_ISA is refused here, not on a compute thread
     const bool node_flags = node.node_rank || node.nnodes || node.master_addr || node.master_port;
     if (node_flags && config.topology.backend != atl::Backend::ucx) {  // else each node would run the whole job
       throw atl::ConfigError(config.source_file, "topology.backend",
@@ -161,6 +163,9 @@ int main(int argc, char** argv) {
     say(std::cerr, e.what());
     return 2;
   } catch (const atl::DataError& e) {  // bad input: a data file
+    say(std::cerr, e.what());
+    return 2;
+  } catch (const atl::cpu::CpuIsaError& e) {  // bad input: the environment
     say(std::cerr, e.what());
     return 2;
   } catch (const atl::RunFinished& e) {  // --resume-if-any of a finished run

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "graph/config_reader.hpp"
 #include "graph/data/file_sources.hpp"
 #include "graph/data/synthetic_source.hpp"
 
@@ -168,6 +169,16 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int6
                                                config.loop);
   }
   throw std::logic_error("make_data_source: unknown source kind");
+}
+
+std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed,
+                                             const std::string& config_file) {
+  if (config.kind == DataSourceKind::synthetic && config.synthetic_branching > usable_vocab) {
+    throw ConfigError(config_file, "data.synthetic_branching",
+                      fmt::format("expected an integer in [1, {}] (the model's usable vocab, unpadded_vocab_size), got {}",
+                                  usable_vocab, config.synthetic_branching));
+  }
+  return make_data_source(config, usable_vocab, seed);
 }
 
 }  // namespace atl

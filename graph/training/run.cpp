@@ -136,7 +136,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   Mesh(config.topology.mesh, config.source_file).require_runnable();  // planned, not run yet: pp, cp, ep > 1
   check_memory_preflight(config, *model, options.ranks_here);  // before the data source, the weights or the engine allocate
-  auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed);
+  auto data = make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed, config.source_file);
   const auto& t = config.train;
   // (A single process is the writer: the checks of its outputs come first, writing nothing.)
   StartingPoint begin = options.from_writer ? shared_starting_point(config, options, *model)

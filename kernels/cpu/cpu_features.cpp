@@ -35,7 +35,7 @@ CpuFeatures select_features() {
   } else if (want == "avx512") {
     limit = Isa::avx512;
   } else {
-    throw std::invalid_argument("ATOLL_CPU_ISA: expected portable, avx2 or avx512, got '" + std::string(want) + "'");
+    throw CpuIsaError("ATOLL_CPU_ISA: expected portable, avx2 or avx512, got '" + std::string(want) + "'");
   }
   if (limit < f.isa) f.isa = limit;
   if (f.isa != Isa::avx512) f.bf16_dot = false;

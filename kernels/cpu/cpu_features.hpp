@@ -3,6 +3,7 @@
 // the choice changes speed only. ATOLL_CPU_ISA=portable|avx2|avx512 caps the level (for tests and
 // for comparing kernels); it can lower the level, never raise it above what the CPU has.
 #pragma once
+#include <stdexcept>
 #include <string>
 
 namespace atl::cpu {
@@ -14,7 +15,13 @@ struct CpuFeatures {
   bool bf16_dot = false;  // AVX512_BF16 (vdpbf16ps) and the avx512 level in use
 };
 
-// Detected once (then cached); honours ATOLL_CPU_ISA.
+// A bad ATOLL_CPU_ISA value: bad input, which the apps report with exit code 2 like a bad config.
+class CpuIsaError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Detected once (then cached); honours ATOLL_CPU_ISA (CpuIsaError when it names no level).
 const CpuFeatures& cpu_features();
 // The best level this CPU supports, ignoring ATOLL_CPU_ISA.
 CpuFeatures detected_cpu_features();

@@ -223,6 +223,8 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
       {"a synthetic key for a file source", {base.string(), "--set", "data.source=text:" + base.string(), "--set",
                                              "data.synthetic_branching=3"},
        {"data.synthetic_branching", "applies to data.source: synthetic only"}},
+      {"more synthetic successors than the model has tokens", {base.string(), "--set", "data.synthetic_branching=251"},
+       {base.string() + ": data.synthetic_branching", "expected an integer in [1, 250]"}},
       {"a text source without its path", {base.string(), "--set", "data.source=text:"},
        {"data.source", "'text:' names no file; expected 'text:<path>'"}},
       {"run_dir is a file", {base.string(), "--set", "run_dir=" + file.string()}, {"run_dir", "not a directory"}},
@@ -249,6 +251,17 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
     CHECK(r.exit_code == 2);
     for (const auto& e : c.expected) CHECK(r.err.find(e) != std::string::npos);
     CHECK(r.err.size() < 400);  // one line, no echo of the input
+    CHECK_FALSE(fs::exists(tmp.path / "run"));
+  }
+  // A bad kernel-level cap in the environment is bad input too, for training and evaluation.
+  for (const char* app : {"atoll-train", "atoll-eval"}) {
+    INFO(app);
+    std::string command = "ATOLL_CPU_ISA=sse " + shell_quote(app_binary(app).string()) + " " +
+                          shell_quote(base.string()) + " --set " + shell_quote(run_dir);
+    if (std::string(app) == "atoll-eval") command += " --checkpoint " + shell_quote(tmp.path.string());
+    const Result r = run_shell(command, tmp.path / "isa");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("ATOLL_CPU_ISA: expected portable, avx2 or avx512, got 'sse'"));
     CHECK_FALSE(fs::exists(tmp.path / "run"));
   }
 }
