@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +47,58 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
+namespace {
+
+// Four lanes, each folding in every fourth little-endian 64-bit word with a multiply and a
+// rotation (independent chains: about 6 GB/s on a Zen 3, near memory speed), joined, then the
+// words and bytes left, then murmur3's finalizer. Not cryptographic: it guards against mistakes
+// (an edited or regenerated file), and any change alters it with overwhelming probability.
+static_assert(std::endian::native == std::endian::little, "the hash reads words in the file's byte order");
+std::uint64_t hash_bytes(const unsigned char* p, std::size_t n) {
+  constexpr std::uint64_t k1 = 0x9E3779B97F4A7C15ull, k2 = 0xC2B2AE3D27D4EB4Full;
+  auto word = [p](std::size_t at, std::size_t bytes) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, p + at, bytes);
+    return w;
+  };
+  auto mix = [](std::uint64_t h, std::uint64_t w) { return std::rotl(h ^ (w * k2), 31) * k1; };
+  std::uint64_t a = k1 ^ n, b = k2 ^ n, c = ~k1 ^ n, d = ~k2 ^ n;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a = mix(a, word(i, 8));
+    b = mix(b, word(i + 8, 8));
+    c = mix(c, word(i + 16, 8));
+    d = mix(d, word(i + 24, 8));
+  }
+  std::uint64_t h = mix(mix(mix(a, b), c), d);
+  for (; i + 8 <= n; i += 8) h = mix(h, word(i, 8));
+  if (i < n) h = mix(h, word(i, n - i));
+  h ^= h >> 33;
+  h *= 0xFF51AFD7ED558CCDull;
+  h ^= h >> 33;
+  h *= 0xC4CEB9FE1A85EC53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+}  // namespace
+
+const std::string& MappedFile::content_hash() const {
+  if (!hash_) hash_ = fmt::format("{:016x}", hash_bytes(data_, size_));
+  return *hash_;
+}
+
+void MappedFile::check_cursor_matches(const nlohmann::json& cursor, const std::string& what) const {
+  const auto size = static_cast<std::int64_t>(size_);
+  cursor_integer(cursor, "file_size", size, size, what);
+  if (!cursor.contains("file_hash")) return;
+  const nlohmann::json& saved = cursor.at("file_hash");
+  if (!saved.is_string() || saved.get<std::string>() != content_hash()) {
+    throw DataError(fmt::format("{}: cursor field 'file_hash': expected {} (this file's content), got {}: the "
+                                "file changed since the checkpoint read it", what, content_hash(), saved.dump()));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -116,14 +169,14 @@ void TextFileSource::advance() {
 
 nlohmann::json TextFileSource::cursor() const {
   return {{"source", "text"},   {"epoch", epoch_},       {"offset", offset_},
-          {"pad_position", pad_position_}, {"file_size", file_.size()}};
+          {"pad_position", pad_position_}, {"file_size", file_.size()}, {"file_hash", file_.content_hash()}};
 }
 
 void TextFileSource::restore(const nlohmann::json& cursor) {
   const std::string what = "text data " + file_.path();
   check_cursor_source(cursor, "text", what);
   const auto size = static_cast<std::int64_t>(file_.size());
-  cursor_integer(cursor, "file_size", size, size, what);
+  file_.check_cursor_matches(cursor, what);
   const std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMaxInt, what);
   const std::int64_t offset =
       cursor_integer(cursor, "offset", static_cast<std::int64_t>(first_token_), loop_ ? size - 1 : size, what);
@@ -226,15 +279,14 @@ void TokenFileSource::advance() {
 
 nlohmann::json TokenFileSource::cursor() const {
   return {{"source", "tokens"},   {"epoch", epoch_},       {"offset", index_},
-          {"pad_position", pad_position_}, {"file_size", file_.size()}};
+          {"pad_position", pad_position_}, {"file_size", file_.size()}, {"file_hash", file_.content_hash()}};
 }
 
 void TokenFileSource::restore(const nlohmann::json& cursor) {
   const std::string what = "token data " + file_.path();
   check_cursor_source(cursor, "tokens", what);
-  const auto size = static_cast<std::int64_t>(file_.size());
   const auto count = static_cast<std::int64_t>(token_count_);
-  cursor_integer(cursor, "file_size", size, size, what);
+  file_.check_cursor_matches(cursor, what);
   const std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMaxInt, what);
   const std::int64_t offset = cursor_integer(cursor, "offset", 0, loop_ ? count - 1 : count, what);
   const std::int64_t pad_position = cursor_integer(cursor, "pad_position", 0, offset == count ? kMaxInt : 0, what);

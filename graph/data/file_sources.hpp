@@ -1,8 +1,8 @@
 // Data sources backed by files: byte-level text and pre-tokenized uint16/uint32 shards.
 // Both read the file through a read-only memory map, check every token against the usable
 // vocabulary when opened, and loop over the file in epochs (or pad after its end when loop is
-// false). Cursor: {"source", "epoch", "offset", "pad_position", "file_size"}; file_size guards
-// against restoring into a different file.
+// false). Cursor: {"source", "epoch", "offset", "pad_position", "file_size", "file_hash"};
+// file_size and file_hash (of the whole content) guard against restoring into a changed file.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,11 +24,19 @@ class MappedFile {
   const unsigned char* data() const { return data_; }
   std::size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // A 64-bit hash of the whole content as 16 hex digits, computed on first use (one pass over the
+  // file), the same on every machine: a cursor carries it, so an edited file is not mistaken
+  // for the one a checkpoint read.
+  const std::string& content_hash() const;
+  // DataError("<what>: cursor field 'file_size' / 'file_hash': ...") unless `cursor` was taken
+  // from this content. A cursor without file_hash (saved before it existed) is checked by size.
+  void check_cursor_matches(const nlohmann::json& cursor, const std::string& what) const;
 
  private:
   std::string path_;
   const unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
+  mutable std::optional<std::string> hash_;
 };
 
 // Byte-level text: token id = byte value. Documents are separated by blank lines: a run of two

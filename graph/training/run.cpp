@@ -145,8 +145,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     try {
       data->restore(*begin.data_cursor);
     } catch (const DataError& e) {  // name the checkpoint, not only the data source
-      throw DataError(begin.description + ": trainer_state.json's \"data_cursor\" does not fit data.source: " +
-                      e.what());
+      throw DataError("data.source does not fit the checkpoint's data position (" + begin.description +
+                      ", trainer_state.json \"data_cursor\"): " + e.what());
     }
   }
   const std::int64_t tokens_before = begin.tokens;

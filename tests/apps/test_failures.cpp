@@ -361,8 +361,8 @@ TEST_CASE("failures: checkpoints with NaN weights, negative second moments, no d
   }
   r = resume(other_cursor);
   CHECK(r.exit_code == 2);
-  CHECK_THAT(r.err, Catch::Contains("resumed from " + other_cursor.string()) &&
-                        Catch::Contains("trainer_state.json's \"data_cursor\" does not fit data.source"));
+  CHECK_THAT(r.err, Catch::Contains("data.source does not fit the checkpoint's data position (resumed from " +
+                                    other_cursor.string() + " at step 2, trainer_state.json \"data_cursor\")"));
 
   const fs::path int_weights = copy_checkpoint(good, tmp.path / "i32" / "step-00000002");
   edit_checkpoint_tensor(int_weights, "model.safetensors", "model.norm.weight",

@@ -342,6 +342,35 @@ TEST_CASE("data errors name the file and what is wrong", "[data]") {
              Catch::Contains("synthetic_branching"));
 }
 
+TEST_CASE("a file source's cursor carries a content hash: an edited file of the same size is refused", "[data]") {
+  TempDir dir;
+  // The hash is fixed by its definition, not by the machine (values from an independent Python
+  // transcription of the algorithm): checkpoints stay resumable across machines and builds.
+  CHECK(MappedFile(dir.write("empty.txt", "")).content_hash() == "4ff647e2e4e81014");
+  std::string bytes;
+  for (int i = 0; i < 200; ++i) bytes += static_cast<char>(i);
+  CHECK(MappedFile(dir.write("bytes.bin", bytes)).content_hash() == "f9bed354d3198aec");
+
+  const std::string text_path = dir.write("t.txt", "abc\n\ndef");
+  nlohmann::json text_cursor = TextFileSource(text_path, 250).cursor();
+  CHECK(text_cursor.at("file_hash") == "3d87db10d5e7323d");
+  const std::string token_path = dir.write("t.u16", little_endian({5, 6, 0, 7}, 2));
+  const nlohmann::json token_cursor = TokenFileSource(token_path, 250, 0, std::int64_t{0}).cursor();
+
+  // Edited in place, same size: the size check alone would take it.
+  dir.write("t.txt", "abd\n\ndef");
+  dir.write("t.u16", little_endian({5, 6, 0, 8}, 2));
+  TextFileSource text(text_path, 250);
+  TokenFileSource tokens(token_path, 250, 0, std::int64_t{0});
+  CHECK_THAT(error_of([&] { text.restore(text_cursor); }),
+             Catch::Contains(text_path) && Catch::Contains("'file_hash'") && Catch::Contains("the file changed"));
+  CHECK_THAT(error_of([&] { tokens.restore(token_cursor); }), Catch::Contains("'file_hash'"));
+  // A cursor saved before file_hash existed is checked by size only.
+  text_cursor.erase("file_hash");
+  text.restore(text_cursor);
+  CHECK(text.cursor().at("offset") == text_cursor.at("offset"));
+}
+
 TEST_CASE("restore rejects cursors that do not fit, naming the field", "[data]") {
   TempDir dir;
   std::string path = dir.write("t.txt", "abc\n\ndef");
