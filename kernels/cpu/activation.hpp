@@ -52,24 +52,18 @@ inline void round_emulated_values(Precision p, T* x, std::int64_t n) {
   }
 }
 
-// act(g, u) given s = sigmoid(g) (computed a row at a time by sigmoid_values, vector_math.hpp).
+// act(g, u) given s = sigmoid(g) and, for situ, tg = tanh(g/βg) and tu = tanh(u/βu) (computed a
+// row at a time by GluRowTerms).
 template <class T>
-inline T glu_value_given(const GluConfig& cfg, T g, T u, T s) {
+inline T glu_value_given(const GluConfig& cfg, T g, T u, T s, T tg, T tu) {
   if (cfg.activation == GluActivation::swiglu) return g * s * u;
   const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
-  return bg * tanh_value(g / bg) * s * (bu * tanh_value(u / bu));
+  return bg * tg * s * (bu * tu);
 }
 
+// Partial derivatives of act at (g, u), given s, tg and tu as for glu_value_given.
 template <class T>
-inline T glu_value(const GluConfig& cfg, T g, T u) {
-  T s = g;
-  sigmoid_values(&s, 1);
-  return glu_value_given(cfg, g, u, s);
-}
-
-// Partial derivatives of glu_value at (g, u), given s = sigmoid(g).
-template <class T>
-inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T& d_dg, T& d_du) {
+inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T tg, T tu, T& d_dg, T& d_du) {
   const T ds = s * (T(1) - s);
   if (cfg.activation == GluActivation::swiglu) {
     d_dg = u * (s + g * ds);
@@ -77,18 +71,54 @@ inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T& d_dg, T& d_du) 
     return;
   }
   const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
-  const T tg = tanh_value(g / bg), tu = tanh_value(u / bu);
   const T gate = bg * tg * s;  // capped silu
   const T up = bu * tu;        // capped up
   d_dg = ((T(1) - tg * tg) * s + bg * tg * ds) * up;
   d_du = gate * (T(1) - tu * tu);
 }
 
-// sig[i] = sigmoid(g[i * stride]) for i < n.
+// The transcendental terms of act over n elements (g[i * stride], u[i * stride]), each computed
+// over the whole run at once by the vectorized loops of vector_math.hpp: sig = sigmoid(g), and
+// for situ tg = tanh(g/βg), tu = tanh(u/βu). (The same bits as one element at a time.)
 template <class T>
-inline void gate_sigmoids(const T* g, std::int64_t stride, std::int64_t n, T* sig) {
-  for (std::int64_t i = 0; i < n; ++i) sig[i] = g[i * stride];
-  sigmoid_values(sig, n);
+struct GluRowTerms {
+  std::vector<T> sig, tg, tu;
+  GluRowTerms(const GluConfig& cfg, std::int64_t n)
+      : sig(static_cast<std::size_t>(n)),
+        tg(cfg.activation == GluActivation::situ ? static_cast<std::size_t>(n) : 0),
+        tu(tg.size()) {}
+  void compute(const GluConfig& cfg, const T* g, const T* u, std::int64_t stride, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) sig[static_cast<std::size_t>(i)] = g[i * stride];
+    sigmoid_values(sig.data(), n);
+    if (cfg.activation != GluActivation::situ) return;
+    const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
+    for (std::int64_t i = 0; i < n; ++i) {
+      tg[static_cast<std::size_t>(i)] = g[i * stride] / bg;
+      tu[static_cast<std::size_t>(i)] = u[i * stride] / bu;
+    }
+    tanh_values(tg.data(), n);
+    tanh_values(tu.data(), n);
+  }
+  T value(const GluConfig& cfg, T g, T u, std::int64_t i) const {
+    const auto k = static_cast<std::size_t>(i);
+    return tg.empty() ? glu_value_given(cfg, g, u, sig[k], T(0), T(0)) : glu_value_given(cfg, g, u, sig[k], tg[k], tu[k]);
+  }
+  void partials(const GluConfig& cfg, T g, T u, std::int64_t i, T& d_dg, T& d_du) const {
+    const auto k = static_cast<std::size_t>(i);
+    if (tg.empty()) {
+      glu_partials(cfg, g, u, sig[k], T(0), T(0), d_dg, d_du);
+    } else {
+      glu_partials(cfg, g, u, sig[k], tg[k], tu[k], d_dg, d_du);
+    }
+  }
+};
+
+// act(g, u) for one element (tests and references).
+template <class T>
+inline T glu_value(const GluConfig& cfg, T g, T u) {
+  GluRowTerms<T> terms(cfg, 1);
+  terms.compute(cfg, &g, &u, 1, 1);
+  return terms.value(cfg, g, u, 0);
 }
 
 // Addressing of g and u: element i of row r is at base[r*row_stride + i*elem_stride].
@@ -106,13 +136,13 @@ template <class T>
 void glu_forward(const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg, Precision precision,
                  T* out) {
   const GluView v = packed_view(cfg.layout, inter);
-  std::vector<T> sig(static_cast<std::size_t>(inter));
+  GluRowTerms<T> terms(cfg, inter);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = gate_up + r * v.row_stride;
-    gate_sigmoids(row + v.g_offset, v.elem_stride, inter, sig.data());
+    terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
     for (std::int64_t i = 0; i < inter; ++i) {
       const T g = row[v.g_offset + i * v.elem_stride], u = row[v.u_offset + i * v.elem_stride];
-      out[r * inter + i] = glu_value_given(cfg, g, u, sig[static_cast<std::size_t>(i)]);
+      out[r * inter + i] = terms.value(cfg, g, u, i);
     }
   }
   round_emulated_values(precision, out, rows * inter);
@@ -123,15 +153,15 @@ template <class T>
 void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg,
                   T* d_gate_up) {
   const GluView v = packed_view(cfg.layout, inter);
-  std::vector<T> sig(static_cast<std::size_t>(inter));
+  GluRowTerms<T> terms(cfg, inter);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = gate_up + r * v.row_stride;
     T* drow = d_gate_up + r * v.row_stride;
-    gate_sigmoids(row + v.g_offset, v.elem_stride, inter, sig.data());
+    terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
     for (std::int64_t i = 0; i < inter; ++i) {
       const std::int64_t gi = v.g_offset + i * v.elem_stride, ui = v.u_offset + i * v.elem_stride;
       T d_dg, d_du;
-      glu_partials(cfg, row[gi], row[ui], sig[static_cast<std::size_t>(i)], d_dg, d_du);
+      terms.partials(cfg, row[gi], row[ui], i, d_dg, d_du);
       const T d = d_out[r * inter + i];
       drow[gi] = d * d_dg;
       drow[ui] = d * d_du;
@@ -142,9 +172,9 @@ void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int6
 // Two-tensor form (dense MLP): gate[n], up[n] -> out[n]; cfg.layout is not used.
 template <class T>
 void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, Precision precision, T* out) {
-  std::vector<T> sig(static_cast<std::size_t>(n));
-  gate_sigmoids(gate, 1, n, sig.data());
-  for (std::int64_t i = 0; i < n; ++i) out[i] = glu_value_given(cfg, gate[i], up[i], sig[static_cast<std::size_t>(i)]);
+  GluRowTerms<T> terms(cfg, n);
+  terms.compute(cfg, gate, up, 1, n);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = terms.value(cfg, gate[i], up[i], i);
   round_emulated_values(precision, out, n);
 }
 
@@ -152,11 +182,11 @@ void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConf
 template <class T>
 void glu_backward_split(const T* d_out, const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, T* d_gate,
                         T* d_up) {
-  std::vector<T> sig(static_cast<std::size_t>(n));
-  gate_sigmoids(gate, 1, n, sig.data());
+  GluRowTerms<T> terms(cfg, n);
+  terms.compute(cfg, gate, up, 1, n);
   for (std::int64_t i = 0; i < n; ++i) {
     T d_dg, d_du;
-    glu_partials(cfg, gate[i], up[i], sig[static_cast<std::size_t>(i)], d_dg, d_du);
+    terms.partials(cfg, gate[i], up[i], i, d_dg, d_du);
     d_gate[i] = d_out[i] * d_dg;
     d_up[i] = d_out[i] * d_du;
   }
