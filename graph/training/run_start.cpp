@@ -18,6 +18,7 @@
 #include "graph/checkpoint/durable_file.hpp"
 #include "graph/checkpoint/model_weights.hpp"
 #include "graph/data/data_source.hpp"
+#include "graph/models/model.hpp"
 
 namespace atl {
 
@@ -221,24 +222,68 @@ const nlohmann::json& saved_value(const nlohmann::json& saved, const std::string
   return key ? saved.at(section).at(key) : saved.at(section);
 }
 
+// The model a config's "model" section (to_json's form: family, preset and overrides) resolves to
+// (its config.json fields); nullopt when it names none (a foreign or damaged section).
+std::optional<nlohmann::json> resolved_model(const nlohmann::json& section, const std::string& file) {
+  try {
+    ModelSection model;
+    model.family = section.value("family", "");
+    model.preset = section.value("preset", "");
+    model.overrides = YAML::Node(YAML::NodeType::Map);
+    for (const auto& [key, value] : section.items()) {
+      if (key != "family" && key != "preset") model.overrides[key] = YAML::Load(value.dump());  // JSON is YAML
+    }
+    return make_model(model, file)->hf_config();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The model section less the overrides that leave its preset's model as it is ("hidden_size: 64"
+// on a preset of hidden size 64), and with the preset named as resolved: two sections naming the
+// same model by different words compare equal here, and what differs is a key that matters.
+nlohmann::json effective_model_section(const nlohmann::json& section, const std::string& file) {
+  nlohmann::json base = {{"family", section.value("family", "")}, {"preset", section.value("preset", "")}};
+  const std::optional<nlohmann::json> preset_model = resolved_model(base, file);
+  if (!preset_model) return section;
+  nlohmann::json out = base;
+  for (const auto& [key, value] : section.items()) {
+    if (key == "family" || key == "preset") continue;
+    nlohmann::json one = base;
+    one[key] = value;
+    if (resolved_model(one, file) != preset_model) out[key] = value;  // a change alone, or one that needs others
+  }
+  return out;
+}
+
 // Resuming continues the same run: the model, the seed and the data must be those the checkpoint
 // was saved with (anything else silently changes the batches). Imports carry no run to continue.
+// The model is compared as resolved: an override equal to the preset's value changes nothing.
 void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state, const fs::path& dir) {
   if (trainer_state.contains("imported_from")) return;
   const nlohmann::json& saved = trainer_state.at("config");
-  const nlohmann::json now = to_json(config);
+  nlohmann::json now = to_json(config);
+  auto refuse = [&](const nlohmann::json& a, const nlohmann::json& b, const std::string& key) {
+    const ConfigChange c = first_change(a, b, key);
+    auto shown = [](const nlohmann::json* v) { return v ? v->dump() : std::string("no such key"); };
+    throw ConfigError(config.source_file, c.key,
+                      "--resume continues the run saved in " + dir.string() + ", which had " + shown(c.was) +
+                          "; this config has " + shown(c.now));
+  };
   auto same = [&](const char* section, const char* key) {
     const nlohmann::json& a = saved_value(saved, section, key, dir);
     const nlohmann::json& b = key ? now.at(section).at(key) : now.at(section);
-    if (a != b) {
-      const ConfigChange c = first_change(a, b, key ? std::string(section) + "." + key : std::string(section));
-      auto shown = [](const nlohmann::json* v) { return v ? v->dump() : std::string("no such key"); };
-      throw ConfigError(config.source_file, c.key,
-                        "--resume continues the run saved in " + dir.string() + ", which had " + shown(c.was) +
-                            "; this config has " + shown(c.now));
-    }
+    if (a != b) refuse(a, b, key ? std::string(section) + "." + key : std::string(section));
   };
-  same("model", nullptr);
+  const nlohmann::json& saved_model = saved_value(saved, "model", nullptr, dir);
+  if (saved_model != now.at("model")) {
+    const std::optional<nlohmann::json> was = resolved_model(saved_model, config.source_file);
+    if (!was || was != resolved_model(now.at("model"), config.source_file)) {
+      const nlohmann::json a = effective_model_section(saved_model, config.source_file);
+      const nlohmann::json b = effective_model_section(now.at("model"), config.source_file);
+      refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model");
+    }
+  }
   same("train", "seed");
   same("train", "global_batch");
   same("train", "seq_len");

@@ -514,7 +514,8 @@ TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or
   for (const auto& [change, key] : std::vector<std::pair<std::string, std::string>>{
            {"train.seed=99", "train.seed"},
            {"data.synthetic_branching=3", "data.synthetic_branching"},
-           {"model.hidden_size=32", "model.hidden_size"}}) {
+           {"model.hidden_size=32", "model.hidden_size"},
+           {"model.init_std=0.03", "model.init_std"}}) {
     auto resume = train_args(tmp.path / "other");
     for (const std::string& s : {std::string("train.steps=4"), change}) {
       resume.push_back("--set");
@@ -526,6 +527,17 @@ TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or
     INFO(change << ": " << r.err);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Catch::Contains(": " + key + ": --resume continues the run saved in"));
+  }
+  // The same model in other words (a key set to the preset's own value) is no change: resumed.
+  int n = 0;
+  for (const char* same : {"model.hidden_size=64", "model.init_std=0.02"}) {
+    auto resume = train_args(tmp.path / ("same" + std::to_string(n++)));
+    add_sets(resume, {"train.steps=3", same});
+    resume.push_back("--resume");
+    resume.push_back((run / "checkpoints" / "step-00000002").string());
+    INFO(same);
+    const Result r = must_run("atoll-train", resume, tmp.path);
+    CHECK_THAT(r.out, Catch::Contains("start: resumed from"));
   }
 }
 
