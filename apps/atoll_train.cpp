@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
       } catch (const atl::RunStopped&) {
         launch.control->finish();
         throw;
+      } catch (const atl::DivergedWeights&) {  // node 0's alone: the others learn of it as node 0 lost
+        throw;
       } catch (const atl::NonFiniteError&) {
         launch.control->finish();
         throw;

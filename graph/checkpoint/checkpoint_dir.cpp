@@ -110,11 +110,15 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg, kExpAvgPrefix);
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg_sq, kExpAvgSqPrefix);
   // Never write what a load would refuse.
-  for (const auto& n : contents.model.names()) {
-    constexpr const char* kSaving = "a checkpoint is never written with values a load would refuse";
-    check_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kSaving);
-    check_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kSaving);
-    check_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true, kSaving);
+  try {
+    for (const auto& n : contents.model.names()) {
+      constexpr const char* kSaving = "a checkpoint is never written with values a load would refuse";
+      check_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kSaving);
+      check_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kSaving);
+      check_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true, kSaving);
+    }
+  } catch (const CheckpointError& e) {
+    throw UnsavableState(e.what());
   }
   json trainer_state = contents.trainer_state.is_null() ? json::object() : contents.trainer_state;
   if (!trainer_state.is_object()) fail(final_dir, "trainer_state must be a JSON object");

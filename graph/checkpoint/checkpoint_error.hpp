@@ -10,4 +10,11 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// save_checkpoint was handed values a load would refuse (NaN, an infinity, a negative second
+// moment): a diverged run, not a bad file. Nothing was written.
+class UnsavableState : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 }  // namespace atl

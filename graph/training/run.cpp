@@ -235,7 +235,15 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                                 std::move(state.exp_avg_sq),
                                 trainer_state_json(config, *model, *engine, s, tokens_total, *data),
                                 model->hf_config()};
-    const fs::path saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
+    fs::path saved;
+    try {
+      saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
+    } catch (const UnsavableState& e) {
+      throw DivergedWeights(fmt::format("step {}: the update left non-finite values although the step's loss and "
+                                        "gradient norm were finite (lower train.lr): {}; {}", s, e.what(),
+                                        last_saved > 0 ? fmt::format("the checkpoints up to step {} are kept", last_saved)
+                                                       : std::string("this run saved no checkpoint")));
+    }
     last_saved = s;
     last_saved_path = saved;
     out << "checkpoint saved: " << saved.string() << "\n" << std::flush;

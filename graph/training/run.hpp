@@ -25,6 +25,14 @@ class NonFiniteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A step's update, its loss and gradient norm finite, left weights or moments non-finite (a
+// learning rate far too large), found when saving them: no checkpoint was written; exit code 3.
+// Node 0 alone finds it (it alone holds the whole state).
+class DivergedWeights : public NonFiniteError {
+ public:
+  using NonFiniteError::NonFiniteError;
+};
+
 // --resume-if-any found the run finished (its latest checkpoint is at train.steps): nothing to do,
 // and atoll-train exits 0 (a launcher or scheduler restarting a job that had already ended).
 class RunFinished : public std::runtime_error {

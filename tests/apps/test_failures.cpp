@@ -90,6 +90,20 @@ TEST_CASE("failures: a learning rate that blows up stops at the first non-finite
   CHECK(checkpoints_in(tmp.path / "ckpt") == static_cast<std::size_t>(bad - 1));  // the good steps only
 }
 
+TEST_CASE("failures: an update that leaves non-finite weights after a finite step is exit 3 at its save, nothing written",
+          "[apps][failures]") {
+  TempDir tmp;
+  // Step 1's loss and gradient norm are finite; AdamW's first update at this rate is not.
+  const Result r = run_app("atoll-train", small_run(tmp.path, {"train.lr=1.0e38", "train.warmup=0", "train.grad_clip=0"}),
+                           tmp.path);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.err, Catch::Contains("non-finite training: step 1: the update left non-finite values") &&
+                        Catch::Contains("lower train.lr") && Catch::Contains("this run saved no checkpoint"));
+  CHECK(checkpoints_in(tmp.path / "ckpt") == 0);
+  CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 1);
+}
+
 TEST_CASE("failures: on_nonfinite skip_step drops steps and stops after max_skipped_steps", "[apps][failures]") {
   TempDir tmp;
   const Result r = run_app(
