@@ -96,8 +96,9 @@ void MappedFile::check_cursor_matches(const nlohmann::json& cursor, const std::s
   if (!cursor.contains("file_hash")) return;
   const nlohmann::json& saved = cursor.at("file_hash");
   if (!saved.is_string() || saved.get<std::string>() != content_hash()) {
-    throw DataError(fmt::format("{}: cursor field 'file_hash': expected {} (this file's content), got {}: the "
-                                "file changed since the checkpoint read it", what, content_hash(), saved.dump()));
+    throw DataError(fmt::format("{}: cursor field 'file_hash': the checkpoint read a file whose content hash is {}, "
+                                "this file's is {}: the file changed since", what,
+                                saved.is_string() ? saved.get<std::string>() : saved.dump(), content_hash()));
   }
 }
 

@@ -363,7 +363,9 @@ TEST_CASE("a file source's cursor carries a content hash: an edited file of the 
   TextFileSource text(text_path, 250);
   TokenFileSource tokens(token_path, 250, 0, std::int64_t{0});
   CHECK_THAT(error_of([&] { text.restore(text_cursor); }),
-             Catch::Contains(text_path) && Catch::Contains("'file_hash'") && Catch::Contains("the file changed"));
+             Catch::Contains(text_path) && Catch::Contains("'file_hash': the checkpoint read a file whose content hash is " +
+                                            text_cursor.at("file_hash").get<std::string>() + ", this file's is ") &&
+                 Catch::Contains("the file changed since"));
   CHECK_THAT(error_of([&] { tokens.restore(token_cursor); }), Catch::Contains("'file_hash'"));
   // A cursor saved before file_hash existed is checked by size only.
   text_cursor.erase("file_hash");
