@@ -245,12 +245,20 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   return dirs.back();
 }
 
-CheckpointContents load_checkpoint(const fs::path& dir_in, const CheckpointLoadOptions& options) {
+void require_complete_checkpoint(const fs::path& dir_in) {
   const fs::path dir = normalised_directory(dir_in);
   if (!fs::is_directory(dir)) fail(dir, "not a checkpoint directory (missing or not a directory)");
-  if (!fs::is_regular_file(dir / kComplete)) {
-    fail(dir / kComplete, "missing: the checkpoint is incomplete (its save did not finish)");
+  if (fs::is_regular_file(dir / kComplete)) return;
+  if (const std::optional<fs::path> latest = latest_checkpoint(dir)) {
+    fail(dir, "a checkpoint root (it holds step-NNNNNNNN checkpoints), not a checkpoint: name one of its step "
+              "folders, the latest complete one is " + latest->string());
   }
+  fail(dir / kComplete, "missing: the checkpoint is incomplete (its save did not finish)");
+}
+
+CheckpointContents load_checkpoint(const fs::path& dir_in, const CheckpointLoadOptions& options) {
+  const fs::path dir = normalised_directory(dir_in);
+  require_complete_checkpoint(dir);
 
   verify_manifest(dir, std::string(kComplete));
   CheckpointContents c;

@@ -58,6 +58,10 @@ std::vector<std::filesystem::path> complete_checkpoints(const std::filesystem::p
 // The complete checkpoint with the highest step; nullopt when there is none (or no root).
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
 
+// CheckpointError unless `dir` is a directory holding COMPLETE (a finished save). A checkpoint
+// root given instead of one of its step folders is named as such, with its latest checkpoint.
+void require_complete_checkpoint(const std::filesystem::path& dir);
+
 struct CheckpointLoadOptions {
   // Accept NaN / inf in weights and moments (atoll-eval --allow-nonfinite, to inspect a broken run).
   bool allow_nonfinite = false;

@@ -27,9 +27,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
                DType bulk_dtype, std::int64_t max_shard_bytes) {
   namespace fs = std::filesystem;
   const fs::path out_dir = normalised_directory(out_dir_given);  // "out/" names out, for the temp name
-  if (!fs::is_directory(checkpoint_dir)) {
-    throw CheckpointError(checkpoint_dir.string() + ": not a checkpoint directory (missing or not a directory)");
-  }
+  require_complete_checkpoint(checkpoint_dir);
   if (fs::exists(out_dir)) throw CheckpointError(out_dir.string() + ": already exists; export writes a new directory");
   const RunConfig config = checkpoint_run_config(checkpoint_dir);
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);

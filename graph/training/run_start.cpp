@@ -377,6 +377,7 @@ StartingPoint read_starting_point(const RunConfig& config, const RunOptions& opt
 
 StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& options, const Model& model) {
   const std::optional<fs::path> from = resume_source(config, options);
+  if (from) require_complete_checkpoint(*from);  // a root or a half-saved folder is named before anything else
   // Continuing the run kept in run_dir and checkpoint.dir: a checkpoint of checkpoint.dir, not an
   // import. Any other checkpoint starts a run here (from its state), with a fresh start's checks.
   const bool import = from && is_import(*from);

@@ -156,6 +156,24 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
   const Result ro = run_app("atoll-train", other, tmp.path);
   CHECK(ro.exit_code == 2);
   CHECK(ro.err.find("step-00000004") != std::string::npos);
+
+  // The checkpoints' root named where one checkpoint belongs: said so, with the one to name.
+  const fs::path root = run / "checkpoints";
+  const std::string named = root.string() + ": a checkpoint root (it holds step-NNNNNNNN checkpoints), not a "
+                            "checkpoint: name one of its step folders, the latest complete one is " + good.string();
+  auto from_root = train_args(run);  // the run's own run_dir: the root is named before the run_dir checks
+  add_sets(from_root, {"train.steps=6"});
+  from_root.push_back("--resume");
+  from_root.push_back(root.string());
+  for (const auto& [app, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"atoll-train", from_root},
+           {"atoll-eval", {source_path("configs/beam-tiny.yaml").string(), "--checkpoint", root.string()}},
+           {"atoll-convert", {"export", root.string(), (tmp.path / "hf").string()}}}) {
+    const Result rr = run_app(app, args, tmp.path);
+    INFO(app << ": " << rr.err);
+    CHECK(rr.exit_code == 2);
+    CHECK_THAT(rr.err, Catch::Contains(named));
+  }
 }
 
 TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-eval scores both",
