@@ -135,11 +135,18 @@ TopologyConfig read_topology(ConfigReader reader) {
       topology.nodes.push_back(e);
     }
   }
+  // The settings of multi-process jobs: a sim run (one process) would ignore them silently. (At
+  // their defaults they pass: a resolved config, which lists every key, parses back.)
+  if (topology.backend == Backend::sim) {
+    const TopologyConfig defaults;
+    const std::string why = "a setting of multi-process jobs (topology.backend: ucx); topology.backend is sim";
+    if (!topology.nodes.empty()) reader.fail("nodes", why);
+    if (!topology.job_token_file.empty()) reader.fail("job_token_file", why);
+    if (topology.ucx_peer_errors != defaults.ucx_peer_errors) reader.fail("ucx_peer_errors", why);
+    if (topology.rendezvous_timeout_s != defaults.rendezvous_timeout_s) reader.fail("rendezvous_timeout_s", why);
+    if (topology.heartbeat_timeout_s != defaults.heartbeat_timeout_s) reader.fail("heartbeat_timeout_s", why);
+  }
   if (reader.has("sim_delay_ms")) {
-    // Only the sim backend injects delays: a ucx run would ignore them silently.
-    if (topology.backend != Backend::sim) {
-      reader.fail("sim_delay_ms", "the sim backend's injected delays; topology.backend is " + backend);
-    }
     ConfigReader delays = reader.section("sim_delay_ms");
     for (const char* kind :
          {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all_v", "send", "recv"}) {
@@ -149,6 +156,11 @@ TopologyConfig read_topology(ConfigReader reader) {
       }
     }
     delays.finish();
+    // Only the sim backend injects delays: a ucx run would ignore them silently. (None, `{}`, is
+    // what a resolved config of any backend lists.)
+    if (topology.backend != Backend::sim && !topology.sim_delay_ms.empty()) {
+      reader.fail("sim_delay_ms", "the sim backend's injected delays; topology.backend is " + backend);
+    }
   }
   reader.finish();
   return topology;

@@ -256,6 +256,12 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
        "compute.threads: expected a thread count of at most 4096 (0 = automatic)"},
       {"delay_without_sim", std::string(kMinimal) + "topology: {backend: ucx, sim_delay_ms: {all_gather: 5}}\n",
        "topology.sim_delay_ms: the sim backend's injected delays; topology.backend is ucx"},
+      {"nodes_with_sim", std::string(kMinimal) + "topology: {nodes: [{host: a, ranks: 1}]}\n",
+       "topology.nodes: a setting of multi-process jobs (topology.backend: ucx); topology.backend is sim"},
+      {"token_file_with_sim", std::string(kMinimal) + "topology: {job_token_file: /tmp/t}\n",
+       "topology.job_token_file: a setting of multi-process jobs"},
+      {"peer_errors_with_sim", std::string(kMinimal) + "topology: {ucx_peer_errors: false}\n",
+       "topology.ucx_peer_errors: a setting of multi-process jobs"},
   };
   for (const Case& c : cases) {
     INFO(c.name);
@@ -318,4 +324,25 @@ TEST_CASE("config: the shipped example configs load", "[config]") {
     ++loaded;
   }
   CHECK(loaded >= 4);  // beam-tiny, beam-small, flint-tiny, inkling2-tiny
+}
+
+TEST_CASE("config: a resolved config parses back to itself, for every backend's settings", "[config]") {
+  ConfigDir dir;
+  const std::string beam = dir.write("base.yaml", kMinimal);
+  const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"topology.sim_delay_ms={all_gather: 2}"},
+      {"topology.backend=ucx", "topology.ucx_peer_errors=false", "topology.rendezvous_timeout_s=30",
+       "topology.heartbeat_timeout_s=9", "topology.job_token_file=/tmp/token",
+       "topology.nodes=[{host: 127.0.0.1, port: 29400, ranks: 1}]"},
+      {"topology.engine=reference", "data.source=tokens:data/x.u16", "data.eos_id=0"},
+  };
+  for (const auto& sets : cases) {
+    INFO(sets.size());
+    nlohmann::json resolved = to_json(load_run_config(beam, sets));
+    resolved.erase("source_file");  // where it came from, not a key (atoll-convert export does the same)
+    nlohmann::json again = to_json(parse_run_config(resolved.dump(), "run.json"));
+    again.erase("source_file");
+    CHECK(again == resolved);
+  }
 }
