@@ -277,24 +277,20 @@ ModelSection read_model(ConfigReader reader) {
 
 }  // namespace
 
-RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
-                           const std::vector<std::string>& sets) {
-  check_config_text(yaml_text, source_name);
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(source_name, "",
-                      fmt::format("line {}, column {}: YAML syntax error: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
-  }
-  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  check_no_duplicate_keys(root, source_name);
-  if (!root.IsMap()) {
-    throw ConfigError(source_name, "",
-                      "expected a mapping of keys at the top level, got " + ConfigReader::describe_value(root));
-  }
-  for (const std::string& assignment : sets) apply_set(root, assignment, source_name);
+namespace {
 
+// The last --set assignment that gave `key` (the key itself, or a mapping holding it), if any.
+const std::string* set_giving(const std::string& key, const std::vector<std::string>& sets) {
+  const std::string* found = nullptr;
+  for (const std::string& assignment : sets) {
+    const std::string set_key = assignment.substr(0, assignment.find('='));
+    const bool inside = key.rfind(set_key + ".", 0) == 0 || key.rfind(set_key + "[", 0) == 0;
+    if (!key.empty() && (key == set_key || inside)) found = &assignment;
+  }
+  return found;
+}
+
+RunConfig read_run_config(const YAML::Node& root, const std::string& source_name) {
   RunConfig config;
   config.source_file = source_name;
   ConfigReader top(root, source_name);
@@ -322,6 +318,38 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
   }
   top.finish();
   return config;
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
+                           const std::vector<std::string>& sets) {
+  check_config_text(yaml_text, source_name);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(source_name, "",
+                      fmt::format("line {}, column {}: YAML syntax error: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  check_no_duplicate_keys(root, source_name);
+  if (!root.IsMap()) {
+    throw ConfigError(source_name, "",
+                      "expected a mapping of keys at the top level, got " + ConfigReader::describe_value(root));
+  }
+  for (const std::string& assignment : sets) apply_set(root, assignment, source_name);
+  try {
+    return read_run_config(root, source_name);
+  } catch (const ConfigError& e) {
+    // A value given on the command line is named as such: the file never held it.
+    const std::string* given = set_giving(e.key(), sets);
+    if (!given) throw;
+    const std::size_t prefix = e.file().size() + 2 + (e.key().empty() ? 0 : e.key().size() + 2);
+    const bool empty = given->back() == '=';  // the empty string, not "absent": that is key=~
+    throw ConfigError(e.file(), e.key(), std::string(e.what()).substr(prefix) + " (given by --set " + *given +
+                                             (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")");
+  }
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {

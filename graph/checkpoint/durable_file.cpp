@@ -27,7 +27,8 @@ DurableFileWriter::DurableFileWriter(std::filesystem::path path) : path_(std::mo
   temporary_ = path_.parent_path() /
                fmt::format(".{}.tmp-{}", path_.filename().string(), static_cast<long>(::getpid()));
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail_errno(temporary_, "cannot create");
+  // The error names the file asked for (the temporary name is ours, not the caller's).
+  if (fd_ < 0) fail_errno(path_, "cannot create (writing a temporary beside it)");
 }
 
 DurableFileWriter::~DurableFileWriter() {

@@ -42,6 +42,9 @@ std::string model_yaml(const json& model) {
 }  // namespace
 
 RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig>& given) {
+  if (!fs::is_directory(hf_dir)) {
+    throw CheckpointError(hf_dir.string() + ": not an HF model directory (missing or not a directory)");
+  }
   const fs::path file = hf_dir / "config.json";
   const json hf = read_json_file(file);  // an HF directory's config.json names the model
   if (!hf.is_object()) throw CheckpointError(file.string() + ": not a JSON object");

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -27,7 +29,9 @@ JobToken resolve_job_token(const std::string& token_file, const std::optional<st
     throw std::invalid_argument("the job token file '" + token_file + "' is a directory; expected a file");
   }
   std::ifstream in(token_file, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot read the job token file '" + token_file + "'");
+  if (!in) {
+    throw std::invalid_argument("cannot read the job token file '" + token_file + "': " + std::strerror(errno));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   const std::string token = trimmed(text.str());

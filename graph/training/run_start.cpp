@@ -26,7 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Throws ConfigError(`file`, `key`, "<context>'<dir>' is not writable: why") unless this process
+// Throws ConfigError(`file`, `key`, "<context>'<dir>' is not writable (...: why)") unless this process
 // can make a file in the existing directory `dir`, found by making one and removing it: root
 // passes access(2) even where the file system refuses (/sys, read-only mounts).
 void require_can_create_in(const std::filesystem::path& dir, const std::string& context, const std::string& file,
@@ -34,12 +34,12 @@ void require_can_create_in(const std::filesystem::path& dir, const std::string& 
   std::string probe = (dir / ".atoll-write-probe-XXXXXX").string();
   std::string why;
   if (const int fd = ::mkstemp(probe.data()); fd < 0) {
-    why = std::strerror(errno);
+    why = std::string("creating a file there failed: ") + std::strerror(errno);
   } else {
     ::close(fd);
     if (::unlink(probe.c_str()) != 0) why = "cannot remove the probe file " + probe + ": " + std::strerror(errno);
   }
-  if (!why.empty()) throw ConfigError(file, key, context + "'" + dir.string() + "' is not writable: " + why);
+  if (!why.empty()) throw ConfigError(file, key, context + "'" + dir.string() + "' is not writable (" + why + ")");
 }
 
 // An output path must be a directory (or a file, for `as_file`) we can create or write: checked

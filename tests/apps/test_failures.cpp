@@ -449,6 +449,8 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
        {},
        {"do not fit the model its config.json describes", "model.embed_tokens.weight"}},
       {"no config.json", [](const fs::path& d) { fs::remove(d / "config.json"); }, {}, {"config.json: missing"}},
+      {"no folder at all", [](const fs::path& d) { fs::remove_all(d); }, {},
+       {": not an HF model directory (missing or not a directory)"}},
       {"a NaN weight",
        [](const fs::path& d) {
          TensorMap tensors = read_safetensors(d / "model.safetensors").tensors;

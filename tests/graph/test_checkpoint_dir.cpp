@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/durable_file.hpp"
 #include "graph/checkpoint/manifest.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "tests/graph/checkpoint_test_support.hpp"
@@ -78,6 +79,17 @@ void check_same(const CheckpointContents& loaded, const CheckpointContents& save
 }
 
 }  // namespace
+
+TEST_CASE("durable file: a file that cannot be made is named as asked, not by its temporary name", "[checkpoint]") {
+  const fs::path target = "/nonexistent-atoll-dir/x.json";
+  try {
+    write_file_durably(target, "{}");
+    FAIL("no error");
+  } catch (const CheckpointError& e) {
+    CHECK(std::string(e.what()) == target.string() + ": cannot create (writing a temporary beside it): No such file "
+                                                      "or directory");
+  }
+}
 
 TEST_CASE("checkpoint dir: save and load round-trip bitwise", "[checkpoint]") {
   TempDir tmp;

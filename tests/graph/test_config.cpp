@@ -326,6 +326,35 @@ TEST_CASE("config: the shipped example configs load", "[config]") {
   CHECK(loaded >= 4);  // beam-tiny, beam-small, flint-tiny, inkling2-tiny
 }
 
+TEST_CASE("config: an error about a value a --set gave names that --set", "[config]") {
+  ConfigDir dir;
+  const std::string file = dir.write("base.yaml", kMinimal);
+  auto error_of = [&](const std::vector<std::string>& sets) {
+    try {
+      load_run_config(file, sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error_of({"train.lr=-1"}) == file + ": train.lr: expected a positive number, got -1 (given by --set train.lr=-1)");
+  CHECK(error_of({"train.warmup=3", "train.warmup="}) ==
+        file + ": train.warmup: expected an integer, got '' (given by --set train.warmup=; 'train.warmup=~' leaves the "
+               "key unset)");
+  CHECK(error_of({"topology={mesh: {dp_shard: 0}}"}) ==
+        file + ": topology.mesh.dp_shard: expected a positive integer, got 0 (given by --set topology={mesh: {dp_shard: "
+               "0}})");
+  CHECK(error_of({"train.warmup=~"}) == "no error");
+  // A value from the file is the file's: no --set named.
+  const std::string bad = dir.write("bad.yaml", std::string(kMinimal) + "compute: {threads: -2}\n");
+  try {
+    load_run_config(bad, {"train.lr=1.0e-3"});
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), !Catch::Contains("given by"));
+  }
+}
+
 TEST_CASE("config: a resolved config parses back to itself, for every backend's settings", "[config]") {
   ConfigDir dir;
   const std::string beam = dir.write("base.yaml", kMinimal);

@@ -48,7 +48,7 @@ TEST_CASE("job token: from the variable, from a file, or from both when they agr
 TEST_CASE("job token: a bad file is an error naming it, one others can read gets a warning", "[graph][launch]") {
   TempDir dir;
   const std::string missing = (dir.path / "nowhere").string();
-  CHECK(error_of(missing, std::nullopt) == "cannot read the job token file '" + missing + "'");
+  CHECK(error_of(missing, std::nullopt) == "cannot read the job token file '" + missing + "': No such file or directory");
   const std::string empty = write_token(dir, "empty", " \n", 0600);
   CHECK(error_of(empty, std::nullopt) == "the job token file '" + empty + "' is empty");
   const std::string two = write_token(dir, "two", "a b\n", 0600);
