@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   auto* exp = app.add_subcommand("export", "write a checkpoint's model in HF layout (model.safetensors, or shards and their index, and config.json)");
   exp->add_option("checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
   exp->add_option("out", out, "the HF directory to create")->required();
-  exp->add_option("--dtype", dtype, "bulk tensors in fp32 or bf16 (FP32 islands always stay fp32)")
+  exp->add_option("--dtype", dtype, "bulk tensors in fp32 (the default) or bf16 (FP32 islands always stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size (default 5 GiB)")
       ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max(), "a positive byte count"));

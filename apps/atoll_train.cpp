@@ -82,7 +82,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // app.exit prints help or the usage error; CLI11's own codes (100+) are outside this
     // tool's contract, so a bad command line is reported as 2 like a bad config.
-    return app.exit(e) == 0 ? 0 : 2;
+    const int code = app.exit(e) == 0 ? 0 : 2;
+    // `--resume CONFIG` (no config after it): --resume's optional value took the config.
+    const auto ends_with = [&](const char* tail) {
+      const std::string t(tail);
+      return resume_from.size() > t.size() && resume_from.compare(resume_from.size() - t.size(), t.size(), t) == 0;
+    };
+    if (config_path.empty() && (ends_with(".yaml") || ends_with(".yml"))) {
+      std::cerr << "atoll-train: --resume took '" << resume_from << "' as the checkpoint to resume; give the config "
+                << "first (atoll-train " << resume_from << " --resume) or write --resume=DIR\n";
+    }
+    return code;
   }
 
   if (resume->count() > 0) options.resume = resume_from;

@@ -146,6 +146,13 @@ TEST_CASE("apps: atoll-train a bad command line exits 2, --help exits 0", "[apps
     CHECK_THAT(r.err, Catch::Contains("train.steps"));
     CHECK_FALSE(fs::exists(run_dir));
   }
+  SECTION("--resume before the config takes it as its value: said so") {
+    const Result r = run_train({"--resume", default_config().string(), "--set", run_dir_set}, tmp.path);
+    INFO("stderr: " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--resume took '" + default_config().string() + "' as the checkpoint to resume"));
+    CHECK_FALSE(fs::exists(run_dir));
+  }
   SECTION("--help") {
     const Result r = run_train({"--help"}, tmp.path);
     CHECK(r.exit_code == 0);
