@@ -155,13 +155,24 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
       if (s.log) s.log(std::string("dropped a connection that sent no valid greeting: ") + e.what());
       continue;
     }
+    // A refused peer is told why (best effort: an intruder may be gone), so a misconfigured node
+    // names its fault instead of waiting out the rendezvous; the token itself is never sent.
+    auto refuse = [&](const std::string& key, const std::string& why) {
+      if (s.log) s.log("refused a connection " + why);
+      try {
+        const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+        send_message(peer.fd(), json{{"refused", why}, {"key", key}}, soon);
+      } catch (const std::exception&) {
+      }
+    };
     if (!hello.contains("token") || hello["token"] != s.token) {
-      if (s.log) s.log("refused a connection with a wrong job token");
+      refuse("ATOLL_JOB_TOKEN", "with a wrong job token");
       continue;
     }
     const int node = hello.value("node", -1);
     if (node < 1 || node >= s.nnodes || joined.count(node)) {
-      if (s.log) s.log("refused a connection claiming node " + std::to_string(node));
+      refuse("--node-rank", "claiming node " + std::to_string(node) +
+                                (joined.count(node) ? ", which another process took" : ", not a node of this job"));
       continue;
     }
     joined[node] = Joined{std::move(peer), std::move(hello)};
@@ -221,6 +232,14 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
                              std::to_string(s.master_port) + " sent no address book (it names the nodes that did "
                              "not join within " + seconds_text(s.timeout) + " s, topology.rendezvous_timeout_s; "
                              "another program on that port would not answer either)");
+  }
+  if (reply.contains("refused")) {
+    const std::string key = reply.value("key", std::string("ATOLL_JOB_TOKEN"));
+    throw JobMismatch(key, "node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " refused this node's "
+                           "connection " + reply["refused"].get<std::string>() +
+                           (key == "ATOLL_JOB_TOKEN" ? " (every node needs the same ATOLL_JOB_TOKEN or "
+                                                       "topology.job_token_file; scripts/launch sets one)"
+                                                     : ""));
   }
   if (reply.contains("mismatch")) {
     const std::string key = reply["mismatch"].get<std::string>();

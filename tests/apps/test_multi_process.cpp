@@ -177,8 +177,10 @@ TEST_CASE("apps: a connection with a wrong job token is refused and the job goes
   const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run", {"topology.mesh.dp_shard=2"});
   Result node0;
   std::thread first([&] { node0 = run_shell(node_command(0, 2, port, args), tmp.path / "n0"); });
-  // An intruder: connects once node 0 listens, greets with the wrong token.
+  // An intruder: connects once node 0 listens, greets with the wrong token, and is told it was
+  // refused (never the token).
   bool refused_sent = false;
+  std::string reply;
   for (int attempt = 0; attempt < 600 && !refused_sent; ++attempt) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr = loopback(port);
@@ -187,11 +189,21 @@ TEST_CASE("apps: a connection with a wrong job token is refused and the job goes
       const std::uint32_t length = htonl(static_cast<std::uint32_t>(hello.size()));
       refused_sent = ::send(fd, &length, 4, MSG_NOSIGNAL) == 4 &&
                      ::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hello.size());
+      char buffer[512];
+      for (ssize_t n; refused_sent && (n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0;) reply.append(buffer, n);
     }
     ::close(fd);
     if (!refused_sent) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   REQUIRE(refused_sent);
+  CHECK_THAT(reply, Catch::Contains(R"("refused":"with a wrong job token")") && !Catch::Contains("secret"));
+  // A node of this job started with another token: refused at once, exit 2, naming the token.
+  std::string wrong_token = node_command(1, 2, port, args);
+  wrong_token.replace(wrong_token.find("ATOLL_JOB_TOKEN=secret"), 22, "ATOLL_JOB_TOKEN=other!");
+  const Result misconfigured = run_shell(wrong_token, tmp.path / "wrong");
+  CHECK(misconfigured.exit_code == 2);
+  CHECK_THAT(misconfigured.err, Catch::Contains("refused this node's connection with a wrong job token (every node "
+                                                "needs the same ATOLL_JOB_TOKEN"));
   const Result node1 = run_shell(node_command(1, 2, port, args), tmp.path / "n1");
   first.join();
   INFO(node0.err << node1.err);

@@ -1,9 +1,13 @@
 // The rendezvous's bounded waits (topology.rendezvous_timeout_s): node 0 names the nodes that
-// never joined; a node whose node 0 never listens says so.
+// never joined; a node whose node 0 never listens says so; a refused node is told why.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <string>
+#include <thread>
 
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "tests/support/free_port.hpp"
@@ -17,8 +21,8 @@ RendezvousSettings settings_for(int node, int nnodes, int port, std::chrono::mil
   s.master_port = port;
   s.node_rank = node;
   s.nnodes = nnodes;
-  s.token = "t";
-  s.job = R"({"job":1})";
+  s.token = std::string("t");
+  s.job = std::string(R"({"job":1})");  // (assigning char arrays here trips a false -Wrestrict in GCC 12)
   s.timeout = timeout;
   return s;
 }
@@ -54,4 +58,38 @@ TEST_CASE("rendezvous: a node whose node 0 never listens stops after its timeout
       error_of([&] { rendezvous(settings_for(1, 2, port, std::chrono::milliseconds(300)), {}); });
   CHECK(error.find("node 0 at 127.0.0.1:" + std::to_string(port) + " did not answer within 0.3 s") !=
         std::string::npos);
+}
+
+TEST_CASE("rendezvous: a second process claiming a node rank is refused and told so, and the job goes on",
+          "[comm][rendezvous]") {
+  const int port = testing::free_port();
+  const auto timeout = std::chrono::milliseconds(20000);
+  std::map<int, WorkerAddress> node0_result;
+  std::thread node0([&] { node0_result = rendezvous(settings_for(0, 3, port, timeout), {{0, WorkerAddress{}}}); });
+  // Two processes claim node 1, in either order: one joins, the other is refused at once.
+  struct Claim {
+    std::map<int, WorkerAddress> result;
+    std::string error;
+  };
+  Claim a, b;
+  std::atomic<int> refused{0};
+  auto claim = [&](Claim& c) {
+    c.error = error_of([&] { c.result = rendezvous(settings_for(1, 3, port, timeout), {{1, WorkerAddress{}}}); });
+    if (!c.error.empty()) ++refused;
+  };
+  std::thread first([&] { claim(a); });
+  std::thread second([&] { claim(b); });
+  for (int poll = 0; poll < 800 && refused == 0; ++poll) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  const std::map<int, WorkerAddress> node2_result = rendezvous(settings_for(2, 3, port, timeout), {{2, WorkerAddress{}}});
+  node0.join();
+  first.join();
+  second.join();
+  CHECK(refused == 1);
+  const Claim& lost = a.error.empty() ? b : a;
+  const Claim& won = a.error.empty() ? a : b;
+  CHECK(lost.error == "node 0 at 127.0.0.1:" + std::to_string(port) +
+                          " refused this node's connection claiming node 1, which another process took");
+  CHECK(won.result.size() == 3);
+  CHECK(node0_result.size() == 3);
+  CHECK(node2_result.size() == 3);
 }
