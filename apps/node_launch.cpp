@@ -95,7 +95,10 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   } catch (const std::invalid_argument& e) {
     throw ConfigError(config.source_file, "topology.job_token_file", e.what());
   }
-  if (!token.warning.empty()) log << "atoll-train: warning: " << token.warning << "\n" << std::flush;
+  if (!token.warning.empty()) {
+    const std::string node = spec.node_rank != 0 ? "[node " + std::to_string(spec.node_rank) + "] " : "";
+    log << (node + "atoll-train: warning: " + token.warning + "\n") << std::flush;
+  }
   if (spec.nnodes > 1 && !token.token) {
     throw ConfigError(config.source_file, "topology.job_token_file",
                       "a multi-node ucx job needs a job token: ATOLL_JOB_TOKEN (scripts/launch generates one) or "

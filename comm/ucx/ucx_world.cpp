@@ -84,8 +84,13 @@ struct UcxWorld::Impl {
   }
 
   // UCX reports a broken endpoint here (peer error handling) instead of aborting the process.
+  // With no transfer in flight it harms nothing yet, and a peer that ended the job first (its UCX
+  // closed while this process still saves the last checkpoint) reads just like one that died: it
+  // is said only with transfers in flight. A later transfer on it fails and says so, and the
+  // control plane names a lost node either way.
   static void endpoint_failed(void* arg, ucp_ep_h, ucs_status_t status) {
-    static_cast<Impl*>(arg)->transfer_failed("connection", status);
+    auto* impl = static_cast<Impl*>(arg);
+    if (impl->in_flight > 0) impl->transfer_failed("connection", status);
   }
   // The task queue: everything UCX runs on the progress thread.
   std::mutex mutex;
