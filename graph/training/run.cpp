@@ -218,6 +218,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     out << "note: settings differ from the checkpoint's run: " << begin.changed_settings
         << " (the steps from here differ from that run's own continuation)\n";
   }
+  if (t.warmup > 0 && t.warmup >= t.steps) {  // legal (a short probe of a long schedule), but rarely meant
+    out << fmt::format("note: train.warmup ({}) is not below train.steps ({}): the learning rate rises to {:.3g} of "
+                       "train.lr by the last step and never decays\n",
+                       t.warmup, t.steps, static_cast<double>(t.steps) / static_cast<double>(t.warmup));
+  }
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
   std::int64_t last_saved = -1;

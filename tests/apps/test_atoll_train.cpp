@@ -255,6 +255,20 @@ TEST_CASE("apps: atoll-train on the actor runtime with HSDP is deterministic and
   CHECK(outputs[0] == outputs[1]);
 }
 
+TEST_CASE("apps: atoll-train notes a warmup that the run never finishes", "[apps][atoll-train]") {
+  TempDir tmp;
+  const Result r = run_train({default_config().string(), "--set", "run_dir=" + (tmp.path / "run").string(), "--set",
+                              "train.steps=4", "--set", "train.warmup=10", "--set", "train.log_every=1"},
+                             tmp.path);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("note: train.warmup (10) is not below train.steps (4): the learning rate rises to "
+                                    "0.4 of train.lr by the last step and never decays"));
+  const auto metrics = read_metrics(tmp.path / "run" / "metrics.jsonl");
+  REQUIRE(metrics.size() == 4);
+  CHECK(metrics.back().at("lr").get<double>() == Approx(0.4 * 3.0e-3).epsilon(1e-12));  // configs/beam-tiny.yaml's lr
+}
+
 TEST_CASE("apps: atoll-train an existing run is kept unless --overwrite", "[apps][atoll-train]") {
   TempDir tmp;
   const fs::path run_dir = tmp.path / "run";
