@@ -12,7 +12,7 @@ Tensor scaled_add(const Tensor& a, float ca, const Tensor& b, float cb, Precisio
   KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("scaled_add", "a", a, DType::f32);
   detail::require_dtype("scaled_add", "b", b, DType::f32);
-  detail::require(a.shape() == b.shape(), "scaled_add", "a " + a.describe() + " and b " + b.describe());
+  detail::require(a.shape() == b.shape(), "scaled_add", [&] { return "a " + a.describe() + " and b " + b.describe(); });
   Tensor y = Tensor::empty(a.shape());
   const float *pa = a.data<float>(), *pb = b.data<float>();
   float* py = y.data<float>();
@@ -40,7 +40,8 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("add_inplace", "dst", dst, DType::f32);
   detail::require_dtype("add_inplace", "src", src, DType::f32);
-  detail::require(dst.shape() == src.shape(), "add_inplace", "dst " + dst.describe() + " and src " + src.describe());
+  detail::require(dst.shape() == src.shape(), "add_inplace",
+                  [&] { return "dst " + dst.describe() + " and src " + src.describe(); });
   float* d = dst.data<float>();
   const float* s = src.data<float>();
   for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];

@@ -13,9 +13,10 @@ void check_ids(const char* op, const Tensor& ids, std::int64_t vocab) {
   detail::require_dtype(op, "ids", ids, DType::i64);
   const std::int64_t* p = ids.data<std::int64_t>();
   for (std::int64_t i = 0; i < ids.numel(); ++i) {
-    require(p[i] >= 0 && p[i] < vocab, op,
-            "token id " + std::to_string(p[i]) + " at index " + std::to_string(i) + " is outside [0, " +
-                std::to_string(vocab) + ")");
+    require(p[i] >= 0 && p[i] < vocab, op, [&] {
+      return "token id " + std::to_string(p[i]) + " at index " + std::to_string(i) + " is outside [0, " +
+             std::to_string(vocab) + ")";
+    });
   }
 }
 }  // namespace
@@ -24,7 +25,7 @@ Tensor embedding_forward(const Tensor& table_in, const Tensor& ids) {
   KernelScope scope(KernelKind::elementwise);
   constexpr const char* op = "embedding_forward";
   Tensor table = detail::as_f32(op, "table", table_in);
-  require(table.rank() == 2, op, "table must be [V, H], got " + table.describe());
+  require(table.rank() == 2, op, [&] { return "table must be [V, H], got " + table.describe(); });
   check_ids(op, ids, table.size(0));
   Shape shape = ids.shape();
   shape.push_back(table.size(1));
@@ -39,8 +40,9 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtabl
   constexpr const char* op = "embedding_backward";
   detail::require_dtype(op, "dtable", dtable, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);
-  require(dtable.rank() == 2 && dy.numel() == ids.numel() * dtable.size(1), op,
-          "dy " + dy.describe() + " does not match ids " + ids.describe() + " and dtable " + dtable.describe());
+  require(dtable.rank() == 2 && dy.numel() == ids.numel() * dtable.size(1), op, [&] {
+    return "dy " + dy.describe() + " does not match ids " + ids.describe() + " and dtable " + dtable.describe();
+  });
   check_ids(op, ids, dtable.size(0));
   cpu::embedding_backward<float>(dy.data<float>(), ids.data<std::int64_t>(), dtable.data<float>(), ids.numel(),
                                  dtable.size(1));

@@ -13,7 +13,7 @@ const float* scale_ptr(const char* op, const Tensor& scale, std::int64_t dim) {
   if (!scale.defined()) return nullptr;
   detail::require_dtype(op, "scale", scale, DType::f32);
   require(scale.numel() == dim && scale.rank() == 1, op,
-          "scale must be [" + std::to_string(dim) + "], got " + scale.describe());
+          [&] { return "scale must be [" + std::to_string(dim) + "], got " + scale.describe(); });
   return scale.data<float>();
 }
 }  // namespace
@@ -22,8 +22,8 @@ L2ClipForward l2_clip_forward(const Tensor& x, const Tensor& scale, float radius
   KernelScope scope(KernelKind::norm);
   constexpr const char* op = "l2_clip_forward";
   detail::require_dtype(op, "x", x, DType::f32);
-  require(x.rank() >= 1 && x.size(-1) > 0, op, "x must be [..., d], got " + x.describe());
-  require(radius > 0, op, "radius must be positive, got " + std::to_string(radius));
+  require(x.rank() >= 1 && x.size(-1) > 0, op, [&] { return "x must be [..., d], got " + x.describe(); });
+  require(radius > 0, op, [&] { return "radius must be positive, got " + std::to_string(radius); });
   const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
   L2ClipForward f{Tensor::empty(x.shape()), Tensor::empty({rows})};
   cpu::l2_clip_forward<float>(x.data<float>(), scale_ptr(op, scale, dim), radius, f.y.data<float>(),
@@ -37,15 +37,16 @@ Tensor l2_clip_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, 
   constexpr const char* op = "l2_clip_backward";
   detail::require_dtype(op, "x", x, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);
-  require(dy.shape() == x.shape(), op, "dy " + dy.describe() + " must match x " + x.describe());
+  require(dy.shape() == x.shape(), op, [&] { return "dy " + dy.describe() + " must match x " + x.describe(); });
   const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
   detail::require_dtype(op, "norms", norms, DType::f32);
-  require(norms.numel() == rows, op, "norms " + norms.describe() + " does not match x " + x.describe());
+  require(norms.numel() == rows, op, [&] { return "norms " + norms.describe() + " does not match x " + x.describe(); });
   const float* s = scale_ptr(op, scale, dim);
   float* ds = nullptr;
   if (s && dscale) {
     detail::require_dtype(op, "dscale", *dscale, DType::f32);
-    require(dscale->numel() == dim, op, "dscale " + dscale->describe() + " must be [" + std::to_string(dim) + "]");
+    require(dscale->numel() == dim, op,
+            [&] { return "dscale " + dscale->describe() + " must be [" + std::to_string(dim) + "]"; });
     ds = dscale->data<float>();
   }
   Tensor dx = Tensor::empty(x.shape());

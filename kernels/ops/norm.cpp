@@ -12,7 +12,7 @@ namespace {
 const float* weight_ptr(const char* op, const Tensor& weight, const Tensor& weight_f32, std::int64_t dim) {
   if (!weight.defined()) return nullptr;
   require(weight.rank() == 1 && weight.size(0) == dim, op,
-          "weight must be [" + std::to_string(dim) + "], got " + weight.describe());
+          [&] { return "weight must be [" + std::to_string(dim) + "], got " + weight.describe(); });
   return weight_f32.data<float>();
 }
 }  // namespace
@@ -35,14 +35,15 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   constexpr const char* op = "rmsnorm_backward";
   detail::require_dtype(op, "x", x, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);
-  require(dy.shape() == x.shape(), op, "dy " + dy.describe() + " must match x " + x.describe());
+  require(dy.shape() == x.shape(), op, [&] { return "dy " + dy.describe() + " must match x " + x.describe(); });
   const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
-  require(rstd.numel() == rows, op, "rstd " + rstd.describe() + " does not match x " + x.describe());
+  require(rstd.numel() == rows, op, [&] { return "rstd " + rstd.describe() + " does not match x " + x.describe(); });
   Tensor w32 = weight.defined() ? detail::as_f32(op, "weight", weight) : Tensor();
   float* dw = nullptr;
   if (dweight && weight.defined()) {
     detail::require_dtype(op, "dweight", *dweight, DType::f32);
-    require(dweight->numel() == dim, op, "dweight " + dweight->describe() + " must be [" + std::to_string(dim) + "]");
+    require(dweight->numel() == dim, op,
+            [&] { return "dweight " + dweight->describe() + " must be [" + std::to_string(dim) + "]"; });
     dw = dweight->data<float>();
   }
   Tensor dx = Tensor::empty(x.shape());

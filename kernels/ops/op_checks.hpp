@@ -3,39 +3,51 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/tensor.hpp"
 
 namespace atl::detail {
 
-inline void require(bool ok, const char* op, const std::string& what) {
-  if (!ok) throw std::invalid_argument(std::string(op) + ": " + what);
+// The message is a literal or a callable that builds it: ops run thousands of times a step, and a
+// message built before the check (a std::string argument) cost a heap allocation on every call.
+inline void require(bool ok, const char* op, const char* what) {
+  if (!ok) [[unlikely]]
+    throw std::invalid_argument(std::string(op) + ": " + what);
+}
+template <class Message>
+requires std::is_invocable_r_v<std::string, Message>
+inline void require(bool ok, const char* op, Message&& what) {
+  if (!ok) [[unlikely]]
+    throw std::invalid_argument(std::string(op) + ": " + what());
 }
 
 inline void require_cpu(const char* op, const char* arg, const Tensor& t) {
-  require(t.defined(), op, std::string(arg) + " is undefined");
-  require(t.device() == Device::cpu, op,
-          std::string(arg) + " is on a CUDA device; this op has only a CPU implementation in this build");
+  require(t.defined(), op, [&] { return std::string(arg) + " is undefined"; });
+  require(t.device() == Device::cpu, op, [&] {
+    return std::string(arg) + " is on a CUDA device; this op has only a CPU implementation in this build";
+  });
 }
 
 inline void require_dtype(const char* op, const char* arg, const Tensor& t, DType dtype) {
   require_cpu(op, arg, t);
   require(t.dtype() == dtype, op,
-          std::string(arg) + " must be " + std::string(dtype_name(dtype)) + ", got " + t.describe());
+          [&] { return std::string(arg) + " must be " + std::string(dtype_name(dtype)) + ", got " + t.describe(); });
 }
 
 // A cpu tensor of exactly this dtype and shape.
 inline void require_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, const Shape& shape) {
-  require(t.defined() && t.device() == Device::cpu && t.dtype() == dtype && t.shape() == shape, op,
-          std::string(arg) + " must be a cpu " + std::string(dtype_name(dtype)) + shape_string(shape) +
-              " tensor, got " + (t.defined() ? t.describe() : std::string("undefined")));
+  require(t.defined() && t.device() == Device::cpu && t.dtype() == dtype && t.shape() == shape, op, [&] {
+    return std::string(arg) + " must be a cpu " + std::string(dtype_name(dtype)) + shape_string(shape) +
+           " tensor, got " + (t.defined() ? t.describe() : std::string("undefined"));
+  });
 }
 
 // fp32 view of a floating tensor: the tensor itself when f32, an upcast copy when bf16.
 inline Tensor as_f32(const char* op, const char* arg, const Tensor& t) {
   require_cpu(op, arg, t);
   if (t.dtype() == DType::f32) return t;
-  require(t.dtype() == DType::bf16, op, std::string(arg) + " must be f32 or bf16, got " + t.describe());
+  require(t.dtype() == DType::bf16, op, [&] { return std::string(arg) + " must be f32 or bf16, got " + t.describe(); });
   return t.to(DType::f32);
 }
 

@@ -17,9 +17,9 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   KernelScope scope(KernelKind::optimizer);
   constexpr const char* op = "adamw_step";
   for (const auto* t : {&param, &grad, &exp_avg, &exp_avg_sq}) detail::require_dtype(op, "tensor", *t, DType::f32);
-  require(grad.shape() == param.shape() && exp_avg.shape() == param.shape() && exp_avg_sq.shape() == param.shape(),
-          op, "param, grad and moments must share one shape; param is " + param.describe());
-  require(step >= 1, op, "step must be >= 1, got " + std::to_string(step));
+  require(grad.shape() == param.shape() && exp_avg.shape() == param.shape() && exp_avg_sq.shape() == param.shape(), op,
+          [&] { return "param, grad and moments must share one shape; param is " + param.describe(); });
+  require(step >= 1, op, [&] { return "step must be >= 1, got " + std::to_string(step); });
   cpu::adamw_step(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
                          param.numel(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
 }

@@ -14,7 +14,7 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
                                  const Tensor& positions, const Tensor& valid, const Tensor& profiles,
                                  const Tensor& sink_logits, const AttentionOptions& options) {
   detail::require_dtype(op, "q", q, DType::f32);
-  require(q.rank() == 4, op, "q must be [B, S, Hq, D], got " + q.describe());
+  require(q.rank() == 4, op, [&] { return "q must be [B, S, Hq, D], got " + q.describe(); });
   cpu::AttentionShape s;
   s.batch = q.size(0);
   s.seq = q.size(1);
@@ -22,9 +22,10 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
   s.head_dim = q.size(3);
   detail::require_dtype(op, "k", k, DType::f32);
   s.kv_heads = k.rank() == 4 ? k.size(2) : 0;
-  require(
-      s.kv_heads > 0 && s.q_heads % s.kv_heads == 0, op,
-      "k must be [B, S, Hkv, D] with Hq (" + std::to_string(s.q_heads) + ") a multiple of Hkv, got " + k.describe());
+  require(s.kv_heads > 0 && s.q_heads % s.kv_heads == 0, op, [&] {
+    return "k must be [B, S, Hkv, D] with Hq (" + std::to_string(s.q_heads) + ") a multiple of Hkv, got " +
+           k.describe();
+  });
   const Shape kv{s.batch, s.seq, s.kv_heads, s.head_dim};
   detail::require_tensor(op, "k", k, DType::f32, kv);
   detail::require_tensor(op, "v", v, DType::f32, kv);
@@ -32,15 +33,16 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
   detail::require_tensor(op, "valid", valid, DType::boolean, {s.batch, s.seq});
   if (profiles.defined()) {
     require(profiles.rank() == 4 && profiles.size(3) >= 1, op,
-            "profiles must be [B, Hq, S, R] with R >= 1, got " + profiles.describe());
+            [&] { return "profiles must be [B, Hq, S, R] with R >= 1, got " + profiles.describe(); });
     detail::require_tensor(op, "profiles", profiles, DType::f32, {s.batch, s.q_heads, s.seq, profiles.size(3)});
   }
   if (sink_logits.defined()) detail::require_tensor(op, "sink_logits", sink_logits, DType::f32, {s.batch, s.q_heads, s.seq});
-  require(options.window >= 0, op, "window must be >= 0, got " + std::to_string(options.window));
+  require(options.window >= 0, op, [&] { return "window must be >= 0, got " + std::to_string(options.window); });
   // Profiles are indexed by query row and distance t - j within the row: queries sit at their own
   // key index (no context-parallel query_index here).
   require(!options.query_index.defined(), op, "query_index is not supported (queries are keys 0..S-1)");
-  for (std::int64_t p : positions.span<std::int64_t>()) require(p >= 0, op, "negative position " + std::to_string(p));
+  for (std::int64_t p : positions.span<std::int64_t>())
+    require(p >= 0, op, [&] { return "negative position " + std::to_string(p); });
   return s;
 }
 

@@ -16,7 +16,7 @@ std::vector<const float*> source_ptrs(const char* op, const std::vector<Tensor>&
     const std::string name = "sources[" + std::to_string(s) + "]";
     detail::require_dtype(op, name.c_str(), sources[s], DType::f32);
     require(sources[s].shape() == sources[0].shape(), op,
-            name + " " + sources[s].describe() + " must match sources[0] " + sources[0].describe());
+            [&] { return name + " " + sources[s].describe() + " must match sources[0] " + sources[0].describe(); });
     out.push_back(sources[s].data<float>());
   }
   require(sources[0].rank() >= 1 && sources[0].size(-1) > 0, op, "sources must be [..., H]");
@@ -25,8 +25,9 @@ std::vector<const float*> source_ptrs(const char* op, const std::vector<Tensor>&
 
 void check_query(const char* op, const char* name, const Tensor& q, std::int64_t dim) {
   detail::require_dtype(op, name, q, DType::f32);
-  require(q.numel() == dim, op,
-          std::string(name) + " must hold H = " + std::to_string(dim) + " elements, got " + q.describe());
+  require(q.numel() == dim, op, [&] {
+    return std::string(name) + " must hold H = " + std::to_string(dim) + " elements, got " + q.describe();
+  });
 }
 }  // namespace
 
@@ -52,13 +53,14 @@ std::vector<Tensor> residual_mix_backward(const Tensor& d_out, const std::vector
   std::vector<const float*> ptrs = source_ptrs(op, sources);
   detail::require_dtype(op, "d_out", d_out, DType::f32);
   require(d_out.shape() == sources[0].shape(), op,
-          "d_out " + d_out.describe() + " must match the sources " + sources[0].describe());
+          [&] { return "d_out " + d_out.describe() + " must match the sources " + sources[0].describe(); });
   if (sources.size() == 1) return {d_out};
   const std::int64_t dim = sources[0].size(-1), rows = sources[0].numel() / dim;
   const auto n = static_cast<std::int64_t>(sources.size());
   check_query(op, "query", query, dim);
-  require(saved.weights.defined() && saved.weights.numel() == rows * n && saved.rstd.numel() == rows * n, op,
-          "saved weights/rstd do not match " + std::to_string(n) + " sources of " + sources[0].describe());
+  require(saved.weights.defined() && saved.weights.numel() == rows * n && saved.rstd.numel() == rows * n, op, [&] {
+    return "saved weights/rstd do not match " + std::to_string(n) + " sources of " + sources[0].describe();
+  });
   float* dq = nullptr;
   if (dquery) {
     check_query(op, "dquery", *dquery, dim);
