@@ -106,10 +106,14 @@ int main(int argc, char** argv) {
     options.started = [path = std::string(marker)] { std::ofstream(path) << "started\n"; };
   }
   std::string node_prefix;  // "[node N] " on the nodes other than 0, as their progress lines
-  try {  // provisional, from the flags and variables alone (a topology may place the node otherwise)
-    const atl::NodeSpec given = atl::resolve_node_spec(node, atl::process_environment());
-    if (given.node_rank_given && given.node_rank != 0) node_prefix = "[node " + std::to_string(given.node_rank) + "] ";
-  } catch (const std::invalid_argument&) {  // reported with the launch, naming the variable
+  // Provisional, from --node-rank or a launcher's variables (scripts/launch, torchrun); not from
+  // Slurm's alone, which a single-process run inside a Slurm step also sees.
+  if (node.node_rank || std::getenv("NODE_RANK") || std::getenv("GROUP_RANK")) {
+    try {
+      const atl::NodeSpec given = atl::resolve_node_spec(node, atl::process_environment());
+      if (given.node_rank != 0) node_prefix = "[node " + std::to_string(given.node_rank) + "] ";
+    } catch (const std::invalid_argument&) {  // reported with the launch, naming the variable
+    }
   }
   // One write per message: the nodes of a job share a terminal, and their lines must not interleave.
   auto say = [&node_prefix](std::ostream& out, const std::string& message) {

@@ -347,8 +347,10 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
     if (!given) throw;
     const std::size_t prefix = e.file().size() + 2 + (e.key().empty() ? 0 : e.key().size() + 2);
     const bool empty = given->back() == '=';  // the empty string, not "absent": that is key=~
-    throw ConfigError(e.file(), e.key(), std::string(e.what()).substr(prefix) + " (given by --set " + *given +
-                                             (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")");
+    const std::string problem = std::string(e.what()).substr(prefix) + " (given by --set " + *given +
+                                (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")";
+    if (dynamic_cast<const UnknownKeyError*>(&e)) throw UnknownKeyError(e.file(), e.key(), problem);  // keep the kind
+    throw ConfigError(e.file(), e.key(), problem);
   }
 }
 

@@ -20,6 +20,13 @@ RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
   // JSON is YAML: the saved resolved config parses back through the same validation.
   nlohmann::json config = j.at("config");
   config.erase("source_file");  // where it came from, not a config key
+  // A sim run saved by a build that ignored multi-process settings may list them set: they never
+  // took effect (the process was the whole job), and a config read back now would refuse them.
+  if (config.contains("topology") && config["topology"].is_object() && config["topology"].value("backend", "") == "sim") {
+    for (const char* key : {"nodes", "ucx_peer_errors", "job_token_file", "rendezvous_timeout_s", "heartbeat_timeout_s"}) {
+      config["topology"].erase(key);
+    }
+  }
   return parse_run_config(config.dump(), state.string());
 }
 

@@ -16,40 +16,8 @@
 namespace atl {
 
 namespace {
+
 constexpr std::int64_t kMaxInt = std::numeric_limits<std::int64_t>::max();
-}
-
-MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(fmt::format("{}: cannot open data file: {}", path, std::strerror(errno)));
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    int error = errno;
-    ::close(fd);
-    throw DataError(fmt::format("{}: cannot stat data file: {}", path, std::strerror(error)));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    throw DataError(fmt::format("{}: data file is not a regular file", path));
-  }
-  size_ = static_cast<std::size_t>(info.st_size);
-  if (size_ > 0) {
-    void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapped == MAP_FAILED) {
-      int error = errno;
-      ::close(fd);
-      throw DataError(fmt::format("{}: cannot memory-map data file: {}", path, std::strerror(error)));
-    }
-    data_ = static_cast<const unsigned char*>(mapped);
-  }
-  ::close(fd);  // the mapping stays valid without the descriptor
-}
-
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
-}
-
-namespace {
 
 // Four lanes, each folding in every fourth little-endian 64-bit word with a multiply and a
 // rotation (independent chains: about 6 GB/s on a Zen 3, near memory speed), joined, then the
@@ -85,10 +53,37 @@ std::uint64_t hash_bytes(const unsigned char* p, std::size_t n) {
 
 }  // namespace
 
-const std::string& MappedFile::content_hash() const {
-  if (!hash_) hash_ = fmt::format("{:016x}", hash_bytes(data_, size_));
-  return *hash_;
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw DataError(fmt::format("{}: cannot open data file: {}", path, std::strerror(errno)));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    int error = errno;
+    ::close(fd);
+    throw DataError(fmt::format("{}: cannot stat data file: {}", path, std::strerror(error)));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw DataError(fmt::format("{}: data file is not a regular file", path));
+  }
+  size_ = static_cast<std::size_t>(info.st_size);
+  if (size_ > 0) {
+    void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapped == MAP_FAILED) {
+      int error = errno;
+      ::close(fd);
+      throw DataError(fmt::format("{}: cannot memory-map data file: {}", path, std::strerror(error)));
+    }
+    data_ = static_cast<const unsigned char*>(mapped);
+  }
+  ::close(fd);  // the mapping stays valid without the descriptor
+  hash_ = fmt::format("{:016x}", hash_bytes(data_, size_));
 }
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
 
 void MappedFile::check_cursor_matches(const nlohmann::json& cursor, const std::string& what) const {
   const auto size = static_cast<std::int64_t>(size_);

@@ -24,10 +24,10 @@ class MappedFile {
   const unsigned char* data() const { return data_; }
   std::size_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // A 64-bit hash of the whole content as 16 hex digits, computed on first use (one pass over the
-  // file), the same on every machine: a cursor carries it, so an edited file is not mistaken
-  // for the one a checkpoint read.
-  const std::string& content_hash() const;
+  // A 64-bit hash of the whole content as 16 hex digits, computed when the file is opened (one
+  // pass, beside the sources' token check), the same on every machine: a cursor carries it, so an
+  // edited file is not mistaken for the one a checkpoint read.
+  const std::string& content_hash() const { return hash_; }
   // DataError("<what>: cursor field 'file_size' / 'file_hash': ...") unless `cursor` was taken
   // from this content. A cursor without file_hash (saved before it existed) is checked by size.
   void check_cursor_matches(const nlohmann::json& cursor, const std::string& what) const;
@@ -36,7 +36,7 @@ class MappedFile {
   std::string path_;
   const unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
-  mutable std::optional<std::string> hash_;
+  std::string hash_;
 };
 
 // Byte-level text: token id = byte value. Documents are separated by blank lines: a run of two

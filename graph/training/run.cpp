@@ -244,10 +244,12 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     try {
       saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
     } catch (const UnsavableState& e) {
-      throw DivergedWeights(fmt::format("step {}: the update left non-finite values although the step's loss and "
-                                        "gradient norm were finite (lower train.lr): {}; {}", s, e.what(),
-                                        last_saved > 0 ? fmt::format("the checkpoints up to step {} are kept", last_saved)
-                                                       : std::string("this run saved no checkpoint")));
+      const std::optional<fs::path> kept = latest_checkpoint(config.checkpoint.dir);
+      throw DivergedWeights(fmt::format("step {}: the update left values a checkpoint may not hold although the "
+                                        "step's loss and gradient norm were finite (usually a learning rate far too "
+                                        "large: lower train.lr): {}; {}", s, e.what(),
+                                        kept ? "the latest checkpoint, " + kept->string() + ", is kept"
+                                             : std::string("checkpoint.dir holds no checkpoint")));
     }
     last_saved = s;
     last_saved_path = saved;

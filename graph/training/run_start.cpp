@@ -276,6 +276,10 @@ void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state
     if (a != b) refuse(a, b, key ? std::string(section) + "." + key : std::string(section));
   };
   const nlohmann::json& saved_model = saved_value(saved, "model", nullptr, dir);
+  if (!saved_model.is_object()) {
+    throw CheckpointError((dir / "trainer_state.json").string() + ": \"config\".model must be an object (family, "
+                          "preset and model keys), got " + saved_model.dump());
+  }
   if (saved_model != now.at("model")) {
     const std::optional<nlohmann::json> was = resolved_model(saved_model, config.source_file);
     if (!was || was != resolved_model(now.at("model"), config.source_file)) {

@@ -533,7 +533,8 @@ TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or
            {"train.seed=99", "train.seed"},
            {"data.synthetic_branching=3", "data.synthetic_branching"},
            {"model.hidden_size=32", "model.hidden_size"},
-           {"model.init_std=0.03", "model.init_std"}}) {
+           {"model.init_std=0.03", "model.init_std"},
+           {"model.router_weights_fp32=true", "model.router_weights_fp32"}}) {
     auto resume = train_args(tmp.path / "other");
     for (const std::string& s : {std::string("train.steps=4"), change}) {
       resume.push_back("--set");

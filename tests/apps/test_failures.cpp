@@ -98,8 +98,8 @@ TEST_CASE("failures: an update that leaves non-finite weights after a finite ste
                            tmp.path);
   INFO(r.out << r.err);
   CHECK(r.exit_code == 3);
-  CHECK_THAT(r.err, Catch::Contains("non-finite training: step 1: the update left non-finite values") &&
-                        Catch::Contains("lower train.lr") && Catch::Contains("this run saved no checkpoint"));
+  CHECK_THAT(r.err, Catch::Contains("non-finite training: step 1: the update left values a checkpoint may not hold") &&
+                        Catch::Contains("lower train.lr") && Catch::Contains("checkpoint.dir holds no checkpoint"));
   CHECK(checkpoints_in(tmp.path / "ckpt") == 0);
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 1);
 }
@@ -385,7 +385,30 @@ TEST_CASE("failures: checkpoints with NaN weights, negative second moments, no d
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("model.norm.weight") != std::string::npos);
   CHECK_FALSE(fs::exists(tmp.path / "hf"));
+
+  // A saved config whose model section is not an object: bad input, named.
+  auto with_state = [&](const char* name, const std::function<void(nlohmann::json&)>& change) {
+    const fs::path dir = copy_checkpoint(good, tmp.path / name / "step-00000002");
+    nlohmann::json state = nlohmann::json::parse(read_file(dir / "trainer_state.json"));
+    change(state);
+    write_file(dir / "trainer_state.json", state.dump());
+    write_file(dir / "COMPLETE", make_manifest(dir, 2, "COMPLETE").dump());
+    return dir;
+  };
+  r = resume(with_state("model-list", [](nlohmann::json& s) { s["config"]["model"] = nlohmann::json::array({1}); }));
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("trainer_state.json: \"config\".model must be an object"));
   CHECK_FALSE(fs::exists(tmp.path / "resumed" / "metrics.jsonl"));  // no refused resume wrote anything
+
+  // A sim run saved by an older build with ucx settings it ignored (now refused with sim): exported.
+  const fs::path old_build = with_state("old-build", [](nlohmann::json& s) {
+    s["config"]["topology"]["ucx_peer_errors"] = false;
+    s["config"]["topology"]["heartbeat_timeout_s"] = 9;
+  });
+  r = run_app("atoll-convert", {"export", old_build.string(), (tmp.path / "hf-old")}, tmp.path);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::exists(tmp.path / "hf-old" / "config.json"));
 }
 
 TEST_CASE("failures: HF import builds the model from config.json and refuses a config.json or folder that disagrees",

@@ -308,6 +308,26 @@ TEST_CASE("scripts/launch: a restart after the start resumes the latest checkpoi
   }
 }
 
+TEST_CASE("scripts/launch: bad input (2) and non-finite training (3) end the job without a restart", "[apps][launch]") {
+  TempDir tmp;
+  for (const int code : {2, 3}) {
+    INFO(code);
+    const fs::path fake = tmp.path / ("fake-" + std::to_string(code)), runs = tmp.path / ("runs-" + std::to_string(code));
+    // A stand-in atoll-train: node 0 counts its starts and exits `code`; node 1 succeeds.
+    write_file(fake, "#!/usr/bin/env bash\nif [[ $NODE_RANK == 0 ]]; then echo x >> " + shell_quote(runs.string()) +
+                         "; exit " + std::to_string(code) + "; fi\nexit 0\n");
+    fs::permissions(fake, fs::perms::owner_all);
+    const Result r = run_shell("ATOLL_TRAIN=" + shell_quote(fake.string()) + " " +
+                                   shell_quote(source_path("scripts/launch").string()) +
+                                   " --nnodes 2 --max-restarts 3 -- cfg.yaml",
+                               tmp.path / ("out-" + std::to_string(code)));
+    INFO(r.err);
+    CHECK(r.exit_code == code);
+    CHECK(read_file(runs) == "x\n");  // started once
+    CHECK_THAT(r.err, !Catch::Contains("restart"));
+  }
+}
+
 TEST_CASE("scripts/launch: a stop sent to the launcher and to every node at once is one stop, saved",
           "[apps][launch]") {
   TempDir tmp;

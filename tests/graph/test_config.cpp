@@ -345,6 +345,9 @@ TEST_CASE("config: an error about a value a --set gave names that --set", "[conf
         file + ": topology.mesh.dp_shard: expected a positive integer, got 0 (given by --set topology={mesh: {dp_shard: "
                "0}})");
   CHECK(error_of({"train.warmup=~"}) == "no error");
+  // An unknown key stays an UnknownKeyError (HF import relies on the kind).
+  CHECK_THROWS_AS(load_run_config(file, {"train.stepz=3"}), UnknownKeyError);
+  CHECK_THAT(error_of({"train.stepz=3"}), Catch::Contains("unknown key") && Catch::EndsWith("(given by --set train.stepz=3)"));
   // A value from the file is the file's: no --set named.
   const std::string bad = dir.write("bad.yaml", std::string(kMinimal) + "compute: {threads: -2}\n");
   try {
@@ -373,5 +376,38 @@ TEST_CASE("config: a resolved config parses back to itself, for every backend's 
     nlohmann::json again = to_json(parse_run_config(resolved.dump(), "run.json"));
     again.erase("source_file");
     CHECK(again == resolved);
+  }
+}
+
+TEST_CASE("config: every model key a family takes is in its config.json (what a resume compares and export keeps)",
+          "[config]") {
+  for (const char* family : {"beam", "flint", "inkling2"}) {
+    INFO(family);
+    // The family's reader names every key it takes when it meets one it does not.
+    ModelSection probe;
+    probe.family = family;
+    probe.overrides = YAML::Load("{no_such_key: 1}");
+    std::string known;
+    try {
+      make_model(probe, "probe.yaml");
+    } catch (const UnknownKeyError& e) {
+      const std::string what = e.what(), marker = "expected one of: ";
+      known = what.substr(what.find(marker) + marker.size());
+      known = known.substr(0, known.rfind(')'));
+    }
+    REQUIRE_FALSE(known.empty());
+    ModelSection plain;
+    plain.family = family;
+    plain.overrides = YAML::Node(YAML::NodeType::Map);
+    const nlohmann::json hf = make_model(plain, "plain.yaml")->hf_config();
+    std::size_t start = 0;
+    for (std::size_t comma; start < known.size(); start = comma + 2) {
+      comma = known.find(", ", start);
+      if (comma == std::string::npos) comma = known.size();
+      const std::string key = known.substr(start, comma - start);
+      if (key == "family" || key == "preset") continue;
+      INFO(key);
+      CHECK(hf.contains(key == "init_std" ? std::string("initializer_range") : key));
+    }
   }
 }

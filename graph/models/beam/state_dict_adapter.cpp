@@ -36,6 +36,7 @@ nlohmann::json BeamModel::hf_fields() const {
           {"final_logit_softcapping", c.final_logit_softcapping},
           {"rms_norm_eps", c.rms_norm_eps},
           {"initializer_range", c.init_std},
+          {"router_weights_fp32", c.router_weights_fp32},  // numerics of bf16 runs: part of the model
           {"routed_scaling_factor", c.routed_scaling_factor},
           {"norm_topk_prob", c.norm_topk_prob},
           {"norm_topk_prob_top1", c.norm_topk_prob_top1},

@@ -52,6 +52,7 @@ nlohmann::json FlintModel::hf_fields() const {
           {"rope_theta", c.rope_theta},
           {"rms_norm_eps", c.rms_norm_eps},
           {"initializer_range", c.init_std},
+          {"router_weights_fp32", c.router_weights_fp32},  // numerics of bf16 runs: part of the model
           {"norm_topk_prob", c.norm_topk_prob},
           {"router_aux_loss_coef", 0.0},  // CE-only training (MODELS.md §2.1)
           {"hidden_act", "silu"},

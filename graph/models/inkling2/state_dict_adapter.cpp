@@ -83,6 +83,7 @@ nlohmann::json Inkling2Model::hf_fields() const {
           {"final_logit_softcapping", c.final_logit_softcapping},
           {"rms_norm_eps", c.rms_norm_eps},
           {"initializer_range", c.init_std},
+          {"router_weights_fp32", c.router_weights_fp32},  // numerics of bf16 runs: part of the model
           {"tie_word_embeddings", false},
           {"atoll_preset", c.preset}};
 }
