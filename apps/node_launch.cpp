@@ -141,6 +141,10 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
         << std::flush;
     std::_Exit(1);  // the collectives in flight would wait forever; checkpoints are written atomically
   };
+  // A node that finished closes its UCX endpoints while others may still save: not a failure.
+  control.on_goodbye = [world, every_node](int node) {
+    world->expect_gone(every_node.at(static_cast<std::size_t>(node)));
+  };
   launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));
   launch.from_node0 = hand_over_from_node0(world, every_node, ranks.front());
   launch.ranks = ranks;

@@ -83,6 +83,7 @@ struct ControlPlane::Impl {
             peer.last_seen = Clock::now();
             if (m.contains("goodbye")) {
               peer.finished = true;
+              if (settings.on_goodbye) settings.on_goodbye(nodes[i]);
               ::shutdown(peer.fd, SHUT_WR);  // nothing more to say: its drain sees the end at once
             }
             if (m.contains("lost")) lost(m["lost"].get<int>(), "node 0 lost it: " + m.value("why", std::string()));

@@ -21,6 +21,8 @@ struct ControlPlaneSettings {
   std::chrono::milliseconds heartbeat{500};
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};
   std::function<void(int lost_node, const std::string& why)> on_lost;
+  // A peer said goodbye (it finished the job); on the control thread. Optional.
+  std::function<void(int node)> on_goodbye;
 };
 
 class ControlPlane {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -83,15 +84,20 @@ struct UcxWorld::Impl {
     return slot;
   }
 
-  // UCX reports a broken endpoint here (peer error handling) instead of aborting the process.
-  // With no transfer in flight it harms nothing yet, and a peer that ended the job first (its UCX
-  // closed while this process still saves the last checkpoint) reads just like one that died: it
-  // is said only with transfers in flight. A later transfer on it fails and says so, and the
-  // control plane names a lost node either way.
-  static void endpoint_failed(void* arg, ucp_ep_h, ucs_status_t status) {
+  // UCX reports a broken endpoint here (peer error handling) instead of aborting the process. A
+  // peer that finished the job first (its UCX closed while this process still saves the last
+  // checkpoint) reads just like one that died, unless it said goodbye (expect_gone).
+  static void endpoint_failed(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* impl = static_cast<Impl*>(arg);
-    if (impl->in_flight > 0) impl->transfer_failed("connection", status);
+    for (const auto& [key, endpoint] : impl->endpoints) {  // the progress thread's own map
+      if (endpoint != ep) continue;
+      std::lock_guard<std::mutex> lock(impl->gone_mutex);
+      if (impl->gone.count(key.second)) return;
+    }
+    impl->transfer_failed("connection", status);
   }
+  std::mutex gone_mutex;
+  std::set<int> gone;  // remote ranks whose process finished the job
   // The task queue: everything UCX runs on the progress thread.
   std::mutex mutex;
   std::deque<std::function<void()>> tasks;
@@ -667,6 +673,11 @@ UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr
 }
 
 UcxWorld::~UcxWorld() { impl_->stop(); }
+
+void UcxWorld::expect_gone(const std::vector<int>& remote_ranks) {
+  std::lock_guard<std::mutex> lock(impl_->gone_mutex);
+  impl_->gone.insert(remote_ranks.begin(), remote_ranks.end());
+}
 
 int UcxWorld::world_size() const { return impl_->world_size; }
 const std::shared_ptr<CollectiveRecorder>& UcxWorld::recorder() const { return impl_->recorder; }

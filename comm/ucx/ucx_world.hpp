@@ -56,6 +56,9 @@ class UcxWorld {
   std::map<int, WorkerAddress> local_addresses() const;
   // Every rank's worker address; call once, before any communicator is used.
   void connect(const std::map<int, WorkerAddress>& addresses);
+  // These remote ranks' process has finished the job (it said goodbye): their endpoints breaking
+  // is its end, not a failure, and goes unreported. Any thread.
+  void expect_gone(const std::vector<int>& remote_ranks);
 
   // The communicator of local rank `rank` in `group` (std::invalid_argument when it is not a
   // member or not local).
