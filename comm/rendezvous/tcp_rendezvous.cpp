@@ -172,7 +172,9 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
     const int node = hello.value("node", -1);
     if (node < 1 || node >= s.nnodes || joined.count(node)) {
       refuse("--node-rank", "claiming node " + std::to_string(node) +
-                                (joined.count(node) ? ", which another process took" : ", not a node of this job"));
+                                (joined.count(node) ? ", which another process took"
+                                                    : ", not a node of this job (node 0 runs " +
+                                                          std::to_string(s.nnodes) + " nodes: check --nnodes too)"));
       continue;
     }
     joined[node] = Joined{std::move(peer), std::move(hello)};

@@ -338,6 +338,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     if (r.stop_requested && s < t.steps) stop_after(s, stop_signal != 0 ? stop_signal : SIGTERM);
   }
   metrics.close();
+  if (options.writer) {  // a restart with --resume-if-any of a run that saved nothing then has nothing to do
+    run_json["finished"] = true;
+    write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
+  }
   write_trace();
   out << fmt::format("final loss={:.6f} steps={}\n", last_loss, t.steps) << std::flush;
   return last_loss;

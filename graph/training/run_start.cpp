@@ -99,10 +99,16 @@ std::optional<nlohmann::json> recorded_config(const RunConfig& config) {
 // run_dir began from (run.json's "began_from"), when that run is this config's. A restart before
 // the first save of a run begun from another run's checkpoint (or an import) begins there again,
 // not from a fresh model.
+// A run recorded as finished (run.json's "finished") has nothing to do: RunFinished.
 std::optional<fs::path> recorded_beginning(const RunConfig& config) {
   const std::optional<nlohmann::json> run = recorded_run(config);
-  if (!run || !run->contains("began_from") || run->at("config") != to_json(config)) return std::nullopt;
+  if (!run || run->at("config") != to_json(config)) return std::nullopt;
   const fs::path file = fs::path(config.run_dir) / "run.json";
+  if (run->value("finished", false)) {
+    throw RunFinished("nothing to do: " + file.string() + " records this run as finished (train.steps " +
+                      std::to_string(config.train.steps) + "), and it saved no checkpoint to continue from");
+  }
+  if (!run->contains("began_from")) return std::nullopt;
   const nlohmann::json& began = run->at("began_from");
   if (!began.is_string() || began.get<std::string>().empty()) {
     throw ConfigError(file.string(), "began_from", "expected the path of the checkpoint the run began from, found " +

@@ -44,6 +44,14 @@ std::vector<nlohmann::json> metrics_without_timing_lines(const fs::path& file) {
   return lines;
 }
 
+// run.json as a run that died before its end leaves it: not marked finished.
+void unmark_finished(const fs::path& run_dir) {
+  nlohmann::json run = nlohmann::json::parse(read_file(run_dir / "run.json"));
+  REQUIRE(run.at("finished") == true);
+  run.erase("finished");
+  write_file(run_dir / "run.json", run.dump(2));
+}
+
 // metrics.jsonl holds steps 1..steps, each once, in order (no gap, no repeat).
 void check_steps_once_in_order(const fs::path& metrics_file, std::size_t steps) {
   const auto metrics = read_metrics(metrics_file);
@@ -437,7 +445,12 @@ TEST_CASE("apps: --resume-if-any with nothing saved starts again only the run in
   args.push_back("--resume-if-any");
   must_run("atoll-train", args, tmp.path);
   const std::string metrics = metrics_without_timing(run / "metrics.jsonl");
-  // The same job restarted (no checkpoint yet): it starts again and writes the same steps.
+  // Finished (run.json says so), nothing saved: a restart has nothing to do.
+  const Result done = must_run("atoll-train", args, tmp.path);
+  CHECK_THAT(done.out, Catch::Contains("nothing to do: " + (run / "run.json").string() + " records this run as finished"));
+  // The same job restarted before its end (no checkpoint yet; a crash leaves run.json unmarked):
+  // it starts again and writes the same steps.
+  unmark_finished(run);
   must_run("atoll-train", args, tmp.path);
   CHECK(metrics_without_timing(run / "metrics.jsonl") == metrics);
   // Another config is another run: kept, unless --overwrite.
@@ -478,7 +491,9 @@ TEST_CASE("apps: --resume-if-any of a run begun from another run's checkpoint, w
   CHECK(nlohmann::json::parse(read_file(b / "run.json")).at("began_from") == from.string());
   const std::string metrics = metrics_without_timing(b / "metrics.jsonl");
 
-  // Restarted as a launcher restarts (--resume-if-any): from step 4 of run a again, not a fresh model.
+  // Restarted as a launcher restarts (--resume-if-any) after a failure before its end: from step 4
+  // of run a again, not a fresh model.
+  unmark_finished(b);
   auto restarted = train_args(b);
   add_sets(restarted, {"train.steps=6"});
   restarted.push_back("--resume-if-any");
@@ -490,6 +505,7 @@ TEST_CASE("apps: --resume-if-any of a run begun from another run's checkpoint, w
   for (std::size_t i = 0; i < 2; ++i) CHECK(b_lines[i].at("loss") == a_lines[i + 4].at("loss"));
 
   // That checkpoint gone: nothing to continue from, named, and run b left as it was.
+  unmark_finished(b);
   fs::rename(from, tmp.path / "moved");
   const Result lost = run_app("atoll-train", restarted, tmp.path);
   CHECK(lost.exit_code == 2);
