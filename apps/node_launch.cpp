@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <streambuf>
@@ -130,6 +131,21 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
                              (spec.source.empty() ? std::string("defaults") : spec.source) + "]");
   }
   world->connect(addresses);
+  // A transfer that fails with every process alive (the data network broke, the control
+  // connections did not) would leave every node waiting: stop once a lost node would have been
+  // named by then (a node that died is, within topology.heartbeat_timeout_s).
+  const double grace_s = config.topology.heartbeat_timeout_s + 10;
+  world->on_transfer_failure(std::chrono::milliseconds(static_cast<std::int64_t>(grace_s * 1000)),
+                             [node = spec.node_rank, grace_s] {
+                               const std::string prefix = node != 0 ? "[node " + std::to_string(node) + "] " : "";
+                               std::fprintf(stderr,
+                                            "%satoll-train: a UCX transfer failed %.0f s ago and no node was lost: the "
+                                            "data network between the nodes failed while their control connections "
+                                            "stayed up; stopping\n",
+                                            prefix.c_str(), grace_s);
+                               std::fflush(stderr);
+                               std::_Exit(1);
+                             });
   ControlPlaneSettings control;
   control.node_rank = spec.node_rank;
   control.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.heartbeat_timeout_s * 1000));

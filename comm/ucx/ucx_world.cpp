@@ -89,15 +89,22 @@ struct UcxWorld::Impl {
   // checkpoint) reads just like one that died, unless it said goodbye (expect_gone).
   static void endpoint_failed(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* impl = static_cast<Impl*>(arg);
+    int peer = -1;
     for (const auto& [key, endpoint] : impl->endpoints) {  // the progress thread's own map
-      if (endpoint != ep) continue;
-      std::lock_guard<std::mutex> lock(impl->gone_mutex);
-      if (impl->gone.count(key.second)) return;
+      if (endpoint == ep) peer = key.second;
     }
-    impl->transfer_failed("connection", status);
+    impl->transfer_failed("connection", status, peer);
   }
   std::mutex gone_mutex;
   std::set<int> gone;  // remote ranks whose process finished the job
+  bool is_gone(int peer) {
+    std::lock_guard<std::mutex> lock(gone_mutex);
+    return gone.count(peer) > 0;
+  }
+  // on_transfer_failure's: what runs when a failure has not ended the process after a while.
+  std::chrono::milliseconds stuck_grace{0};
+  std::function<void()> stuck;
+  bool stuck_armed = false;
   // The task queue: everything UCX runs on the progress thread.
   std::mutex mutex;
   std::deque<std::function<void()>> tasks;
@@ -225,6 +232,7 @@ struct UcxWorld::Impl {
     Impl* impl;
     std::shared_ptr<Operation> op;
     const char* what;  // "send" or "receive", for a failure's message
+    int peer;          // a send's remote rank; -1 for a receive (not bound to an endpoint)
   };
 
   static void part_done(const std::shared_ptr<Operation>& op) {
@@ -233,12 +241,22 @@ struct UcxWorld::Impl {
 
   // A transfer to or from a process that died fails here; its operation never completes, and
   // the job's control plane (which sees the process go) stops this one, naming the lost node.
-  void transfer_failed(const char* what, ucs_status_t status) {
+  // Both processes alive (the data network failed, the control connections did not), nothing
+  // would stop the job: the on_transfer_failure action does, once its grace has passed.
+  void transfer_failed(const char* what, ucs_status_t status, int peer) {
+    if (peer >= 0 && is_gone(peer)) return;  // it finished the job: its end, not a failure
     if (!failed) {
       std::fprintf(stderr, "atoll ucx: a %s failed (%s); a peer process is gone\n", what, ucs_status_string(status));
       std::fflush(stderr);
     }
     failed = true;
+    if (stuck && !stuck_armed) {
+      stuck_armed = true;
+      std::thread([grace = stuck_grace, action = stuck] {
+        std::this_thread::sleep_for(grace);
+        action();
+      }).detach();
+    }
   }
 
   // A transfer's completion (UCX's callback, once it did not complete at once).
@@ -248,7 +266,7 @@ struct UcxWorld::Impl {
     if (status == UCS_OK) {
       part_done(r->op);
     } else {
-      r->impl->transfer_failed(r->what, status);
+      r->impl->transfer_failed(r->what, status, r->peer);
     }
     delete r;
     ucp_request_free(request);
@@ -264,7 +282,7 @@ struct UcxWorld::Impl {
       part_done(r->op);
       delete r;
     } else if (UCS_PTR_IS_ERR(status)) {
-      transfer_failed(r->what, UCS_PTR_STATUS(status));
+      transfer_failed(r->what, UCS_PTR_STATUS(status), r->peer);
       delete r;
     } else {
       in_flight += 1;
@@ -279,14 +297,14 @@ struct UcxWorld::Impl {
   }
 
   void send(int from, int to, const void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
-    auto* r = new Request{this, std::move(op), "send"};
+    auto* r = new Request{this, std::move(op), "send", to};
     ucp_request_param_t param = callback_param(r);
     param.cb.send = &send_done;
     settle(ucp_tag_send_nbx(endpoints.at({from, to}), data, bytes, tag, &param), r);
   }
 
   void recv(int at, void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
-    auto* r = new Request{this, std::move(op), "receive"};
+    auto* r = new Request{this, std::move(op), "receive", -1};
     ucp_request_param_t param = callback_param(r);
     param.cb.recv = &recv_done;
     settle(ucp_tag_recv_nbx(workers.at(at), data, bytes, tag, ~std::uint64_t{0}, &param), r);
@@ -673,6 +691,13 @@ UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr
 }
 
 UcxWorld::~UcxWorld() { impl_->stop(); }
+
+void UcxWorld::on_transfer_failure(std::chrono::milliseconds grace, std::function<void()> action) {
+  impl_->call<void>([impl = impl_.get(), grace, action = std::move(action)]() mutable {
+    impl->stuck_grace = grace;
+    impl->stuck = std::move(action);
+  });
+}
 
 void UcxWorld::expect_gone(const std::vector<int>& remote_ranks) {
   std::lock_guard<std::mutex> lock(impl_->gone_mutex);

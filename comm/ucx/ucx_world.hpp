@@ -23,7 +23,9 @@
 // printed once, and the job's control plane (comm/rendezvous/control_plane.hpp), which sees the
 // process go, stops this process naming the lost node.
 #pragma once
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -59,6 +61,11 @@ class UcxWorld {
   // These remote ranks' process has finished the job (it said goodbye): their endpoints breaking
   // is its end, not a failure, and goes unreported. Any thread.
   void expect_gone(const std::vector<int>& remote_ranks);
+  // After the first transfer failure (not of a peer that said goodbye), `action` runs on a thread
+  // of its own once `grace` has passed, unless the process ended first: a failed transfer never
+  // completes its operation, and with both processes alive nothing else would end the job.
+  // atoll-train exits 1 there. Call before the transfers start.
+  void on_transfer_failure(std::chrono::milliseconds grace, std::function<void()> action);
 
   // The communicator of local rank `rank` in `group` (std::invalid_argument when it is not a
   // member or not local).

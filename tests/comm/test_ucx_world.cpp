@@ -3,10 +3,12 @@
 // inputs, with overlapping groups in flight at once and records like the sim's.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <map>
 #include <random>
@@ -427,4 +429,27 @@ TEST_CASE("ucx: many collectives in flight on overlapping groups from every rank
                       got[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)]));
     }
   }
+}
+
+TEST_CASE("ucx: a transfer that fails with this process alive runs the on_transfer_failure action after its grace",
+          "[comm][ucx]") {
+  // Two worlds of one rank each stand for two nodes; the second goes away without a goodbye, as
+  // a node whose data network failed looks to the first (nothing else would end the wait).
+  auto a = std::make_unique<UcxWorld>(2, std::vector<int>{0});
+  auto b = std::make_unique<UcxWorld>(2, std::vector<int>{1});
+  std::map<int, WorkerAddress> all = a->local_addresses();
+  for (const auto& [rank, address] : b->local_addresses()) all[rank] = address;
+  a->connect(all);
+  b->connect(all);
+  auto fired = std::make_shared<std::promise<void>>();
+  std::future<void> ran = fired->get_future();
+  a->on_transfer_failure(std::chrono::milliseconds(100), [fired] { fired->set_value(); });
+  const Group pair{"pair", {0, 1}};
+  std::unique_ptr<Communicator> from_a = a->communicator(pair, 0);
+  b.reset();
+  auto sent = std::make_shared<std::atomic<bool>>(false);
+  from_a->send(Tensor::full({1 << 20}, 1.0f), 1, "t", [sent] { *sent = true; });
+  // A deadlock watchdog, not a timing claim: UCX notices the peer within its keepalive.
+  REQUIRE(ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+  CHECK_FALSE(*sent);  // the failed send never completes: only the action ends the wait
 }
