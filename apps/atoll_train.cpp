@@ -152,7 +152,8 @@ int main(int argc, char** argv) {
       } catch (const atl::RunStopped&) {
         launch.control->finish();
         throw;
-      } catch (const atl::DivergedWeights&) {  // node 0's alone: the others learn of it as node 0 lost
+      } catch (const atl::DivergedWeights& e) {  // node 0's alone: every node ends with its exit code
+        launch.control->abort(3, std::string("non-finite training: ") + e.what());
         throw;
       } catch (const atl::NonFiniteError&) {
         launch.control->finish();

@@ -157,6 +157,14 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
         << std::flush;
     std::_Exit(1);  // the collectives in flight would wait forever; checkpoints are written atomically
   };
+  // A node that ended the job with a code of its own (node 0's non-finite weights at a save):
+  // every node exits with it, so a launcher reads the job's end alike from any node.
+  control.on_abort = [&log, me](int node, int exit_code, const std::string& why) {
+    log << ((me != 0 ? "[node " + std::to_string(me) + "] " : std::string()) + "atoll-train: node " +
+            std::to_string(node) + " ended the job (exit " + std::to_string(exit_code) + "): " + why + "\n")
+        << std::flush;
+    std::_Exit(exit_code);
+  };
   // A node that finished closes its UCX endpoints while others may still save: not a failure.
   control.on_goodbye = [world, every_node](int node) {
     world->expect_gone(every_node.at(static_cast<std::size_t>(node)));

@@ -87,6 +87,20 @@ struct ControlPlane::Impl {
               ::shutdown(peer.fd, SHUT_WR);  // nothing more to say: its drain sees the end at once
             }
             if (m.contains("lost")) lost(m["lost"].get<int>(), "node 0 lost it: " + m.value("why", std::string()));
+            if (m.contains("abort") && !reported) {
+              reported = true;  // its connection closing next is the abort, not a loss
+              const int origin = m.value("node", nodes[i]);
+              if (settings.node_rank == 0) {  // the others hear it through node 0
+                for (auto& [other, p] : peers) {
+                  if (other == nodes[i] || p.finished) continue;
+                  try {
+                    send(p.fd, m);
+                  } catch (const std::exception&) {
+                  }
+                }
+              }
+              if (settings.on_abort) settings.on_abort(origin, m["abort"].get<int>(), m.value("why", std::string()));
+            }
           } catch (const std::exception& e) {
             if (!stopping) lost(nodes[i], std::string("its connection broke: ") + e.what());
           }
@@ -111,14 +125,24 @@ ControlPlane::ControlPlane(ControlPlaneSettings settings, RendezvousLinks links)
   impl_->thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 
-void ControlPlane::finish() {
+void ControlPlane::finish() { farewell(json{{"goodbye", impl_->settings.node_rank}}); }
+
+void ControlPlane::abort(int exit_code, const std::string& why) {
+  farewell(json{{"abort", exit_code}, {"why", why}, {"node", impl_->settings.node_rank}});
+  // The job is over: the peers' ends (they exit on hearing it) are expected, as after a goodbye.
+  if (impl_->settings.on_goodbye) {
+    for (const auto& [node, peer] : impl_->peers) impl_->settings.on_goodbye(node);
+  }
+}
+
+void ControlPlane::farewell(const nlohmann::json& message) {
   if (!impl_->thread.joinable()) return;
   impl_->stopping = true;
   impl_->thread.join();
   for (auto& [node, peer] : impl_->peers) {
     if (peer.finished) continue;
     try {
-      impl_->send(peer.fd, json{{"goodbye", impl_->settings.node_rank}});
+      impl_->send(peer.fd, message);
     } catch (const std::exception&) {
     }
     ::shutdown(peer.fd, SHUT_WR);

@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 
 namespace atl {
@@ -23,6 +25,9 @@ struct ControlPlaneSettings {
   std::function<void(int lost_node, const std::string& why)> on_lost;
   // A peer said goodbye (it finished the job); on the control thread. Optional.
   std::function<void(int node)> on_goodbye;
+  // A node ended the job with an exit code every node should share (abort()); on the control
+  // thread, once. Node 0 relays it to the others first.
+  std::function<void(int node, int exit_code, const std::string& why)> on_abort;
 };
 
 class ControlPlane {
@@ -32,10 +37,14 @@ class ControlPlane {
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
   void finish();  // this node is done: goodbye to every peer, then close
+  // This node ends the job with `exit_code` (a failure it alone saw, which every node should
+  // report alike): every peer's on_abort runs with it. Then close, as finish().
+  void abort(int exit_code, const std::string& why);
 
   struct Impl;
 
  private:
+  void farewell(const nlohmann::json& message);  // the last message to every peer, then close
   std::unique_ptr<Impl> impl_;
 };
 

@@ -328,6 +328,23 @@ TEST_CASE("scripts/launch: bad input (2) and non-finite training (3) end the job
   }
 }
 
+TEST_CASE("apps: weights that turn non-finite at node 0's save end every node with exit 3, no restart",
+          "[apps][ucx]") {
+  TempDir tmp;
+  // Step 1's loss and norm are finite, AdamW's update at this rate is not; node 0 alone holds the
+  // whole state and finds it at the save.
+  const Result r = run_shell(launch_script() + " --nnodes 2 --max-restarts 2 --" +
+                                 joined(train_args("configs/beam-tiny.yaml", tmp.path / "run",
+                                                   {"topology.mesh.dp_shard=4", "train.steps=6", "checkpoint.every=1",
+                                                    "train.lr=1.0e38", "train.warmup=0", "train.grad_clip=0"})),
+                             tmp.path / "out");
+  INFO(r.err);
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.err, Catch::Contains("[node 1] atoll-train: node 0 ended the job (exit 3): non-finite training: step 1"));
+  CHECK_THAT(r.err, !Catch::Contains("launch: restart"));
+  CHECK_FALSE(fs::exists(tmp.path / "run" / "checkpoints" / "step-00000001"));
+}
+
 TEST_CASE("scripts/launch: a stop sent to the launcher and to every node at once is one stop, saved",
           "[apps][launch]") {
   TempDir tmp;
