@@ -342,16 +342,20 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
   try {
     return read_run_config(root, source_name);
   } catch (const ConfigError& e) {
-    // A value given on the command line is named as such: the file never held it.
-    const std::string* given = set_giving(e.key(), sets);
-    if (!given) throw;
-    const std::size_t prefix = e.file().size() + 2 + (e.key().empty() ? 0 : e.key().size() + 2);
-    const bool empty = given->back() == '=';  // the empty string, not "absent": that is key=~
-    const std::string problem = std::string(e.what()).substr(prefix) + " (given by --set " + *given +
-                                (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")";
-    if (dynamic_cast<const UnknownKeyError*>(&e)) throw UnknownKeyError(e.file(), e.key(), problem);  // keep the kind
-    throw ConfigError(e.file(), e.key(), problem);
+    rethrow_naming_set(e, sets);
   }
+}
+
+void rethrow_naming_set(const ConfigError& e, const std::vector<std::string>& sets) {
+  const std::string* given = set_giving(e.key(), sets);
+  const std::string what = e.what();
+  if (!given || what.find(" (given by --set ") != std::string::npos) throw;  // the error as caught
+  const std::size_t prefix = e.file().size() + 2 + (e.key().empty() ? 0 : e.key().size() + 2);
+  const bool empty = given->back() == '=';  // the empty string, not "absent": that is key=~
+  const std::string problem = what.substr(prefix) + " (given by --set " + *given +
+                              (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")";
+  if (dynamic_cast<const UnknownKeyError*>(&e)) throw UnknownKeyError(e.file(), e.key(), problem);  // keep the kind
+  throw ConfigError(e.file(), e.key(), problem);
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {

@@ -124,6 +124,12 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& sets = {});
 
+// Called in a handler of `e`: rethrows it, or, when one of `sets` gave its key (the key, or a
+// mapping holding it), the same error ending "(given by --set key=value)": a value from the
+// command line is named as such. load_run_config does this for what it checks; the apps do it
+// for later checks (the family's model keys, the data source against the model).
+[[noreturn]] void rethrow_naming_set(const ConfigError& e, const std::vector<std::string>& sets);
+
 // The resolved config, defaults and overrides included (model overrides appear as keys of "model").
 nlohmann::json to_json(const RunConfig& config);
 
