@@ -65,7 +65,8 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
     launch.spec = resolve_node_spec(flags, process_environment(),
                                     std::max<int>(1, static_cast<int>(config.topology.nodes.size())));
   } catch (const std::invalid_argument& e) {
-    throw ConfigError(config.source_file, "topology.backend", std::string("ucx launch: ") + e.what());
+    // (No key: the variable or flag named is the cause, not topology.backend.)
+    throw ConfigError(config.source_file, "", std::string("ucx launch: ") + e.what());
   }
   const Mesh mesh(config.topology.mesh, config.source_file);
   std::vector<int> ranks;
@@ -168,6 +169,11 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   // A node that finished closes its UCX endpoints while others may still save: not a failure.
   control.on_goodbye = [world, every_node](int node) {
     world->expect_gone(every_node.at(static_cast<std::size_t>(node)));
+  };
+  control.on_ending = [world, every_node, me] {  // every other node may end now (a star: not all say so here)
+    for (std::size_t n = 0; n < every_node.size(); ++n) {
+      if (static_cast<int>(n) != me) world->expect_gone(every_node[n]);
+    }
   };
   launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));
   launch.from_node0 = hand_over_from_node0(world, every_node, ranks.front());

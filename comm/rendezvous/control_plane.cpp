@@ -99,6 +99,7 @@ struct ControlPlane::Impl {
                   }
                 }
               }
+              peer.finished = true;  // its end follows: no more polling it (on_abort normally exits)
               if (settings.on_abort) settings.on_abort(origin, m["abort"].get<int>(), m.value("why", std::string()));
             }
           } catch (const std::exception& e) {
@@ -129,14 +130,11 @@ void ControlPlane::finish() { farewell(json{{"goodbye", impl_->settings.node_ran
 
 void ControlPlane::abort(int exit_code, const std::string& why) {
   farewell(json{{"abort", exit_code}, {"why", why}, {"node", impl_->settings.node_rank}});
-  // The job is over: the peers' ends (they exit on hearing it) are expected, as after a goodbye.
-  if (impl_->settings.on_goodbye) {
-    for (const auto& [node, peer] : impl_->peers) impl_->settings.on_goodbye(node);
-  }
 }
 
 void ControlPlane::farewell(const nlohmann::json& message) {
   if (!impl_->thread.joinable()) return;
+  if (impl_->settings.on_ending) impl_->settings.on_ending();  // before the peers can react
   impl_->stopping = true;
   impl_->thread.join();
   for (auto& [node, peer] : impl_->peers) {

@@ -25,6 +25,9 @@ struct ControlPlaneSettings {
   std::function<void(int lost_node, const std::string& why)> on_lost;
   // A peer said goodbye (it finished the job); on the control thread. Optional.
   std::function<void(int node)> on_goodbye;
+  // This node is ending the job (finish() or abort(), before its farewell): the other nodes'
+  // ends from here on are expected. On the caller's thread. Optional.
+  std::function<void()> on_ending;
   // A node ended the job with an exit code every node should share (abort()); on the control
   // thread, once. Node 0 relays it to the others first.
   std::function<void(int node, int exit_code, const std::string& why)> on_abort;

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -104,7 +105,19 @@ struct UcxWorld::Impl {
   // on_transfer_failure's: what runs when a failure has not ended the process after a while.
   std::chrono::milliseconds stuck_grace{0};
   std::function<void()> stuck;
-  bool stuck_armed = false;
+  std::atomic<bool> stuck_armed{false};
+  std::atomic<bool> ending{false};  // stop() began: failures from here on are the world's own end
+  std::set<int> failed_peers;  // under gone_mutex: the remote ranks of failed transfers (-1: a receive)
+  std::weak_ptr<Impl> self;    // for the watchdog thread, which may outlive the world
+  // Whether a failure is still unexplained: a peer of a failed transfer has not said goodbye since
+  // (its goodbye can arrive after its UCX ended, on a busy machine).
+  bool failure_unexplained() {
+    std::lock_guard<std::mutex> lock(gone_mutex);
+    for (int peer : failed_peers) {
+      if (peer < 0 || !gone.count(peer)) return true;
+    }
+    return false;
+  }
   // The task queue: everything UCX runs on the progress thread.
   std::mutex mutex;
   std::deque<std::function<void()>> tasks;
@@ -244,17 +257,29 @@ struct UcxWorld::Impl {
   // Both processes alive (the data network failed, the control connections did not), nothing
   // would stop the job: the on_transfer_failure action does, once its grace has passed.
   void transfer_failed(const char* what, ucs_status_t status, int peer) {
+    if (ending) return;                      // this world's shutdown cancels what is in flight
     if (peer >= 0 && is_gone(peer)) return;  // it finished the job: its end, not a failure
     if (!failed) {
       std::fprintf(stderr, "atoll ucx: a %s failed (%s); a peer process is gone\n", what, ucs_status_string(status));
       std::fflush(stderr);
     }
     failed = true;
-    if (stuck && !stuck_armed) {
-      stuck_armed = true;
-      std::thread([grace = stuck_grace, action = stuck] {
+    {
+      std::lock_guard<std::mutex> lock(gone_mutex);
+      failed_peers.insert(peer);
+    }
+    if (stuck && !stuck_armed.exchange(true)) {
+      std::thread([grace = stuck_grace, action = stuck, world = self] {
         std::this_thread::sleep_for(grace);
-        action();
+        // A world that is ending is a process ending its own way; a failure its peers' goodbyes
+        // explain since is their end, not a broken network (a later failure arms it again).
+        const std::shared_ptr<Impl> impl = world.lock();
+        if (!impl || impl->ending) return;
+        if (impl->failure_unexplained()) {
+          action();
+        } else {
+          impl->stuck_armed = false;
+        }
       }).detach();
     }
   }
@@ -313,6 +338,7 @@ struct UcxWorld::Impl {
   // Closes everything on the progress thread, then ends it.
   void stop() {
     if (!thread.joinable()) return;
+    ending = true;
     call<void>([this] { shutdown(); });
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -649,6 +675,7 @@ class UcxCommunicator final : public Communicator {
 UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr<CollectiveRecorder> recorder,
                    bool peer_errors)
     : impl_(std::make_shared<Impl>()) {
+  impl_->self = impl_;
   auto& im = *impl_;
   im.peer_errors = peer_errors;
   im.world_size = world_size;
