@@ -83,10 +83,8 @@ inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T tg, T tu, T& d_d
 template <class T>
 struct GluRowTerms {
   std::vector<T> sig, tg, tu;
-  GluRowTerms(const GluConfig& cfg, std::int64_t n)
-      : sig(static_cast<std::size_t>(n)),
-        tg(cfg.activation == GluActivation::situ ? static_cast<std::size_t>(n) : 0),
-        tu(tg.size()) {}
+  explicit GluRowTerms(std::int64_t n)  // (tg and tu stay 0 for swiglu, which does not read them)
+      : sig(static_cast<std::size_t>(n)), tg(sig.size()), tu(sig.size()) {}
   void compute(const GluConfig& cfg, const T* g, const T* u, std::int64_t stride, std::int64_t n) {
     for (std::int64_t i = 0; i < n; ++i) sig[static_cast<std::size_t>(i)] = g[i * stride];
     sigmoid_values(sig.data(), n);
@@ -101,22 +99,18 @@ struct GluRowTerms {
   }
   T value(const GluConfig& cfg, T g, T u, std::int64_t i) const {
     const auto k = static_cast<std::size_t>(i);
-    return tg.empty() ? glu_value_given(cfg, g, u, sig[k], T(0), T(0)) : glu_value_given(cfg, g, u, sig[k], tg[k], tu[k]);
+    return glu_value_given(cfg, g, u, sig[k], tg[k], tu[k]);
   }
   void partials(const GluConfig& cfg, T g, T u, std::int64_t i, T& d_dg, T& d_du) const {
     const auto k = static_cast<std::size_t>(i);
-    if (tg.empty()) {
-      glu_partials(cfg, g, u, sig[k], T(0), T(0), d_dg, d_du);
-    } else {
-      glu_partials(cfg, g, u, sig[k], tg[k], tu[k], d_dg, d_du);
-    }
+    glu_partials(cfg, g, u, sig[k], tg[k], tu[k], d_dg, d_du);
   }
 };
 
 // act(g, u) for one element (tests and references).
 template <class T>
 inline T glu_value(const GluConfig& cfg, T g, T u) {
-  GluRowTerms<T> terms(cfg, 1);
+  GluRowTerms<T> terms(1);
   terms.compute(cfg, &g, &u, 1, 1);
   return terms.value(cfg, g, u, 0);
 }
@@ -136,7 +130,7 @@ template <class T>
 void glu_forward(const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg, Precision precision,
                  T* out) {
   const GluView v = packed_view(cfg.layout, inter);
-  GluRowTerms<T> terms(cfg, inter);
+  GluRowTerms<T> terms(inter);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = gate_up + r * v.row_stride;
     terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
@@ -153,7 +147,7 @@ template <class T>
 void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg,
                   T* d_gate_up) {
   const GluView v = packed_view(cfg.layout, inter);
-  GluRowTerms<T> terms(cfg, inter);
+  GluRowTerms<T> terms(inter);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = gate_up + r * v.row_stride;
     T* drow = d_gate_up + r * v.row_stride;
@@ -172,7 +166,7 @@ void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int6
 // Two-tensor form (dense MLP): gate[n], up[n] -> out[n]; cfg.layout is not used.
 template <class T>
 void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, Precision precision, T* out) {
-  GluRowTerms<T> terms(cfg, n);
+  GluRowTerms<T> terms(n);
   terms.compute(cfg, gate, up, 1, n);
   for (std::int64_t i = 0; i < n; ++i) out[i] = terms.value(cfg, gate[i], up[i], i);
   round_emulated_values(precision, out, n);
@@ -182,7 +176,7 @@ void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConf
 template <class T>
 void glu_backward_split(const T* d_out, const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, T* d_gate,
                         T* d_up) {
-  GluRowTerms<T> terms(cfg, n);
+  GluRowTerms<T> terms(n);
   terms.compute(cfg, gate, up, 1, n);
   for (std::int64_t i = 0; i < n; ++i) {
     T d_dg, d_du;
