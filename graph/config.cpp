@@ -102,6 +102,24 @@ MeshConfig read_mesh(ConfigReader reader) {
   return mesh;
 }
 
+nlohmann::json nodes_json(const std::vector<NodeEntry>& nodes) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& n : nodes) out.push_back({{"host", n.host}, {"port", n.port}, {"ranks", n.ranks}});
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json multi_process_settings(const TopologyConfig& t) {
+  return {{"nodes", nodes_json(t.nodes)},
+          {"ucx_peer_errors", t.ucx_peer_errors},
+          {"job_token_file", t.job_token_file},
+          {"rendezvous_timeout_s", t.rendezvous_timeout_s},
+          {"heartbeat_timeout_s", t.heartbeat_timeout_s}};
+}
+
+namespace {
+
 TopologyConfig read_topology(ConfigReader reader) {
   TopologyConfig topology;
   const std::string backend = reader.get_choice("backend", "sim", backends());
@@ -138,13 +156,12 @@ TopologyConfig read_topology(ConfigReader reader) {
   // The settings of multi-process jobs: a sim run (one process) would ignore them silently. (At
   // their defaults they pass: a resolved config, which lists every key, parses back.)
   if (topology.backend == Backend::sim) {
-    const TopologyConfig defaults;
-    const std::string why = "a setting of multi-process jobs (topology.backend: ucx); topology.backend is sim";
-    if (!topology.nodes.empty()) reader.fail("nodes", why);
-    if (!topology.job_token_file.empty()) reader.fail("job_token_file", why);
-    if (topology.ucx_peer_errors != defaults.ucx_peer_errors) reader.fail("ucx_peer_errors", why);
-    if (topology.rendezvous_timeout_s != defaults.rendezvous_timeout_s) reader.fail("rendezvous_timeout_s", why);
-    if (topology.heartbeat_timeout_s != defaults.heartbeat_timeout_s) reader.fail("heartbeat_timeout_s", why);
+    const nlohmann::json given = multi_process_settings(topology), defaults = multi_process_settings({});
+    for (const auto& [key, value] : given.items()) {
+      if (value != defaults.at(key)) {
+        reader.fail(key, "a setting of multi-process jobs (topology.backend: ucx); topology.backend is sim");
+      }
+    }
   }
   if (reader.has("sim_delay_ms")) {
     ConfigReader delays = reader.section("sim_delay_ms");
@@ -371,15 +388,6 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(text.str(), path, sets);
 }
 
-namespace {
-
-nlohmann::json nodes_json(const std::vector<NodeEntry>& nodes) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& n : nodes) out.push_back({{"host", n.host}, {"port", n.port}, {"ranks", n.ranks}});
-  return out;
-}
-
-}  // namespace
 
 nlohmann::json to_json(const RunConfig& c) {
   nlohmann::json model = yaml_to_json(c.model.overrides);
@@ -389,7 +397,7 @@ nlohmann::json to_json(const RunConfig& c) {
   const MeshConfig& m = c.topology.mesh;
   const TrainConfig& t = c.train;
   const DataConfig& d = c.data;
-  return {
+  nlohmann::json out = {
       {"source_file", c.source_file},
       {"run_dir", c.run_dir},
       {"model", model},
@@ -398,11 +406,6 @@ nlohmann::json to_json(const RunConfig& c) {
         {"engine", engine_name(c.topology.engine)},
         {"sim_delay_ms", c.topology.sim_delay_ms},
         {"ep_dispatch", expert_dispatch_flow_name(c.topology.ep_dispatch)},
-        {"nodes", nodes_json(c.topology.nodes)},
-        {"ucx_peer_errors", c.topology.ucx_peer_errors},
-        {"job_token_file", c.topology.job_token_file},
-        {"rendezvous_timeout_s", c.topology.rendezvous_timeout_s},
-        {"heartbeat_timeout_s", c.topology.heartbeat_timeout_s},
         {"mesh", {{"pp", m.pp}, {"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"cp", m.cp}, {"ep", m.ep}}}}},
       {"precision", precision_name(c.precision)},
       {"train",
@@ -438,6 +441,8 @@ nlohmann::json to_json(const RunConfig& c) {
         {"load", c.checkpoint.load}}},
       {"compute", {{"threads", c.compute.threads}}},
   };
+  out["topology"].update(multi_process_settings(c.topology));
+  return out;
 }
 
 }  // namespace atl

@@ -130,6 +130,11 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
 // for later checks (the family's model keys, the data source against the model).
 [[noreturn]] void rethrow_naming_set(const ConfigError& e, const std::vector<std::string>& sets);
 
+// The settings of multi-process jobs, as to_json lists them under "topology" (nodes,
+// ucx_peer_errors, job_token_file and the two timeouts): a sim run refuses them at other than
+// their defaults (multi_process_settings({})).
+nlohmann::json multi_process_settings(const TopologyConfig& topology);
+
 // The resolved config, defaults and overrides included (model overrides appear as keys of "model").
 nlohmann::json to_json(const RunConfig& config);
 

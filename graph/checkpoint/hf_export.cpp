@@ -22,10 +22,10 @@ RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
   config.erase("source_file");  // where it came from, not a config key
   // A sim run saved by a build that ignored multi-process settings may list them set: they never
   // took effect (the process was the whole job), and a config read back now would refuse them.
-  if (config.contains("topology") && config["topology"].is_object() && config["topology"].value("backend", "") == "sim") {
-    for (const char* key : {"nodes", "ucx_peer_errors", "job_token_file", "rendezvous_timeout_s", "heartbeat_timeout_s"}) {
-      config["topology"].erase(key);
-    }
+  nlohmann::json& topology = config["topology"];
+  if (topology.is_object() && topology.value("backend", "") == "sim") {
+    const nlohmann::json defaults = multi_process_settings({});  // (items() of a temporary would dangle)
+    for (const auto& [key, value] : defaults.items()) topology.erase(key);
   }
   return parse_run_config(config.dump(), state.string());
 }
