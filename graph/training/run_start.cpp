@@ -90,10 +90,6 @@ std::optional<nlohmann::json> recorded_run(const RunConfig& config) {
   if (run.is_discarded() || !run.is_object() || !run.contains("config")) return std::nullopt;
   return run;
 }
-std::optional<nlohmann::json> recorded_config(const RunConfig& config) {
-  std::optional<nlohmann::json> run = recorded_run(config);
-  return run ? std::optional<nlohmann::json>(run->at("config")) : std::nullopt;
-}
 
 // --resume-if-any with nothing saved under checkpoint.dir: the checkpoint the run recorded in
 // run_dir began from (run.json's "began_from"), when that run is this config's. A restart before
@@ -184,12 +180,14 @@ void check_writer_outputs(const RunConfig& config, const RunOptions& options, bo
     std::string why = "'" + config.run_dir + "' already holds a run (metrics.jsonl); pass --overwrite to replace it";
     if (options.resume_if_any) {
       // A job restarted before its first checkpoint starts again: the same config reproduces it.
-      const std::optional<nlohmann::json> recorded = recorded_config(config);
+      const std::optional<nlohmann::json> recorded = recorded_run(config);
       const nlohmann::json now = to_json(config);
-      if (recorded && *recorded == now) return;
+      if (recorded && recorded->at("config") == now) return;
+      const std::string found = recorded ? "has another config: " + first_change(recorded->at("config"), now, "").key +
+                                               " differs"
+                                         : std::string("is missing or unreadable");
       why += fmt::format(" (--resume-if-any found no checkpoint under '{}', and run.json {})", config.checkpoint.dir,
-                         recorded ? "has another config: " + first_change(*recorded, now, "").key + " differs"
-                                  : std::string("is missing or unreadable"));
+                         found);
     }
     throw ConfigError(config.source_file, "run_dir", why + context);
   }
@@ -265,7 +263,8 @@ nlohmann::json effective_model_section(const nlohmann::json& section, const std:
 // Resuming continues the same run: the model, the seed and the data must be those the checkpoint
 // was saved with (anything else silently changes the batches). Imports carry no run to continue.
 // The model is compared as resolved: an override equal to the preset's value changes nothing.
-void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state, const fs::path& dir) {
+void check_same_run(const RunConfig& config, const Model& model, const nlohmann::json& trainer_state,
+                    const fs::path& dir) {
   if (trainer_state.contains("imported_from")) return;
   const nlohmann::json& saved = trainer_state.at("config");
   nlohmann::json now = to_json(config);
@@ -288,7 +287,7 @@ void check_same_run(const RunConfig& config, const nlohmann::json& trainer_state
   }
   if (saved_model != now.at("model")) {
     const std::optional<nlohmann::json> was = resolved_model(saved_model, config.source_file);
-    if (!was || was != resolved_model(now.at("model"), config.source_file)) {
+    if (was != model.hf_config()) {  // (also when the saved section names no model: nullopt)
       const nlohmann::json a = effective_model_section(saved_model, config.source_file);
       const nlohmann::json b = effective_model_section(now.at("model"), config.source_file);
       refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model");
@@ -354,7 +353,7 @@ StartingPoint read_starting_point(const RunConfig& config, const RunOptions& opt
     // shape.
     check_checkpoint_family(model, c, dir.string());
     check_resumable_state(c.trainer_state, dir);
-    check_same_run(config, c.trainer_state, dir);
+    check_same_run(config, model, c.trainer_state, dir);
     TensorMap master = model_weights_from(model, c.model, dir.string());
     if (c.step == config.train.steps && options.resume_if_any) {
       throw RunFinished("nothing to do: the latest checkpoint, " + dir.string() + ", is at train.steps (" +
