@@ -105,19 +105,19 @@ int main(int argc, char** argv) {
   if (const char* marker = std::getenv("ATOLL_LAUNCH_STARTED"); marker != nullptr && *marker != '\0') {
     options.started = [path = std::string(marker)] { std::ofstream(path) << "started\n"; };
   }
-  std::string node_prefix;  // "[node N] " on the nodes other than 0, as their progress lines
+  std::string prefix;  // "[node N] " on the nodes other than 0, as their progress lines
   // Provisional, from --node-rank or a launcher's variables (scripts/launch, torchrun); not from
   // Slurm's alone, which a single-process run inside a Slurm step also sees.
   if (node.node_rank || std::getenv("NODE_RANK") || std::getenv("GROUP_RANK")) {
     try {
       const atl::NodeSpec given = atl::resolve_node_spec(node, atl::process_environment());
-      if (given.node_rank != 0) node_prefix = "[node " + std::to_string(given.node_rank) + "] ";
+      prefix = atl::node_prefix(given.node_rank);
     } catch (const std::invalid_argument&) {  // reported with the launch, naming the variable
     }
   }
   // One write per message: the nodes of a job share a terminal, and their lines must not interleave.
-  auto say = [&node_prefix](std::ostream& out, const std::string& message) {
-    out << (node_prefix + "atoll-train: " + message + "\n") << std::flush;
+  auto say = [&prefix](std::ostream& out, const std::string& message) {
+    out << (prefix + "atoll-train: " + message + "\n") << std::flush;
   };
   try {
     atl::RunConfig config = atl::load_run_config(config_path, sets);
@@ -142,8 +142,8 @@ int main(int argc, char** argv) {
         start_failed = atl::is_start_failure(got);
         return got;
       };
-      if (launch.spec.node_rank != 0) node_prefix = "[node " + std::to_string(launch.spec.node_rank) + "] ";
-      auto node_out = atl::prefixed_stream(std::cerr, "[node " + std::to_string(launch.spec.node_rank) + "] ");
+      prefix = atl::node_prefix(launch.spec.node_rank);
+      auto node_out = atl::prefixed_stream(std::cerr, prefix);
       // Ends every node agrees on (done, a stop every node takes after the same step, a
       // non-finite step every node sees) say goodbye, so the other nodes do not count this one
       // as lost while they finish; any other end closes the control channel like a crash.

@@ -59,6 +59,10 @@ StartHandOver hand_over_from_node0(const std::shared_ptr<UcxWorld>& world,
 
 }  // namespace
 
+std::string node_prefix(int node_rank) {
+  return node_rank != 0 ? "[node " + std::to_string(node_rank) + "] " : std::string();
+}
+
 NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log) {
   NodeLaunch launch;
   try {
@@ -98,8 +102,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
     throw ConfigError(config.source_file, "topology.job_token_file", e.what());
   }
   if (!token.warning.empty()) {
-    const std::string node = spec.node_rank != 0 ? "[node " + std::to_string(spec.node_rank) + "] " : "";
-    log << (node + "atoll-train: warning: " + token.warning + "\n") << std::flush;
+    log << (node_prefix(spec.node_rank) + "atoll-train: warning: " + token.warning + "\n") << std::flush;
   }
   if (spec.nnodes > 1 && !token.token) {
     throw ConfigError(config.source_file, "topology.job_token_file",
@@ -138,7 +141,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   const double grace_s = config.topology.heartbeat_timeout_s + 10;
   world->on_transfer_failure(std::chrono::milliseconds(static_cast<std::int64_t>(grace_s * 1000)),
                              [node = spec.node_rank, grace_s] {
-                               const std::string prefix = node != 0 ? "[node " + std::to_string(node) + "] " : "";
+                               const std::string prefix = node_prefix(node);
                                std::fprintf(stderr,
                                             "%satoll-train: a UCX transfer failed %.0f s ago and no node was lost: the "
                                             "data network between the nodes failed while their control connections "
@@ -161,7 +164,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   // A node that ended the job with a code of its own (node 0's non-finite weights at a save):
   // every node exits with it, so a launcher reads the job's end alike from any node.
   control.on_abort = [&log, me](int node, int exit_code, const std::string& why) {
-    log << ((me != 0 ? "[node " + std::to_string(me) + "] " : std::string()) + "atoll-train: node " +
+    log << (node_prefix(me) + "atoll-train: node " +
             std::to_string(node) + " ended the job (exit " + std::to_string(exit_code) + "): " + why + "\n")
         << std::flush;
     std::_Exit(exit_code);

@@ -33,6 +33,9 @@ struct NodeLaunch {
 // `log`: the rendezvous's and the control plane's messages.
 NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log);
 
+// "[node N] " for the nodes other than 0, "" for node 0: what their lines start with.
+std::string node_prefix(int node_rank);
+
 // An ostream that writes each line to `out` behind `prefix` ("[node 1] ").
 std::unique_ptr<std::ostream> prefixed_stream(std::ostream& out, std::string prefix);
 
