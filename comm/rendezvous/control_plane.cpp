@@ -33,16 +33,19 @@ struct ControlPlane::Impl {
   void lost(int node, const std::string& why) {
     if (reported) return;
     reported = true;
-    if (settings.node_rank == 0) {  // tell everyone else which node is gone
-      for (auto& [other, peer] : peers) {
-        if (other == node || peer.finished) continue;
-        try {
-          send(peer.fd, json{{"lost", node}, {"why", why}});
-        } catch (const std::exception&) {
-        }
+    if (settings.node_rank == 0) tell_others(node, json{{"lost", node}, {"why", why}});  // which node is gone
+    if (settings.on_lost) settings.on_lost(node, why);
+  }
+
+  // Node 0 passes `message` on to every peer still in the job but `except` (best effort).
+  void tell_others(int except, const json& message) {
+    for (auto& [other, peer] : peers) {
+      if (other == except || peer.finished) continue;
+      try {
+        send(peer.fd, message);
+      } catch (const std::exception&) {
       }
     }
-    if (settings.on_lost) settings.on_lost(node, why);
   }
 
   void send(int fd, const json& message) {
@@ -90,15 +93,7 @@ struct ControlPlane::Impl {
             if (m.contains("abort") && !reported) {
               reported = true;  // its connection closing next is the abort, not a loss
               const int origin = m.value("node", nodes[i]);
-              if (settings.node_rank == 0) {  // the others hear it through node 0
-                for (auto& [other, p] : peers) {
-                  if (other == nodes[i] || p.finished) continue;
-                  try {
-                    send(p.fd, m);
-                  } catch (const std::exception&) {
-                  }
-                }
-              }
+              if (settings.node_rank == 0) tell_others(nodes[i], m);  // the others hear it through node 0
               peer.finished = true;  // its end follows: no more polling it (on_abort normally exits)
               if (settings.on_abort) settings.on_abort(origin, m["abort"].get<int>(), m.value("why", std::string()));
             }

@@ -69,7 +69,6 @@ struct UcxWorld::Impl {
   std::map<int, ucp_worker_h> workers;
   std::map<std::pair<int, int>, ucp_ep_h> endpoints;  // (local rank, remote rank)
   int in_flight = 0;
-  bool failed = false;  // a transfer failed: a peer is gone
   bool peer_errors = true;  // endpoints use UCX's peer error handling
   // Staging slots of reductions (kChunkFloats each), reused across operations: a step does not
   // page-fault fresh buffers, and a reused slot is often still in cache when its chunk is summed.
@@ -259,14 +258,15 @@ struct UcxWorld::Impl {
   void transfer_failed(const char* what, ucs_status_t status, int peer) {
     if (ending) return;                      // this world's shutdown cancels what is in flight
     if (peer >= 0 && is_gone(peer)) return;  // it finished the job: its end, not a failure
-    if (!failed) {
-      std::fprintf(stderr, "atoll ucx: a %s failed (%s); a peer process is gone\n", what, ucs_status_string(status));
-      std::fflush(stderr);
-    }
-    failed = true;
+    bool first = false;  // said once
     {
       std::lock_guard<std::mutex> lock(gone_mutex);
+      first = failed_peers.empty();
       failed_peers.insert(peer);
+    }
+    if (first) {
+      std::fprintf(stderr, "atoll ucx: a %s failed (%s); a peer process is gone\n", what, ucs_status_string(status));
+      std::fflush(stderr);
     }
     if (stuck && !stuck_armed.exchange(true)) {
       std::thread([grace = stuck_grace, action = stuck, world = self] {
