@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -124,11 +126,14 @@ StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& op
   if (micro_batches < 1) {
     throw std::invalid_argument(fmt::format("step program: expected at least 1 micro-batch, got {}", micro_batches));
   }
-  if (plan.mesh.pp() > 1) {
-    throw ConfigError(plan.mesh.source_file(), "topology.mesh.pp",
-                      fmt::format("the step program of a pipeline stage (pp > 1) is not compiled yet; expected 1, "
-                                  "got {}",
-                                  plan.mesh.pp()));
+  // Neither axis has its collectives here yet (stage sends, K/V exchange, gradient sums over cp):
+  // a program compiled without them would describe a wrong step.
+  const std::pair<const char*, int> uncompiled[] = {{"pp", plan.mesh.pp()}, {"cp", plan.mesh.cp()}};
+  for (const auto& [axis, size] : uncompiled) {
+    if (size > 1) {
+      throw ConfigError(plan.mesh.source_file(), std::string("topology.mesh.") + axis,
+                        fmt::format("the step program for {} > 1 is not compiled yet; expected 1, got {}", axis, size));
+    }
   }
   const std::vector<std::vector<std::size_t>> op_units = units_per_op(plan, op_specs);
   ProgramBuilder b(plan);

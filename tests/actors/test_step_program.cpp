@@ -263,3 +263,22 @@ TEST_CASE("A step's compute spans are the program's forwards and backwards, one 
     }
   }
 }
+
+TEST_CASE("The step program refuses pp or cp above 1, naming the key: it has none of their collectives",
+          "[plan][program]") {
+  const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::bf16, {1, 1}, 8, 1);
+  const auto model = make_model(config.model, config.source_file);
+  for (const char* axis : {"pp", "cp"}) {
+    INFO(axis);
+    MeshConfig mesh = config.topology.mesh;
+    (std::string(axis) == "pp" ? mesh.pp : mesh.cp) = 2;
+    const Plan plan = make_plan(model->specs(), model->sharding_rules(), Mesh(mesh), Precision::bf16);
+    try {
+      compile_step_program(plan, model->ops(), 2);
+      FAIL("compiled a step program for " << axis << " = 2");
+    } catch (const ConfigError& e) {
+      CHECK(e.key() == std::string("topology.mesh.") + axis);
+      CHECK(std::string(e.what()).find("expected 1, got 2") != std::string::npos);
+    }
+  }
+}
