@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const atl::ConfigError& e) {
-    std::cerr << "atoll-convert: config error: " << e.what() << "\n";
+    std::cerr << "atoll-convert: config error: " << atl::message_naming_set(e, sets) << "\n";
     return 2;
   } catch (const atl::CheckpointError& e) {
     std::cerr << "atoll-convert: " << e.what() << "\n";

@@ -60,12 +60,8 @@ int main(int argc, char** argv) {
       return 3;
     }
     return 0;
-  } catch (const atl::ConfigError& caught) {
-    try {
-      atl::rethrow_naming_set(caught, sets);  // model keys are checked after the config is read
-    } catch (const atl::ConfigError& e) {
-      std::cerr << "atoll-eval: config error: " << e.what() << "\n";
-    }
+  } catch (const atl::ConfigError& e) {
+    std::cerr << "atoll-eval: config error: " << atl::message_naming_set(e, sets) << "\n";
     return 2;
   } catch (const atl::CheckpointError& e) {
     std::cerr << "atoll-eval: " << e.what() << "\n";

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
                              room ? fmt::format("{:.1f} MiB", *room / (1 << 20)) : std::string("unknown"));
     return 0;
   } catch (const atl::ConfigError& e) {
-    std::cerr << "atoll-plan: config error: " << e.what() << "\n";
+    std::cerr << "atoll-plan: config error: " << atl::message_naming_set(e, sets) << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "atoll-plan: error: " << e.what() << "\n";

@@ -178,12 +178,8 @@ int main(int argc, char** argv) {
   } catch (const atl::JobMismatch& e) {  // another node runs a different job
     say(std::cerr, "config error: " + std::string(e.what()));
     return 2;
-  } catch (const atl::ConfigError& caught) {
-    try {
-      atl::rethrow_naming_set(caught, sets);  // model keys are checked after the config is read
-    } catch (const atl::ConfigError& e) {
-      say(std::cerr, "config error: " + std::string(e.what()));
-    }
+  } catch (const atl::ConfigError& e) {
+    say(std::cerr, "config error: " + atl::message_naming_set(e, sets));
     return 2;
   } catch (const atl::CheckpointError& e) {  // bad input: a damaged or mismatched checkpoint
     say(std::cerr, e.what());

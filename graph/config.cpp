@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -363,16 +364,31 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
   }
 }
 
-void rethrow_naming_set(const ConfigError& e, const std::vector<std::string>& sets) {
+namespace {
+
+// e's problem ending "(given by --set key=value)", when a --set gave its key and it does not say so yet.
+std::optional<std::string> problem_naming_set(const ConfigError& e, const std::vector<std::string>& sets) {
   const std::string* given = set_giving(e.key(), sets);
   const std::string what = e.what();
-  if (!given || what.find(" (given by --set ") != std::string::npos) throw;  // the error as caught
+  if (!given || what.find(" (given by --set ") != std::string::npos) return std::nullopt;
   const std::size_t prefix = e.file().size() + 2 + (e.key().empty() ? 0 : e.key().size() + 2);
   const bool empty = given->back() == '=';  // the empty string, not "absent": that is key=~
-  const std::string problem = what.substr(prefix) + " (given by --set " + *given +
-                              (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")";
-  if (dynamic_cast<const UnknownKeyError*>(&e)) throw UnknownKeyError(e.file(), e.key(), problem);  // keep the kind
-  throw ConfigError(e.file(), e.key(), problem);
+  return what.substr(prefix) + " (given by --set " + *given +
+         (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")";
+}
+
+}  // namespace
+
+void rethrow_naming_set(const ConfigError& e, const std::vector<std::string>& sets) {
+  const std::optional<std::string> problem = problem_naming_set(e, sets);
+  if (!problem) throw;  // the error as caught
+  if (dynamic_cast<const UnknownKeyError*>(&e)) throw UnknownKeyError(e.file(), e.key(), *problem);  // keep the kind
+  throw ConfigError(e.file(), e.key(), *problem);
+}
+
+std::string message_naming_set(const ConfigError& e, const std::vector<std::string>& sets) {
+  const std::optional<std::string> problem = problem_naming_set(e, sets);
+  return problem ? ConfigError(e.file(), e.key(), *problem).what() : e.what();
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {

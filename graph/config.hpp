@@ -126,9 +126,11 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
 
 // Called in a handler of `e`: rethrows it, or, when one of `sets` gave its key (the key, or a
 // mapping holding it), the same error ending "(given by --set key=value)": a value from the
-// command line is named as such. load_run_config does this for what it checks; the apps do it
-// for later checks (the family's model keys, the data source against the model).
+// command line is named as such. load_run_config does this for what it checks.
 [[noreturn]] void rethrow_naming_set(const ConfigError& e, const std::vector<std::string>& sets);
+// That error's message: what the apps print for any ConfigError, since some checks come after the
+// config is read (the family's model keys, the mesh against the model, the data source).
+std::string message_naming_set(const ConfigError& e, const std::vector<std::string>& sets);
 
 // The settings of multi-process jobs, as to_json lists them under "topology" (nodes,
 // ucx_peer_errors, job_token_file and the two timeouts): a sim run refuses them at other than

@@ -270,6 +270,22 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
     CHECK(r.err.size() < 400);  // one line, no echo of the input
     CHECK_FALSE(fs::exists(tmp.path / "run"));
   }
+  // The tools that take --set name it for keys checked after the config is read (model keys).
+  {
+    const std::string expected = base.string() + ": model.hidden_size: expected a positive integer, got 0 (given by --set model.hidden_size=0)";
+    const std::vector<std::pair<std::string, std::vector<std::string>>> tools = {
+        {"atoll-plan", {base.string()}},
+        {"atoll-eval", {base.string(), "--checkpoint", tmp.path.string()}}};  // atoll-convert: the HF import test
+    for (const auto& [tool, args] : tools) {
+      INFO(tool);
+      std::vector<std::string> with_set = args;
+      with_set.insert(with_set.end(), {"--set", "model.hidden_size=0"});
+      const Result r = run_app(tool, with_set, tmp.path);
+      INFO(r.err);
+      CHECK(r.exit_code == 2);
+      CHECK(r.err.find(expected) != std::string::npos);
+    }
+  }
   // A bad kernel-level cap in the environment is bad input too, for training and evaluation.
   for (const char* app : {"atoll-train", "atoll-eval"}) {
     INFO(app);
@@ -458,6 +474,9 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
        },
        {"--config", config.string()},
        {"config.json: num_attention_heads: 8 in the file"}},
+      {"a model key the family refuses, from --set", [](const fs::path&) {},
+       {"--config", config.string(), "--set", "model.hidden_size=0"},
+       {"model.hidden_size: expected a positive integer, got 0 (given by --set model.hidden_size=0)"}},
       {"a family atoll does not train",
        [&](const fs::path& d) {
          nlohmann::json c = hf_config;
