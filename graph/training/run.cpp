@@ -260,7 +260,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     if (options.trace_path.empty() || !options.writer) return;
     auto trace = engine->chrome_trace();
     if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
-    write_file_durably(options.trace_path, *trace);
+    const std::filesystem::path trace_path(options.trace_path);
+    if (trace_path.has_parent_path()) std::filesystem::create_directories(trace_path.parent_path());
+    write_file_durably(trace_path, *trace);
     out << "trace written to " << options.trace_path << "\n";
   };
   // A stop request (SIGTERM, SIGINT) ends the run between steps, saving the last finished one.

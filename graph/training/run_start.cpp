@@ -56,13 +56,9 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
     require_can_create_in(dir, "", file, key);
     return;
   }
-  // A file is written where it is named, without creating directories: its folder must exist.
+  // A file's folder is created when the file is written, as run_dir is (a trace inside a new run_dir).
   if (as_file) {
-    const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-    if (!fs::is_directory(dir, ec)) {
-      throw ConfigError(file, key, "cannot write '" + path.string() + "': '" + dir.string() + "' is not a directory");
-    }
-    require_can_create_in(dir, "", file, key);
+    check_output_path(path.has_parent_path() ? path.parent_path() : fs::path("."), false, file, key);
     return;
   }
   // Not there yet: the nearest existing ancestor must be a writable directory.

@@ -225,9 +225,11 @@ TEST_CASE("apps: atoll-train on the actor runtime with HSDP is deterministic and
   std::vector<std::string> outputs;
   for (const char* name : {"a", "b"}) {
     const fs::path dir = tmp.path / name;
+    // The second trace goes into a folder of the new run_dir: made when the trace is written.
+    const fs::path trace_path = std::string(name) == "a" ? fs::path(dir.string() + ".trace.json") : dir / "traces" / "t.json";
     const Result r = run_train({default_config().string(), "--set", "train.steps=6", "--set",
                                 "topology.mesh.dp_shard=2", "--set", "topology.mesh.dp_replicate=2", "--set",
-                                "run_dir=" + dir.string(), "--trace", (dir.string() + ".trace.json")},
+                                "run_dir=" + dir.string(), "--trace", trace_path.string()},
                                tmp.path);
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     REQUIRE(r.exit_code == 0);
@@ -240,7 +242,7 @@ TEST_CASE("apps: atoll-train on the actor runtime with HSDP is deterministic and
     }
     outputs.push_back(metrics_without_timing(dir / "metrics.jsonl"));
     // The trace is Chrome trace-event JSON with one process per rank.
-    const auto trace = nlohmann::json::parse(read_file(dir.string() + ".trace.json"));
+    const auto trace = nlohmann::json::parse(read_file(trace_path));
     std::set<int> ranks;
     std::set<std::string> categories;
     for (const auto& e : trace.at("traceEvents")) {
