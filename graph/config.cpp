@@ -334,6 +334,9 @@ RunConfig read_run_config(const YAML::Node& root, const std::string& source_name
     compute.check(config.compute.threads <= 4096, "threads", "a thread count of at most 4096 (0 = automatic)");
     compute.finish();
   }
+  // A resolved config (run.json's "config", trainer_state.json) names the file it was read from;
+  // read back as a config, that is history: errors name the file being read.
+  (void)top.get<std::string>("source_file", "");
   top.finish();
   return config;
 }
