@@ -84,11 +84,14 @@ inline DispatchPlan plan_dispatch(const std::int32_t* indices, const bool* token
   return plan;
 }
 
-// Slots of token t in ascending expert id (ties by slot): the combine order.
+// Slots of token t in ascending expert id (ties by slot): the combine order. The order is total,
+// so std::sort gives it without stable_sort's buffer (one allocation per token).
 inline void slots_by_expert(const std::int32_t* idx_row, std::int64_t k, std::vector<std::int64_t>& slots) {
   slots.resize(static_cast<std::size_t>(k));
   for (std::int64_t j = 0; j < k; ++j) slots[j] = j;
-  std::stable_sort(slots.begin(), slots.end(), [&](std::int64_t a, std::int64_t b) { return idx_row[a] < idx_row[b]; });
+  std::sort(slots.begin(), slots.end(), [&](std::int64_t a, std::int64_t b) {
+    return idx_row[a] < idx_row[b] || (idx_row[a] == idx_row[b] && a < b);
+  });
 }
 
 // The down projection's input when the routing weight comes first: rows [r0, r0+n) of the

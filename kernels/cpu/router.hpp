@@ -116,7 +116,7 @@ void router_select(const T* scores, const T* correction_bias, std::int64_t rows,
         group_score[g] = group_size == 1 ? top1 : top1 + top2;
       }
       for (std::int64_t g = 0; g < c.n_group; ++g) order[g] = g;
-      std::stable_sort(order.begin(), order.begin() + c.n_group, [&](std::int64_t a, std::int64_t b) {
+      std::sort(order.begin(), order.begin() + c.n_group, [&](std::int64_t a, std::int64_t b) {  // a total order
         return ranks_before(group_score[a], a, group_score[b], b);
       });
       for (std::int64_t r = c.topk_group; r < c.n_group; ++r) {
