@@ -6,11 +6,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/fatal_exit.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/hf_export.hpp"
 #include "graph/checkpoint/hf_import_config.hpp"
 
 int main(int argc, char** argv) {
+  atl::exit_on_escaped_exception("atoll-convert");
+  atl::report_file_size_limit_as_write_error();
   CLI::App app{"atoll-convert: training checkpoints <-> HF safetensors layout"};
   app.require_subcommand(1);
   std::string checkpoint, out, dtype = "fp32", hf_dir, out_root, config_path;

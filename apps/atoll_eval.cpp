@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "apps/fatal_exit.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "graph/data/data_source.hpp"
@@ -17,6 +18,8 @@
 #include "kernels/cpu/cpu_features.hpp"
 
 int main(int argc, char** argv) {
+  atl::exit_on_escaped_exception("atoll-eval");
+  atl::report_file_size_limit_as_write_error();
   CLI::App app{"atoll-eval: evaluate a checkpoint"};
   std::string config_path, checkpoint, dump_logits, tokens;
   std::vector<std::string> sets;

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   if (options.resume_if_any) options.resume = "";
   atl::install_graceful_stop();
   atl::exit_on_escaped_exception("atoll-train");
+  atl::report_file_size_limit_as_write_error();
   options.stop_requested = atl::graceful_stop_signal;
   // scripts/launch names a file to create once the run has prepared its outputs: its restarts
   // then resume the latest checkpoint instead of repeating this start's --resume DIR or --overwrite.

@@ -1,5 +1,6 @@
 #include "apps/fatal_exit.hpp"
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -34,5 +35,7 @@ void exit_on_escaped_exception(const char* program) {
   program_name = program;
   std::set_terminate(on_terminate);
 }
+
+void report_file_size_limit_as_write_error() { std::signal(SIGXFSZ, SIG_IGN); }
 
 }  // namespace atl

@@ -8,4 +8,9 @@ namespace atl {
 
 void exit_on_escaped_exception(const char* program);
 
+// A write past the file size limit (ulimit -f) ends the process with SIGXFSZ by default: mid-file,
+// with no message. Ignored, the write fails with EFBIG and is reported like any failed write (the
+// file named, exit 1, its temporary removed).
+void report_file_size_limit_as_write_error();
+
 }  // namespace atl

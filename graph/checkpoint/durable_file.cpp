@@ -11,14 +11,12 @@
 
 #include <fmt/core.h>
 
-#include "graph/checkpoint/checkpoint_error.hpp"
-
 namespace atl {
 
 namespace {
 
 [[noreturn]] void fail_errno(const std::filesystem::path& file, const char* what) {
-  throw CheckpointError(fmt::format("{}: {}: {}", file.string(), what, std::strerror(errno)));
+  throw FileWriteError(fmt::format("{}: {}: {}", file.string(), what, std::strerror(errno)));
 }
 
 }  // namespace
@@ -46,7 +44,7 @@ void DurableFileWriter::write(const void* bytes, std::size_t count) {
     ssize_t n = ::write(fd_, p, std::min(count, kChunk));
     if (n < 0) {
       if (errno == EINTR) continue;
-      fail_errno(temporary_, "write failed");
+      fail_errno(path_, "write failed (its temporary is removed)");
     }
     p += n;
     count -= static_cast<std::size_t>(n);
@@ -54,12 +52,14 @@ void DurableFileWriter::write(const void* bytes, std::size_t count) {
 }
 
 void DurableFileWriter::commit() {
-  if (::fsync(fd_) != 0) fail_errno(temporary_, "fsync failed");
+  if (::fsync(fd_) != 0) fail_errno(path_, "fsync failed (its temporary is removed)");
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
+    const int saved = errno;
     ::unlink(temporary_.c_str());
-    fail_errno(temporary_, "close failed");
+    errno = saved;
+    fail_errno(path_, "close failed (its temporary is removed)");
   }
   if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
     int saved = errno;

@@ -4,9 +4,19 @@
 #pragma once
 #include <cstddef>
 #include <filesystem>
+#include <stdexcept>
 #include <string_view>
 
 namespace atl {
+
+// A file could not be written: no space, a quota, a file size limit, an I/O error, a folder gone.
+// The environment's fault, not the input's (so not a CheckpointError: atoll-train exits 1, and a
+// launcher may restart). Messages start with the file asked for; its temporary is gone, and
+// nothing already on disk was changed.
+class FileWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Streams bytes into `.<name>.tmp-<pid>` beside `path`; commit() makes them appear under `path`.
 // Destroyed without commit() (an exception on the way), it removes the temporary file.

@@ -241,15 +241,18 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                                 trainer_state_json(config, *model, *engine, s, tokens_total, *data),
                                 model->hf_config()};
     fs::path saved;
+    auto what_is_kept = [&] {
+      const std::optional<fs::path> kept = latest_checkpoint(config.checkpoint.dir);
+      return kept ? "the latest checkpoint, " + kept->string() + ", is kept" : std::string("checkpoint.dir holds no checkpoint");
+    };
     try {
       saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
     } catch (const UnsavableState& e) {
-      const std::optional<fs::path> kept = latest_checkpoint(config.checkpoint.dir);
       throw DivergedWeights(fmt::format("step {}: the update left values a checkpoint may not hold although the "
                                         "step's loss and gradient norm were finite (usually a learning rate far too "
-                                        "large: lower train.lr): {}; {}", s, e.what(),
-                                        kept ? "the latest checkpoint, " + kept->string() + ", is kept"
-                                             : std::string("checkpoint.dir holds no checkpoint")));
+                                        "large: lower train.lr): {}; {}", s, e.what(), what_is_kept()));
+    } catch (const FileWriteError& e) {
+      throw FileWriteError(fmt::format("the checkpoint of step {} was not saved: {}; {}", s, e.what(), what_is_kept()));
     }
     last_saved = s;
     last_saved_path = saved;

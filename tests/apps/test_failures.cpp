@@ -104,6 +104,26 @@ TEST_CASE("failures: an update that leaves non-finite weights after a finite ste
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 1);
 }
 
+TEST_CASE("failures: a checkpoint the file system refuses is exit 1, named, and leaves nothing half-written",
+          "[apps][failures]") {
+  TempDir tmp;
+  // A full disk, a quota or an I/O error, stood in for by the file size limit (300 KiB: the run's
+  // outputs fit, the 1.2 MB weights do not).
+  std::vector<std::string> words = small_run(tmp.path, {});
+  words.insert(words.begin(), app_binary("atoll-train").string());
+  // Appended word by word: "..." + std::string trips GCC 12's -Wrestrict false alarm here.
+  std::string command = "ulimit -f 300 && exec";
+  for (const auto& word : words) command.append(" ").append(shell_quote(word));
+  const Result r = run_shell(command, tmp.path);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 1);  // not 2: the input is fine, and a launcher may restart
+  CHECK_THAT(r.err, Catch::Contains("the checkpoint of step 1 was not saved: ") &&
+                        Catch::Contains("model.safetensors: write failed (its temporary is removed): File too large") &&
+                        Catch::Contains("checkpoint.dir holds no checkpoint"));
+  REQUIRE(fs::is_directory(tmp.path / "ckpt"));
+  CHECK(fs::is_empty(tmp.path / "ckpt"));  // no checkpoint, no temporary
+}
+
 TEST_CASE("failures: on_nonfinite skip_step drops steps and stops after max_skipped_steps", "[apps][failures]") {
   TempDir tmp;
   const Result r = run_app(

@@ -1,12 +1,14 @@
 // Training checkpoint directories: save/load round trip, keep rotation, saves killed part-way
 // (the earlier checkpoints stay loadable), replacing a step, and validation on load.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -85,10 +87,44 @@ TEST_CASE("durable file: a file that cannot be made is named as asked, not by it
   try {
     write_file_durably(target, "{}");
     FAIL("no error");
-  } catch (const CheckpointError& e) {
+  } catch (const FileWriteError& e) {
     CHECK(std::string(e.what()) == target.string() + ": cannot create (writing a temporary beside it): No such file "
                                                       "or directory");
   }
+}
+
+TEST_CASE("durable file: a write past the file size limit fails, naming the file, and leaves the old one whole",
+          "[checkpoint]") {
+  TempDir tmp;
+  const fs::path target = tmp.path / "state.json";
+  write_file_durably(target, "old contents\n");
+  // ulimit -f: a write past it fails with EFBIG once SIGXFSZ (default: end the process) is ignored,
+  // as the apps do. Restored on the way out.
+  struct LimitFileSize {
+    rlimit saved{};
+    void (*handler)(int);
+    LimitFileSize() : handler(std::signal(SIGXFSZ, SIG_IGN)) {
+      getrlimit(RLIMIT_FSIZE, &saved);
+      rlimit small = saved;
+      small.rlim_cur = 4096;
+      REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    }
+    ~LimitFileSize() {
+      setrlimit(RLIMIT_FSIZE, &saved);
+      std::signal(SIGXFSZ, handler);
+    }
+  };
+  {
+    LimitFileSize limit;
+    try {
+      write_file_durably(target, std::string(10000, 'x'));
+      FAIL("no error");
+    } catch (const FileWriteError& e) {
+      CHECK(std::string(e.what()) == target.string() + ": write failed (its temporary is removed): File too large");
+    }
+  }
+  CHECK(read_bytes(target) == "old contents\n");
+  CHECK(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()) == 1);  // no temporary left
 }
 
 TEST_CASE("checkpoint dir: save and load round-trip bitwise", "[checkpoint]") {
