@@ -317,7 +317,14 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       line["skipped_steps"] = skipped;
       line["nonfinite"] = r.nonfinite;
     }
-    if (options.writer) metrics << line.dump() << "\n" << std::flush;
+    if (options.writer) {
+      errno = 0;
+      metrics << line.dump() << "\n" << std::flush;
+      if (!metrics) {  // the record of the run cannot go on: stop rather than train unrecorded
+        throw FileWriteError(fmt::format("{}: cannot append step {}'s line: {}", metrics_path.string(), s,
+                                         errno != 0 ? std::strerror(errno) : "the stream failed"));
+      }
+    }
     if (!r.applied) {
       if (!t.skip_nonfinite_steps) {
         throw NonFiniteError(fmt::format("step {}: {}; the step was not applied and no checkpoint was saved "

@@ -122,6 +122,17 @@ TEST_CASE("failures: a checkpoint the file system refuses is exit 1, named, and 
                         Catch::Contains("checkpoint.dir holds no checkpoint"));
   REQUIRE(fs::is_directory(tmp.path / "ckpt"));
   CHECK(fs::is_empty(tmp.path / "ckpt"));  // no checkpoint, no temporary
+
+  // metrics.jsonl past 4 KiB (about 12 steps' lines): the run stops rather than train unrecorded.
+  words = small_run(tmp.path / "m", {"checkpoint.every=0", "train.steps=30"});
+  words.insert(words.begin(), app_binary("atoll-train").string());
+  command = "ulimit -f 4 && exec";
+  for (const auto& word : words) command.append(" ").append(shell_quote(word));
+  const Result m = run_shell(command, tmp.path);
+  INFO(m.out << m.err);
+  CHECK(m.exit_code == 1);
+  CHECK_THAT(m.err, Catch::Contains("metrics.jsonl: cannot append step ") && Catch::Contains("line: File too large"));
+  CHECK(m.out.find("step    30/30") == std::string::npos);
 }
 
 TEST_CASE("failures: on_nonfinite skip_step drops steps and stops after max_skipped_steps", "[apps][failures]") {
