@@ -148,8 +148,13 @@ TEST_CASE("failures: on_nonfinite skip_step drops steps and stops after max_skip
   const auto metrics = read_metrics(tmp.path / "run" / "metrics.jsonl");
   REQUIRE(metrics.size() == 3);
   for (std::size_t i = 0; i < metrics.size(); ++i) CHECK(metrics[i]["skipped_steps"] == i + 1);
-  // Skipped steps leave the state untouched, so their checkpoints hold the initial weights.
-  CHECK(checkpoints_in(tmp.path / "ckpt") == 2);
+  // Skipped steps leave the state untouched, so their checkpoints hold the same (initial) weights
+  // and moments.
+  REQUIRE(checkpoints_in(tmp.path / "ckpt") == 2);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    INFO(file);
+    CHECK(read_file(tmp.path / "ckpt" / "step-00000001" / file) == read_file(tmp.path / "ckpt" / "step-00000002" / file));
+  }
 }
 
 TEST_CASE("failures: train.on_nonfinite accepts stop and skip_step only", "[apps][failures]") {

@@ -336,7 +336,6 @@ TEST_CASE("sim comm: reductions are bitwise independent of posting order and fol
 
     std::vector<int> order(n);
     std::iota(order.begin(), order.end(), 0);
-    int permutations = 0;
     do {
       SimWorld world(n);
       const Group group = reversed_group(n);
@@ -357,9 +356,7 @@ TEST_CASE("sim comm: reductions are bitwise independent of posting order and fol
         REQUIRE(same_bits(reduced[m], expected_tensor));
         REQUIRE(same_bits(scattered[m], expected_tensor.slice_rows(m * kElements, (m + 1) * kElements)));
       }
-      ++permutations;
     } while (std::next_permutation(order.begin(), order.end()));
-    CHECK(permutations == static_cast<int>(std::tgamma(n + 1) + 0.5));
   }
 }
 

@@ -194,6 +194,7 @@ TEST_CASE("safetensors: writing refuses a tensor called __metadata__", "[checkpo
   TensorMap m;
   m.insert("__metadata__", Tensor::zeros({1}));
   CHECK_THROWS_AS(write_safetensors(tmp.path / "x.safetensors", m), CheckpointError);
+  CHECK_THROWS_WITH(write_safetensors(tmp.path / "x.safetensors", m), Catch::Contains("may not be called __metadata__"));
   CHECK(!fs::exists(tmp.path / "x.safetensors"));
 }
 

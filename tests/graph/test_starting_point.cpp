@@ -22,10 +22,12 @@ StartingPoint example() {
   s.tokens = 81920;
   s.description = "resumed from run/checkpoints/step-00000040 at step 40";
   s.data_cursor = nlohmann::json{{"epoch", 1}, {"row", 17}};
+  // Every tensor distinct, so one handed over in another's place is seen.
   const float w[] = {1.5f, -0.0f, 3e-39f, 7.25f, -2.0f, 0.125f};
+  const float m[] = {-1.5f, 0.0f, -3e-39f, 6.25f, 2.0f, -0.125f};
   s.state.master.insert("model.embed.weight", Tensor::from_floats({2, 3}, w));
-  s.state.master.insert("model.norm.weight", Tensor::from_floats({2}, std::span<const float>(w, 2)));
-  s.state.exp_avg.insert("model.embed.weight", Tensor::from_floats({2, 3}, w));
+  s.state.master.insert("model.norm.weight", Tensor::from_floats({2}, std::span<const float>(w + 3, 2)));
+  s.state.exp_avg.insert("model.embed.weight", Tensor::from_floats({2, 3}, m));
   s.state.exp_avg_sq.insert("model.embed.weight", Tensor::full({2, 3}, 0.5f));
   return s;
 }

@@ -193,6 +193,8 @@ TEST_CASE("Relative attention gradients through the Tensor API match the double 
   for (std::size_t i = 0; i < dp.size(); ++i) CHECK(g.d_profiles.data<float>()[i] == Approx(dp[i]).margin(1e-5));
   for (std::size_t i = 0; i < ds.size(); ++i) CHECK(g.d_sink_logits.data<float>()[i] == Approx(ds[i]).margin(1e-5));
   for (std::size_t i = 0; i < dq.size(); ++i) CHECK(g.dq.data<float>()[i] == Approx(dq[i]).margin(1e-5));
+  for (std::size_t i = 0; i < dk.size(); ++i) CHECK(g.dk.data<float>()[i] == Approx(dk[i]).margin(1e-5));
+  for (std::size_t i = 0; i < dv.size(); ++i) CHECK(g.dv.data<float>()[i] == Approx(dv[i]).margin(1e-5));
 }
 
 TEST_CASE("Relative attention in bf16 inputs agrees with fp32", "[relative_attention][bf16]") {

@@ -145,6 +145,7 @@ TEST_CASE("Short conv in bf16 agrees with fp32 and rounds its output", "[short_c
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     CHECK(y16.data<float>()[i] == round_to_bf16(y16.data<float>()[i]));
     CHECK(y16.data<float>()[i] == Approx(y32.data<float>()[i]).epsilon(2e-2).margin(2e-2));
+    CHECK(d16.data<float>()[i] == round_to_bf16(d16.data<float>()[i]));
     CHECK(d16.data<float>()[i] == Approx(d32.data<float>()[i]).epsilon(2e-2).margin(2e-2));
   }
 }
