@@ -124,6 +124,8 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     r.applied = msg.apply = false;  // every unit drops its gradient; nothing is updated
     r.nonfinite = nonfinite_description(r.loss, r.grad_norm, first_nonfinite_unit(plan, all));
+  } else if (r.targets == 0) {
+    r.applied = msg.apply = false;  // nothing to learn from (the reference trainer's rule)
   } else {
     msg.clip_factor = clip_factor(r.grad_norm, o.grad_clip);  // the reference trainer's rule
   }

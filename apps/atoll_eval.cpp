@@ -5,6 +5,7 @@
 // --allow-nonfinite), 3 the loss is not finite, 1 other failures.
 #include <limits>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 #include "graph/checkpoint/safetensors.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/eval/evaluate.hpp"
+#include "graph/training/output_path.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 
 int main(int argc, char** argv) {
@@ -43,19 +45,27 @@ int main(int argc, char** argv) {
   }
   try {
     const atl::RunConfig config = atl::load_run_config(config_path, sets);
+    if (!dump_logits.empty()) atl::check_output_path(dump_logits, true, config.source_file, "--dump-logits");
     atl::cpu::cpu_features();  // a bad ATOLL_CPU_ISA is refused here, not in a kernel
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
     const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint, allow_nonfinite);
     if (!dump_logits.empty()) {
       atl::TensorMap out;
       out.insert("logits", atl::model_logits(*model, master, config.precision, atl::read_token_rows(tokens, model->unpadded_vocab_size())));
-      atl::write_safetensors(dump_logits, out);
+      const std::filesystem::path dump_path(dump_logits);
+      if (dump_path.has_parent_path()) std::filesystem::create_directories(dump_path.parent_path());
+      atl::write_safetensors(dump_path, out);
       std::cout << "logits " << out.at("logits").describe() << " written to " << dump_logits << "\n";
       return 0;
     }
     auto data = atl::make_data_source(config.data, model->unpadded_vocab_size(), config.train.seed, config.source_file);
     const atl::EvalResult r = atl::evaluate(*model, master, config.precision, *data, config.train.global_batch,
                                             config.train.seq_len, batches);
+    if (r.targets == 0) {  // a loss of 0 and a perplexity of 1 would read as a perfect model
+      std::cerr << fmt::format("atoll-eval: {} batches of {} hold no target: nothing to evaluate\n", r.batches,
+                               data->describe());
+      return 2;
+    }
     std::cout << fmt::format("eval loss={:.6f} perplexity={:.4f} targets={} batches={}\n", r.loss, r.perplexity,
                              r.targets, r.batches);
     if (!std::isfinite(r.loss)) {

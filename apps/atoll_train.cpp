@@ -159,6 +159,9 @@ int main(int argc, char** argv) {
       } catch (const atl::NonFiniteError&) {
         launch.control->finish();
         throw;
+      } catch (const atl::RunFinished&) {  // every node finds the data used up at the same step
+        launch.control->finish();
+        throw;
       } catch (const std::exception&) {
         if (start_failed) launch.control->finish();  // every node knows: an agreed end
         throw;

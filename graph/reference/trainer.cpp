@@ -100,6 +100,10 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
     r.nonfinite = nonfinite_description(r.loss, r.grad_norm, first);
     return r;
   }
+  if (r.targets == 0) {
+    r.applied = false;
+    return r;
+  }
   clip_grad_norm(grads, r.grad_norm, opt_.grad_clip);
   for (const auto& s : specs) {
     AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),

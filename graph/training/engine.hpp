@@ -31,9 +31,11 @@ struct StepResult {
   std::int64_t tokens = 0;  // valid input tokens processed
   double grad_norm = 0;     // before clipping
   double lr = 0;
-  // False when the loss or the gradient norm was not finite: the optimizer left every parameter
-  // and moment as it was, and `nonfinite` says which quantity (and the first unit or tensor whose
-  // gradient is not finite).
+  // False when the loss or the gradient norm was not finite, or when the global batch held no
+  // target (nothing to learn from, where AdamW's momentum and weight decay would still move the
+  // weights): the optimizer left every parameter and moment as it was. `nonfinite` says which
+  // quantity was not finite (and the first unit or tensor whose gradient is not); empty for a
+  // batch without targets.
   bool applied = true;
   std::string nonfinite;
   std::int64_t bytes_gathered = 0;  // this process's ranks, parameter traffic, this step (0 for the reference trainer)

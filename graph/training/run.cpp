@@ -160,6 +160,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   // The first batch is read before anything is written, so a bad data file leaves run_dir alone.
   // A process reads only its ranks' rows of each global batch and skips the others'.
   const std::vector<RowRange> ranges = engine->rows_read(t.global_batch);
+  if (data->exhausted()) {
+    throw RunFinished(fmt::format("nothing to do: {} has no data left after step {} (data.loop: false)",
+                                  data->describe(), first_step - 1));
+  }
   std::optional<Batch> first_batch = read_rows(*data, t.global_batch, t.seq_len, ranges);
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
@@ -219,9 +223,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
         << " (the steps from here differ from that run's own continuation)\n";
   }
   if (t.warmup > 0 && t.warmup >= t.steps) {  // legal (a short probe of a long schedule), but rarely meant
-    out << fmt::format("note: train.warmup ({}) is not below train.steps ({}): the learning rate rises to {:.3g} of "
-                       "train.lr by the last step and never decays\n",
-                       t.warmup, t.steps, static_cast<double>(t.steps) / static_cast<double>(t.warmup));
+    const std::string reach = t.warmup == t.steps ? std::string("reaches train.lr only at the last step")
+                                                  : fmt::format("rises to {:.3g} of train.lr by the last step",
+                                                                static_cast<double>(t.steps) / static_cast<double>(t.warmup));
+    out << fmt::format("note: train.warmup ({}) is not below train.steps ({}): the learning rate {} and never decays\n",
+                       t.warmup, t.steps, reach);
   }
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
@@ -287,6 +293,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", name, done, t.steps, saved));
   };
   int stop_signal = 0;  // the signal this process was asked to stop by
+  std::int64_t last_step = first_step - 1;
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
     if (const int signal = options.stop_requested ? options.stop_requested() : 0; signal != 0 && stop_signal == 0) {
       // An engine whose processes agree on the stop carries the request through the next step
@@ -295,6 +302,14 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       stop_signal = signal;
       engine->request_stop();
     }
+    if (!first_batch && data->exhausted()) {  // data.loop: false, and only padding is left
+      out << fmt::format("the data ran out after step {} ({}): the run ends {} steps short of train.steps\n", s - 1,
+                         data->describe(), t.steps - (s - 1))
+          << std::flush;
+      if (config.checkpoint.every > 0 && last_saved != s - 1) save(s - 1);
+      break;
+    }
+    last_step = s;
     const auto step_start = clock::now();
     Batch batch = first_batch ? std::move(*first_batch) : read_rows(*data, t.global_batch, t.seq_len, ranges);
     first_batch.reset();
@@ -311,7 +326,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                            {"elapsed_s", elapsed}};
     // Router load per MoE layer: the busiest expert's tokens over the mean (1 = balanced).
     if (!r.expert_load.empty()) line["expert_load"] = r.expert_load;
-    if (!r.applied) {
+    const bool no_targets = !r.applied && r.nonfinite.empty();  // not applied: nothing to learn from
+    if (no_targets) line["no_targets"] = true;
+    if (!r.applied && !no_targets) {
       ++skipped;
       line["skipped"] = true;  // a non-finite loss or norm is written as null
       line["skipped_steps"] = skipped;
@@ -325,7 +342,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                                          errno != 0 ? std::strerror(errno) : "the stream failed"));
       }
     }
-    if (!r.applied) {
+    if (no_targets) {
+      out << fmt::format("step {:>5}/{}  not applied: its rows hold no target (only padding or one-token "
+                         "documents)\n", s, t.steps)
+          << std::flush;
+    } else if (!r.applied) {
       if (!t.skip_nonfinite_steps) {
         throw NonFiniteError(fmt::format("step {}: {}; the step was not applied and no checkpoint was saved "
                                          "(train.on_nonfinite: stop)",
@@ -355,7 +376,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
   }
   write_trace();
-  out << fmt::format("final loss={:.6f} steps={}\n", last_loss, t.steps) << std::flush;
+  out << fmt::format("final loss={:.6f} steps={}\n", last_loss, last_step) << std::flush;
   return last_loss;
 }
 

@@ -19,58 +19,13 @@
 #include "graph/checkpoint/model_weights.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/models/model.hpp"
+#include "graph/training/output_path.hpp"
 
 namespace atl {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-// Throws ConfigError(`file`, `key`, "<context>'<dir>' is not writable (...: why)") unless this process
-// can make a file in the existing directory `dir`, found by making one and removing it: root
-// passes access(2) even where the file system refuses (/sys, read-only mounts).
-void require_can_create_in(const std::filesystem::path& dir, const std::string& context, const std::string& file,
-                           const std::string& key) {
-  std::string probe = (dir / ".atoll-write-probe-XXXXXX").string();
-  std::string why;
-  if (const int fd = ::mkstemp(probe.data()); fd < 0) {
-    why = std::string("creating a file there failed: ") + std::strerror(errno);
-  } else {
-    ::close(fd);
-    if (::unlink(probe.c_str()) != 0) why = "cannot remove the probe file " + probe + ": " + std::strerror(errno);
-  }
-  if (!why.empty()) throw ConfigError(file, key, context + "'" + dir.string() + "' is not writable (" + why + ")");
-}
-
-// An output path must be a directory (or a file, for `as_file`) we can create or write: checked
-// before the first step, so a typo fails in a second instead of after the run.
-void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(path, ec)) {
-    if (as_file && fs::is_directory(path, ec)) throw ConfigError(file, key, "'" + path.string() + "' is a directory");
-    if (!as_file && !fs::is_directory(path, ec)) {
-      throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
-    }
-    const fs::path dir = as_file ? (path.has_parent_path() ? path.parent_path() : fs::path(".")) : path;
-    require_can_create_in(dir, "", file, key);
-    return;
-  }
-  // A file's folder is created when the file is written, as run_dir is (a trace inside a new run_dir).
-  if (as_file) {
-    check_output_path(path.has_parent_path() ? path.parent_path() : fs::path("."), false, file, key);
-    return;
-  }
-  // Not there yet: the nearest existing ancestor must be a writable directory.
-  fs::path ancestor = fs::absolute(path, ec).parent_path();
-  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path()) {
-    ancestor = ancestor.parent_path();
-  }
-  if (!fs::is_directory(ancestor, ec)) {
-    throw ConfigError(file, key, "cannot create '" + path.string() + "': '" + ancestor.string() + "' is not a directory");
-  }
-  require_can_create_in(ancestor, "cannot create '" + path.string() + "': ", file, key);
-}
 
 void check_outputs(const RunConfig& config, const RunOptions& options) {
   check_output_path(config.run_dir, false, config.source_file, "run_dir");

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "actors/actor_engine.hpp"
 #include "graph/plan/step_program.hpp"
@@ -248,5 +249,34 @@ TEST_CASE("The router load per MoE layer is the busiest expert's valid tokens ov
         static_cast<double>(*std::max_element(tokens.begin(), tokens.end())) / (static_cast<double>(total) / E);
     CHECK(r.expert_load[l] == expected);
     CHECK(r.expert_load[l] >= 1.0);
+  }
+}
+
+TEST_CASE("A global batch without targets is not applied on either engine: weights and moments stay",
+          "[actors][engine]") {
+  // Without this rule AdamW's momentum and weight decay would move every weight on a batch that
+  // holds nothing to learn from (a loop: false file's padding, one-token documents).
+  for (const auto& [name, factory, ranks] : std::vector<std::tuple<const char*, EngineFactory, int>>{
+           {"reference", make_reference_engine, 1}, {"actors", make_actor_engine, 2}}) {
+    INFO(name);
+    const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::fp32, {ranks}, 4, 1);
+    std::unique_ptr<TrainingEngine> engine;
+    run_engine(config, factory, 1, false, &engine);  // one real step: the moments are not zero
+    const TrainingState before = engine->state();
+    Batch empty = Batch::zeros(4, 32);  // valid tokens, every target ignored
+    for (std::int64_t i = 0; i < empty.valid.numel(); ++i) {
+      empty.valid.data<bool>()[i] = true;
+      empty.input_ids.data<std::int64_t>()[i] = i % 200;
+      empty.positions.data<std::int64_t>()[i] = i % 32;
+      empty.targets.data<std::int64_t>()[i] = kIgnoreTarget;
+    }
+    const StepResult r = engine->step(empty);
+    CHECK(r.targets == 0);
+    CHECK_FALSE(r.applied);
+    CHECK(r.nonfinite.empty());
+    const TrainingState after = engine->state();
+    CHECK(bitwise_equal(after.master, before.master));
+    CHECK(bitwise_equal(after.exp_avg, before.exp_avg));
+    CHECK(bitwise_equal(after.exp_avg_sq, before.exp_avg_sq));
   }
 }

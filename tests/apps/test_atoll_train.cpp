@@ -269,6 +269,11 @@ TEST_CASE("apps: atoll-train notes a warmup that the run never finishes", "[apps
   const auto metrics = read_metrics(tmp.path / "run" / "metrics.jsonl");
   REQUIRE(metrics.size() == 4);
   CHECK(metrics.back().at("lr").get<double>() == Approx(0.4 * 3.0e-3).epsilon(1e-12));  // configs/beam-tiny.yaml's lr
+  const Result equal = run_train({default_config().string(), "--set", "run_dir=" + (tmp.path / "run2").string(), "--set",
+                                  "train.steps=4", "--set", "train.warmup=4"},
+                                 tmp.path);
+  CHECK_THAT(equal.out, Catch::Contains("note: train.warmup (4) is not below train.steps (4): the learning rate reaches "
+                                        "train.lr only at the last step and never decays"));
 }
 
 TEST_CASE("apps: atoll-train an existing run is kept unless --overwrite", "[apps][atoll-train]") {
@@ -328,6 +333,29 @@ TEST_CASE("apps: atoll-train trains on a text file and refuses bytes outside the
     // Only the synthetic source knows its loss floor.
     CHECK_FALSE(run_json.contains("entropy_nats_per_token"));
     CHECK(run_json["config"]["data"]["source"].get<std::string>() == "text:" + text.string());
+  }
+
+  SECTION("with data.loop false the run ends where the text does, and a restart has nothing to do") {
+    const fs::path text = tmp.path / "short.txt";
+    write_file(text, "A short text: fewer bytes than one step's 16 rows of 32 tokens.\n\nA second document.\n");
+    std::vector<std::string> args = {default_config().string(), "--set", "run_dir=" + run_dir.string(),
+                                     "--set", "train.steps=5", "--set", "checkpoint.every=2",
+                                     "--set", "data.loop=false", "--set", "data.source=text:" + text.string()};
+    const Result r = run_train(args, tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("the data ran out after step 1 (text(") &&
+                          Catch::Contains("the run ends 4 steps short of train.steps"));
+    CHECK(last_line(r.out).rfind("final loss=", 0) == 0);
+    CHECK(last_line(r.out).find("steps=1") != std::string::npos);
+    CHECK(read_metrics(run_dir / "metrics.jsonl").size() == 1);
+    CHECK(fs::exists(run_dir / "checkpoints" / "step-00000001" / "COMPLETE"));  // saved at the end
+    args.push_back("--resume-if-any");
+    const Result again = run_train(args, tmp.path);
+    INFO("again: " << again.out << again.err);
+    CHECK(again.exit_code == 0);
+    CHECK_THAT(again.out, Catch::Contains("nothing to do: text(") && Catch::Contains("has no data left after step 1"));
+    CHECK(read_metrics(run_dir / "metrics.jsonl").size() == 1);
   }
 
   SECTION("a byte >= 250 is a data error naming the file") {

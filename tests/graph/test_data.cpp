@@ -338,6 +338,19 @@ TEST_CASE("data errors name the file and what is wrong", "[data]") {
   std::string missing = (dir.path / "missing.txt").string();
   CHECK_THAT(error_of([&] { TextFileSource(missing, 250); }), Catch::Contains(missing));
 
+  // Nothing to train on: no token has a successor in its document (a run would score nothing).
+  std::string one = dir.write("one.u16", little_endian({7}, 2));
+  CHECK_THAT(error_of([&] { TokenFileSource(one, 250); }),
+             Catch::Contains(one) && Catch::Contains("nothing to train on: the file holds one token"));
+  std::string eos_only = dir.write("eos.u16", little_endian({3, 3, 3}, 2));
+  CHECK_THAT(error_of([&] { TokenFileSource(eos_only, 250, 0, std::int64_t{3}); }),
+             Catch::Contains(eos_only) && Catch::Contains("every document is one token long"));
+  CHECK_NOTHROW(TokenFileSource(dir.write("pair.u16", little_endian({3, 5, 3}, 2)), 250, 0, std::int64_t{3}));
+  std::string singles = dir.write("singles.txt", "a\n\nb\n\n\nc");
+  CHECK_THAT(error_of([&] { TextFileSource(singles, 250); }),
+             Catch::Contains(singles) && Catch::Contains("every document is one byte long"));
+  CHECK_NOTHROW(TextFileSource(dir.write("two.txt", "a\n\nbc"), 250));
+
   CHECK_THAT(error_of([] { SyntheticSource(1, 3, SyntheticOptions{4, 8, 64}); }),
              Catch::Contains("synthetic_branching"));
 }

@@ -1,0 +1,14 @@
+// Output paths (run_dir, checkpoint.dir, --trace, --dump-logits) are checked before any work, so
+// a typo fails in a second with exit 2 instead of after the run.
+#pragma once
+#include <filesystem>
+#include <string>
+
+namespace atl {
+
+// Throws ConfigError(`file`, `key`, ...) unless `path` is a directory (a file, for `as_file`) this
+// process can create or write: an existing one must be writable, a missing one's nearest existing
+// ancestor must be a writable directory (a file's missing folders are created when it is written).
+void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key);
+
+}  // namespace atl
