@@ -253,6 +253,12 @@ void require_complete_checkpoint(const fs::path& dir_in) {
     fail(dir, "a checkpoint root (it holds step-NNNNNNNN checkpoints), not a checkpoint: name one of its step "
               "folders, the latest complete one is " + latest->string());
   }
+  // An HF model folder (atoll-convert export, the ecosystem's files) is no failed save.
+  if (fs::is_regular_file(dir / kConfigFile) && !fs::exists(dir / kTrainerStateFile) &&
+      !fs::exists(dir / kOptimizerFile)) {
+    fail(dir, "an HF model folder (config.json and weights, no trainer_state.json), not a training checkpoint: "
+              "import it first (atoll-convert import " + dir.string() + " OUT_ROOT) and name OUT_ROOT/step-00000000");
+  }
   fail(dir / kComplete, "missing: the checkpoint is incomplete (its save did not finish)");
 }
 

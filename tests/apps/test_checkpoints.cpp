@@ -183,6 +183,23 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
     CHECK(rr.exit_code == 2);
     CHECK_THAT(rr.err, Catch::Contains(named));
   }
+
+  // An HF folder (an export) named as a checkpoint: said so, with the import to run first.
+  const fs::path hf = tmp.path / "exported";
+  REQUIRE(run_app("atoll-convert", {"export", good.string(), hf.string()}, tmp.path).exit_code == 0);
+  auto from_hf = train_args(tmp.path / "h");
+  from_hf.push_back("--resume");
+  from_hf.push_back(hf.string());
+  for (const auto& [app, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"atoll-train", from_hf},
+           {"atoll-eval", {source_path("configs/beam-tiny.yaml").string(), "--checkpoint", hf.string()}},
+           {"atoll-convert", {"export", hf.string(), (tmp.path / "hf2").string()}}}) {
+    const Result rh = run_app(app, args, tmp.path);
+    INFO(app << ": " << rh.err);
+    CHECK(rh.exit_code == 2);
+    CHECK_THAT(rh.err, Catch::Contains(hf.string() + ": an HF model folder") &&
+                           Catch::Contains("import it first (atoll-convert import " + hf.string()));
+  }
 }
 
 TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-eval scores both",
