@@ -203,8 +203,7 @@ std::string TextFileSource::describe() const {
 // ---------------------------------------------------------------------------------------------
 // Tokens
 
-namespace {
-std::int64_t resolve_token_width(const std::string& path, std::int64_t width) {
+std::int64_t resolved_token_width(const std::string& path, std::int64_t width) {
   const std::string extension = std::filesystem::path(path).extension().string();
   const std::int64_t from_extension = extension == ".u16" ? 2 : extension == ".u32" ? 4 : 0;
   if (width == 0) {
@@ -222,11 +221,10 @@ std::int64_t resolve_token_width(const std::string& path, std::int64_t width) {
   }
   return width;
 }
-}  // namespace
 
 TokenFileSource::TokenFileSource(const std::string& path, std::int64_t usable_vocab, std::int64_t width,
                                  std::optional<std::int64_t> eos_id, bool loop)
-    : file_(path), width_(resolve_token_width(path, width)), eos_id_(eos_id), loop_(loop) {
+    : file_(path), width_(resolved_token_width(path, width)), eos_id_(eos_id), loop_(loop) {
   if (file_.size() % static_cast<std::size_t>(width_) != 0) {
     throw DataError(fmt::format("{}: file size {} bytes is not a multiple of the token width {}", path, file_.size(),
                                 width_));

@@ -70,6 +70,10 @@ class TextFileSource : public PackedSource {
   std::int64_t pad_position_ = 0;
 };
 
+// The token width of a tokens file: `width` (2 or 4), or with 0 the one its extension names
+// (.u16, .u32). Throws DataError naming the file when neither tells, or they contradict.
+std::int64_t resolved_token_width(const std::string& path, std::int64_t width);
+
 // Little-endian uint16 (.u16) or uint32 (.u32) tokens. With eos_id, a document ends after each
 // eos token; without, each epoch of the file is one document. The cursor's offset counts tokens.
 class TokenFileSource : public PackedSource {

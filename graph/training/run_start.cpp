@@ -18,6 +18,7 @@
 #include "graph/checkpoint/durable_file.hpp"
 #include "graph/checkpoint/model_weights.hpp"
 #include "graph/data/data_source.hpp"
+#include "graph/data/file_sources.hpp"
 #include "graph/models/model.hpp"
 #include "graph/training/output_path.hpp"
 
@@ -213,6 +214,25 @@ nlohmann::json effective_model_section(const nlohmann::json& section, const std:
 
 // Resuming continues the same run: the model, the seed and the data must be those the checkpoint
 // was saved with (anything else silently changes the batches). Imports carry no run to continue.
+//
+// The data section is compared as the data it reads: a file source's path may be written another
+// way (another working directory, an absolute path) when the cursor holds the file's content hash,
+// which the restore checks; token_width 0 stands for the width the file's extension gives.
+nlohmann::json data_as_read(nlohmann::json data, const nlohmann::json& cursor) {
+  const std::string source = data.value("source", "");
+  const std::size_t colon = source.find(':');
+  if (colon == std::string::npos) return data;
+  const std::string kind = source.substr(0, colon), path = source.substr(colon + 1);
+  if (kind == "tokens" && data.value("token_width", std::int64_t{-1}) == 0) {
+    try {
+      data["token_width"] = resolved_token_width(path, 0);
+    } catch (const DataError&) {  // left as written: the comparison shows it
+    }
+  }
+  if (cursor.is_object() && cursor.contains("file_hash")) data["source"] = kind + ":";  // the path elided
+  return data;
+}
+
 // The model is compared as resolved: an override equal to the preset's value changes nothing.
 void check_same_run(const RunConfig& config, const Model& model, const nlohmann::json& trainer_state,
                     const fs::path& dir) {
@@ -247,7 +267,14 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
   same("train", "seed");
   same("train", "global_batch");
   same("train", "seq_len");
-  same("data", nullptr);
+  const nlohmann::json no_cursor;
+  const nlohmann::json& cursor = trainer_state.contains("data_cursor") ? trainer_state.at("data_cursor") : no_cursor;
+  const nlohmann::json& saved_written = saved_value(saved, "data", nullptr, dir);
+  const nlohmann::json saved_data = data_as_read(saved_written, cursor), now_data = data_as_read(now.at("data"), cursor);
+  if (saved_data != now_data) {  // named as written when the source's kind differs, else as read
+    const bool source = first_change(saved_data, now_data, "data").key == "data.source";
+    refuse(source ? saved_written : saved_data, source ? now.at("data") : now_data, "data");
+  }
 }
 
 // Settings a resumed run may change, each of which makes its steps differ from the saved run's

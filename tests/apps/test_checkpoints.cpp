@@ -21,8 +21,8 @@ std::vector<std::string> train_args(const fs::path& run_dir, const std::string& 
 }
 
 // Appends `--set key=value` for each assignment.
-void add_sets(std::vector<std::string>& args, std::initializer_list<const char*> sets) {
-  for (const char* s : sets) {
+void add_sets(std::vector<std::string>& args, std::initializer_list<std::string> sets) {
+  for (const std::string& s : sets) {
     args.push_back("--set");
     args.push_back(s);
   }
@@ -658,5 +658,53 @@ TEST_CASE("apps: expert parallelism writes the same checkpoint bytes as ep 1 and
     CHECK(r.err.find("topology.mesh.ep") != std::string::npos);
     CHECK(r.err.find(expected) != std::string::npos);
     CHECK_FALSE(fs::exists(tmp.path / "bad"));
+  }
+}
+
+TEST_CASE("apps: --resume compares the data as read: the same file by another path resumes, other data is refused",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  std::string tokens;  // 3000 uint16 ids below the usable vocabulary
+  for (int i = 0; i < 3000; ++i) {
+    const int id = (i * 7 + i / 13) % 250;
+    tokens.push_back(static_cast<char>(id & 0xff));
+    tokens.push_back(static_cast<char>(id >> 8));
+  }
+  write_file(tmp.path / "d.u16", tokens);
+  write_file(tmp.path / "d.txt", "some text\n");
+  // Runs atoll-train in tmp, where "d.u16" names the file.
+  auto train_in_tmp = [&](const std::vector<std::string>& args) {
+    std::string command = "cd ";
+    command.append(shell_quote(tmp.path.string())).append(" && exec ").append(shell_quote(app_binary("atoll-train").string()));
+    for (const auto& a : args) command.append(" ").append(shell_quote(a));
+    return run_shell(command, tmp.path / "out");
+  };
+  auto args = train_args(tmp.path / "run");
+  add_sets(args, {"train.steps=4", "checkpoint.every=2", "data.source=tokens:d.u16"});
+  REQUIRE(train_in_tmp(args).exit_code == 0);
+  const fs::path step2 = tmp.path / "run" / "checkpoints" / "step-00000002";
+  // The same file by its absolute path, the width written out: resumed, the same losses.
+  auto same = train_args(tmp.path / "same");
+  add_sets(same, {"train.steps=4", "data.source=tokens:" + (tmp.path / "d.u16").string(), "data.token_width=2"});
+  same.push_back("--resume");
+  same.push_back(step2.string());
+  must_run("atoll-train", same, tmp.path);
+  const auto a = read_metrics(tmp.path / "run" / "metrics.jsonl"), b = read_metrics(tmp.path / "same" / "metrics.jsonl");
+  REQUIRE(a.size() == 4);
+  REQUIRE(b.size() == 2);
+  for (int i = 0; i < 2; ++i) CHECK(b[i].at("loss") == a[i + 2].at("loss"));
+  // Another kind of source, or other documents: refused, the key named (the source as written).
+  for (const auto& [change, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"data.source=text:" + (tmp.path / "d.txt").string(), "data.source: --resume continues the run saved in " +
+                                                                      step2.string() + ", which had \"tokens:d.u16\""},
+           {"data.eos_id=3", "data.eos_id: --resume continues the run saved in"}}) {
+    auto other = train_args(tmp.path / "other");
+    add_sets(other, {"train.steps=4", "data.source=tokens:d.u16", change});
+    other.push_back("--resume");
+    other.push_back(step2.string());
+    const Result r = train_in_tmp(other);
+    INFO(change << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(expected));
   }
 }
