@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "graph/data/mapped_file_guard.hpp"
+
 namespace atl {
 
 namespace {
@@ -77,10 +79,12 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     data_ = static_cast<const unsigned char*>(mapped);
   }
   ::close(fd);  // the mapping stays valid without the descriptor
+  guard_ = guard_mapping(data_, size_, path_);
   hash_ = fmt::format("{:016x}", hash_bytes(data_, size_));
 }
 
 MappedFile::~MappedFile() {
+  unguard_mapping(guard_);
   if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
 }
 

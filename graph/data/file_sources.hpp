@@ -37,6 +37,7 @@ class MappedFile {
   const unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
   std::string hash_;
+  int guard_ = -1;  // graph/data/mapped_file_guard.hpp: a SIGBUS in the mapping names this file
 };
 
 // Byte-level text: token id = byte value. Documents are separated by blank lines: a run of two

@@ -1,4 +1,5 @@
 // Data sources: packing rules, cursors, determinism, the synthetic corpus's entropy, file formats.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -465,4 +466,33 @@ TEST_CASE("read_rows: a process's ranges of a global batch are those rows of it,
   DocumentListSource source({{1, 2, 3}});
   CHECK_THROWS_AS(read_rows(source, 4, 2, {{2, 3}, {1, 2}}), std::invalid_argument);  // out of order
   CHECK_THROWS_AS(read_rows(source, 4, 2, {{3, 5}}), std::invalid_argument);          // past the batch
+}
+
+TEST_CASE("a token file truncated while mapped ends the process naming the file, exit 1", "[data]") {
+  TempDir dir;
+  std::vector<std::uint32_t> ids(8192);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::uint32_t>(i % 200);
+  const std::string path = dir.write("shrinks.u16", little_endian(ids, 2));
+  int err[2];
+  REQUIRE(::pipe(err) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // no Catch here: the exit status and stderr say what happened
+    ::dup2(err[1], STDERR_FILENO);
+    TokenFileSource source(path, 250);
+    if (::truncate(path.c_str(), 100) != 0) ::_exit(10);
+    (void)source.next(4, 1024);  // past the first page: the lost bytes
+    ::_exit(11);                 // read without a fault: not what this test is about
+  }
+  ::close(err[1]);
+  std::string said;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(err[0], buffer, sizeof buffer)) > 0;) said.append(buffer, static_cast<std::size_t>(n));
+  ::close(err[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO(said);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK_THAT(said, Catch::Contains("atoll: data file " + path + " changed while it was being read"));
 }

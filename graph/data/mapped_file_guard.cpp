@@ -1,0 +1,76 @@
+#include "graph/data/mapped_file_guard.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+namespace atl {
+
+namespace {
+
+struct Slot {
+  std::atomic<const unsigned char*> base{nullptr};
+  std::size_t size = 0;
+  char message[640] = {};
+  std::size_t length = 0;
+};
+
+constexpr int kSlots = 32;
+Slot g_slots[kSlots];
+std::mutex g_registration;  // registration only; the handler reads the atomics
+struct sigaction g_previous {};
+bool g_installed = false;
+
+// Async-signal-safe: atomics, write(2), _exit(2) and sigaction(2) only.
+extern "C" void on_sigbus(int, siginfo_t* info, void*) {
+  const auto* address = static_cast<const unsigned char*>(info ? info->si_addr : nullptr);
+  for (Slot& slot : g_slots) {
+    const unsigned char* base = slot.base.load(std::memory_order_acquire);
+    if (base && address >= base && address < base + slot.size) {
+      (void)!::write(STDERR_FILENO, slot.message, slot.length);
+      ::_exit(1);
+    }
+  }
+  // Not a data file's page: the previous disposition handles the fault when it repeats.
+  ::sigaction(SIGBUS, &g_previous, nullptr);
+}
+
+}  // namespace
+
+int guard_mapping(const unsigned char* base, std::size_t size, const std::string& path) {
+  if (!base || size == 0) return -1;
+  const std::lock_guard<std::mutex> lock(g_registration);
+  if (!g_installed) {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    if (::sigaction(SIGBUS, &action, &g_previous) != 0) return -1;
+    g_installed = true;
+  }
+  for (int i = 0; i < kSlots; ++i) {
+    Slot& slot = g_slots[i];
+    if (slot.base.load(std::memory_order_relaxed)) continue;
+    const std::string text = "atoll: data file " + path +
+                             " changed while it was being read (truncated or rewritten in place): its bytes are "
+                             "gone; restore it, or start from a checkpoint with the new file (exit 1)\n";
+    slot.length = std::min(text.size(), sizeof slot.message);
+    std::memcpy(slot.message, text.data(), slot.length);
+    slot.size = size;
+    slot.base.store(base, std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+
+void unguard_mapping(int slot) {
+  if (slot < 0 || slot >= kSlots) return;
+  const std::lock_guard<std::mutex> lock(g_registration);
+  g_slots[slot].base.store(nullptr, std::memory_order_release);
+}
+
+}  // namespace atl

@@ -1,0 +1,17 @@
+// A data file truncated or rewritten in place while it is memory-mapped turns the next read of the
+// lost pages into SIGBUS: by default a crash with no word about the file (under UCX, its backtrace).
+// While a mapping is registered here, a SIGBUS inside it prints which file changed and exits 1 (the
+// environment, not the input: a restart's resume then refuses the changed file by its content
+// hash). A SIGBUS anywhere else goes to the handler that was there before.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace atl {
+
+// Registers [base, base + size) as the mapping of `path`; returns a slot for unguard_mapping, or -1
+// when every slot is taken (the mapping is then unguarded). Installs the handler on first use.
+int guard_mapping(const unsigned char* base, std::size_t size, const std::string& path);
+void unguard_mapping(int slot);
+
+}  // namespace atl
