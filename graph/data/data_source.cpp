@@ -178,7 +178,11 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int6
                       fmt::format("expected an integer in [1, {}] (the model's usable vocab, unpadded_vocab_size), got {}",
                                   usable_vocab, config.synthetic_branching));
   }
-  return make_data_source(config, usable_vocab, seed);
+  try {
+    return make_data_source(config, usable_vocab, seed);
+  } catch (const DataError& e) {  // the config and its key too, as config errors name them
+    throw DataError(fmt::format("{}: data.source: {}", config_file, e.what()));
+  }
 }
 
 }  // namespace atl

@@ -218,10 +218,10 @@ std::int64_t resolved_token_width(const std::string& path, std::int64_t width) {
     return from_extension;
   }
   if (width != 2 && width != 4) {
-    throw DataError(fmt::format("{}: token width: expected 2 or 4 bytes, got {}", path, width));
+    throw DataError(fmt::format("{}: data.token_width: expected 2 or 4 bytes, got {}", path, width));
   }
   if (from_extension != 0 && from_extension != width) {
-    throw DataError(fmt::format("{}: token width {} contradicts the {} extension", path, width, extension));
+    throw DataError(fmt::format("{}: data.token_width {} contradicts the {} extension", path, width, extension));
   }
   return width;
 }
@@ -236,7 +236,7 @@ TokenFileSource::TokenFileSource(const std::string& path, std::int64_t usable_vo
   token_count_ = file_.size() / static_cast<std::size_t>(width_);
   if (token_count_ == 0) throw DataError(fmt::format("{}: no tokens (the file is empty)", path));
   if (eos_id_ && (*eos_id_ < 0 || *eos_id_ >= usable_vocab)) {
-    throw DataError(fmt::format("{}: eos_id: expected an integer in [0, {}) (the usable vocabulary), got {}", path,
+    throw DataError(fmt::format("{}: data.eos_id: expected an integer in [0, {}) (the usable vocabulary), got {}", path,
                                 usable_vocab, *eos_id_));
   }
   bool scorable = false;  // some token has a successor in its document (a target)
