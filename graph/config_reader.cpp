@@ -188,7 +188,14 @@ void ConfigReader::finish() const {
 
 std::string ConfigReader::describe_value(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing";
-  if (node.IsMap()) return "a mapping";
+  if (node.IsMap()) {
+    // One 'key: value' pair is often a string with a space after its colon ('text: corpus.txt').
+    if (node.size() == 1 && node.begin()->first.IsScalar() && node.begin()->second.IsScalar()) {
+      return "a mapping {" + describe_value(node.begin()->first) + ": " + describe_value(node.begin()->second) +
+             "} (YAML reads 'a: b' as a mapping: drop the space after the colon, or quote the value)";
+    }
+    return "a mapping";
+  }
   if (node.IsSequence()) return "a list";
   const std::string& text = node.Scalar();
   if (node.Tag() != "!" && (parse_config_number(text) || parse_config_bool(text))) return text;

@@ -345,6 +345,11 @@ TEST_CASE("config: an error about a value a --set gave names that --set", "[conf
         file + ": topology.mesh.dp_shard: expected a positive integer, got 0 (given by --set topology={mesh: {dp_shard: "
                "0}})");
   CHECK(error_of({"train.warmup=~"}) == "no error");
+  // 'key: value' with a space is YAML's mapping: the message shows it and says how to write a string.
+  CHECK(error_of({"data.source=text: corpus.txt"}) ==
+        file + ": data.source: expected a string, got a mapping {'text': 'corpus.txt'} (YAML reads 'a: b' as a "
+               "mapping: drop the space after the colon, or quote the value) (given by --set data.source=text: "
+               "corpus.txt)");
   // An unknown key stays an UnknownKeyError (HF import relies on the kind).
   CHECK_THROWS_AS(load_run_config(file, {"train.stepz=3"}), UnknownKeyError);
   CHECK_THAT(error_of({"train.stepz=3"}), Catch::Contains("unknown key") && Catch::EndsWith("(given by --set train.stepz=3)"));
