@@ -50,6 +50,9 @@ class DataSource {
   virtual std::optional<double> entropy_nats_per_token() const { return std::nullopt; }
   // True once a finite source has only padding left.
   virtual bool exhausted() const { return false; }
+  // True once no row can hold a target: only padding is left, or only the last real token (which
+  // the row before scored as its target). A run ends there (data.loop: false).
+  virtual bool used_up() const { return exhausted(); }
   virtual std::string describe() const = 0;
 };
 

@@ -50,6 +50,7 @@ class TextFileSource : public PackedSource {
   nlohmann::json cursor() const override;
   void restore(const nlohmann::json& cursor) override;
   bool exhausted() const override { return offset_ == file_.size(); }
+  bool used_up() const override { return !loop_ && offset_ + 1 >= file_.size(); }
   std::string describe() const override;
 
  protected:
@@ -86,6 +87,7 @@ class TokenFileSource : public PackedSource {
   nlohmann::json cursor() const override;
   void restore(const nlohmann::json& cursor) override;
   bool exhausted() const override { return index_ == token_count_; }
+  bool used_up() const override { return !loop_ && index_ + 1 >= token_count_; }
   std::string describe() const override;
   std::int64_t width() const { return width_; }
   std::size_t token_count() const { return token_count_; }

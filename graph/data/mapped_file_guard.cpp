@@ -27,7 +27,12 @@ bool g_installed = false;
 
 // Async-signal-safe: atomics, write(2), _exit(2) and sigaction(2) only.
 extern "C" void on_sigbus(int, siginfo_t* info, void*) {
-  const auto* address = static_cast<const unsigned char*>(info ? info->si_addr : nullptr);
+  if (!info || info->si_code <= 0) {  // sent (kill, raise), not a fault: the previous disposition takes it
+    ::sigaction(SIGBUS, &g_previous, nullptr);
+    ::raise(SIGBUS);  // pending until this handler returns
+    return;
+  }
+  const auto* address = static_cast<const unsigned char*>(info->si_addr);
   for (Slot& slot : g_slots) {
     const unsigned char* base = slot.base.load(std::memory_order_acquire);
     if (base && address >= base && address < base + slot.size) {
@@ -56,8 +61,8 @@ int guard_mapping(const unsigned char* base, std::size_t size, const std::string
     Slot& slot = g_slots[i];
     if (slot.base.load(std::memory_order_relaxed)) continue;
     const std::string text = "atoll: data file " + path +
-                             " changed while it was being read (truncated or rewritten in place): its bytes are "
-                             "gone; restore it, or start from a checkpoint with the new file (exit 1)\n";
+                             " could not be read: it was truncated while the run read it (or its storage failed); "
+                             "restore it and resume (exit 1)\n";
     slot.length = std::min(text.size(), sizeof slot.message);
     std::memcpy(slot.message, text.data(), slot.length);
     slot.size = size;

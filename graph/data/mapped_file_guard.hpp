@@ -1,8 +1,10 @@
-// A data file truncated or rewritten in place while it is memory-mapped turns the next read of the
-// lost pages into SIGBUS: by default a crash with no word about the file (under UCX, its backtrace).
-// While a mapping is registered here, a SIGBUS inside it prints which file changed and exits 1 (the
-// environment, not the input: a restart's resume then refuses the changed file by its content
-// hash). A SIGBUS anywhere else goes to the handler that was there before.
+// A data file truncated while it is memory-mapped turns the next read of the lost pages into
+// SIGBUS (so does an I/O error of its storage): by default a crash with no word about the file
+// (under UCX, its backtrace). While a mapping is registered here, a fault inside it prints which
+// file and exits 1 (the environment, not the input: a restart's resume then refuses a changed file
+// by its content hash). Any other SIGBUS goes to the handler that was there before. (A file
+// rewritten in place at the same size faults nothing: the mapping shows the new bytes, and only
+// the next resume's hash check finds the change.)
 #pragma once
 #include <cstddef>
 #include <string>

@@ -160,7 +160,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   // The first batch is read before anything is written, so a bad data file leaves run_dir alone.
   // A process reads only its ranks' rows of each global batch and skips the others'.
   const std::vector<RowRange> ranges = engine->rows_read(t.global_batch);
-  if (data->exhausted()) {
+  if (data->used_up()) {
     throw RunFinished(fmt::format("nothing to do: {} has no data left after step {} (data.loop: false)",
                                   data->describe(), first_step - 1));
   }
@@ -259,6 +259,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                                         "large: lower train.lr): {}; {}", s, e.what(), what_is_kept()));
     } catch (const FileWriteError& e) {
       throw FileWriteError(fmt::format("the checkpoint of step {} was not saved: {}; {}", s, e.what(), what_is_kept()));
+    } catch (const std::filesystem::filesystem_error& e) {  // its folder or the rename into place
+      throw FileWriteError(fmt::format("the checkpoint of step {} was not saved: {}; {}", s, e.what(), what_is_kept()));
     }
     last_saved = s;
     last_saved_path = saved;
@@ -302,10 +304,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       stop_signal = signal;
       engine->request_stop();
     }
-    if (!first_batch && data->exhausted()) {  // data.loop: false, and only padding is left
+    if (!first_batch && data->used_up()) {  // data.loop: false, and no row can hold a target
       out << fmt::format("the data ran out after step {} ({}): the run ends {} steps short of train.steps\n", s - 1,
                          data->describe(), t.steps - (s - 1))
           << std::flush;
+      if (stop_signal != 0) stop_after(s - 1, stop_signal);  // a stop asked for ends as a stop, on every engine
       if (config.checkpoint.every > 0 && last_saved != s - 1) save(s - 1);
       break;
     }
@@ -317,7 +320,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
     tokens_total += r.tokens;
-    last_loss = r.loss;
+    if (r.applied) last_loss = r.loss;  // the final loss is the trained model's, not a skipped step's
     nlohmann::json line = {{"step", r.step},           {"loss", r.loss},       {"grad_norm", r.grad_norm},
                            {"lr", r.lr},               {"tokens", tokens_total}, {"targets", r.targets},
                            {"bytes_gathered", r.bytes_gathered}, {"bytes_reduced", r.bytes_reduced},

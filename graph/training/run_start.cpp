@@ -43,6 +43,13 @@ std::optional<nlohmann::json> recorded_run(const RunConfig& config) {
   return run;
 }
 
+// A resolved config as the run it describes: where the file was read from (source_file) is no
+// part of it (a restart may name the same config from another directory).
+nlohmann::json run_identity(nlohmann::json resolved) {
+  resolved.erase("source_file");
+  return resolved;
+}
+
 // --resume-if-any with nothing saved under checkpoint.dir: the checkpoint the run recorded in
 // run_dir began from (run.json's "began_from"), when that run is this config's. A restart before
 // the first save of a run begun from another run's checkpoint (or an import) begins there again,
@@ -50,7 +57,7 @@ std::optional<nlohmann::json> recorded_run(const RunConfig& config) {
 // A run recorded as finished (run.json's "finished") has nothing to do: RunFinished.
 std::optional<fs::path> recorded_beginning(const RunConfig& config) {
   const std::optional<nlohmann::json> run = recorded_run(config);
-  if (!run || run->at("config") != to_json(config)) return std::nullopt;
+  if (!run || run_identity(run->at("config")) != run_identity(to_json(config))) return std::nullopt;
   const fs::path file = fs::path(config.run_dir) / "run.json";
   if (run->value("finished", false)) {
     throw RunFinished("nothing to do: " + file.string() + " records this run as finished (train.steps " +
@@ -133,11 +140,11 @@ void check_writer_outputs(const RunConfig& config, const RunOptions& options, bo
     if (options.resume_if_any) {
       // A job restarted before its first checkpoint starts again: the same config reproduces it.
       const std::optional<nlohmann::json> recorded = recorded_run(config);
-      const nlohmann::json now = to_json(config);
-      if (recorded && recorded->at("config") == now) return;
-      const std::string found = recorded ? "has another config: " + first_change(recorded->at("config"), now, "").key +
-                                               " differs"
-                                         : std::string("is missing or unreadable");
+      const nlohmann::json now = run_identity(to_json(config));
+      if (recorded && run_identity(recorded->at("config")) == now) return;
+      const std::string found =
+          recorded ? "has another config: " + first_change(run_identity(recorded->at("config")), now, "").key + " differs"
+                   : std::string("is missing or unreadable");
       why += fmt::format(" (--resume-if-any found no checkpoint under '{}', and run.json {})", config.checkpoint.dir,
                          found);
     }

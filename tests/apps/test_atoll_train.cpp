@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/apps/app_test_support.hpp"
@@ -356,6 +357,26 @@ TEST_CASE("apps: atoll-train trains on a text file and refuses bytes outside the
     CHECK(again.exit_code == 0);
     CHECK_THAT(again.out, Catch::Contains("nothing to do: text(") && Catch::Contains("has no data left after step 1"));
     CHECK(read_metrics(run_dir / "metrics.jsonl").size() == 1);
+  }
+
+  SECTION("a loop: false tokens file of one step plus one token ends after that step, its loss reported") {
+    // 16 rows x 32 tokens read 513 stream tokens: the last is only step 1's last target.
+    std::string tokens;
+    for (int i = 0; i < 513; ++i) tokens.append({static_cast<char>((i * 7) % 250), '\0'});
+    const fs::path file = tmp.path / "one_step.u16";
+    write_file(file, tokens);
+    const Result r = run_train({default_config().string(), "--set", "run_dir=" + run_dir.string(), "--set",
+                                "train.steps=5", "--set", "data.loop=false", "--set", "data.source=tokens:" + file.string()},
+                               tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("the data ran out after step 1"));
+    const auto metrics = read_metrics(run_dir / "metrics.jsonl");
+    REQUIRE(metrics.size() == 1);
+    CHECK(metrics[0].at("targets").get<std::int64_t>() == 16 * 32);
+    const double loss = metrics[0].at("loss").get<double>();
+    CHECK(loss > 1.0);
+    CHECK(last_line(r.out) == fmt::format("final loss={:.6f} steps=1", loss));
   }
 
   SECTION("a byte >= 250 is a data error naming the file") {

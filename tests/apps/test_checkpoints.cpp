@@ -479,6 +479,13 @@ TEST_CASE("apps: --resume-if-any with nothing saved starts again only the run in
   unmark_finished(run);
   must_run("atoll-train", args, tmp.path);
   CHECK(metrics_without_timing(run / "metrics.jsonl") == metrics);
+  // The same config read from another file (a copy, another directory): the same run.
+  fs::copy_file(args[0], tmp.path / "copy.yaml");
+  auto copied = args;
+  copied[0] = (tmp.path / "copy.yaml").string();
+  unmark_finished(run);
+  must_run("atoll-train", copied, tmp.path);
+  CHECK(metrics_without_timing(run / "metrics.jsonl") == metrics);
   // Another config is another run: kept, unless --overwrite.
   auto other = args;
   add_sets(other, {"train.lr=1.0e-3"});

@@ -494,5 +494,6 @@ TEST_CASE("a token file truncated while mapped ends the process naming the file,
   INFO(said);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 1);
-  CHECK_THAT(said, Catch::Contains("atoll: data file " + path + " changed while it was being read"));
+  CHECK_THAT(said, Catch::Contains("atoll: data file " + path + " could not be read: it was truncated while the run "
+                                   "read it"));
 }

@@ -49,6 +49,7 @@ TEST_CASE("host allocator: blocks are 64-byte aligned, a freed block is reused, 
     if (bytes) std::memset(p, 0xab, bytes);  // all of it is ours (ASan would say otherwise)
     host_free(p, bytes);
   }
+  const std::size_t limit = host_cache_stats().cache_limit;
   host_set_cache_limit(std::size_t{2} << 30);
   Tensor t = Tensor::full({300, 300}, 2.5f);  // a cached size class
   const void* block = t.raw();
@@ -58,6 +59,7 @@ TEST_CASE("host allocator: blocks are 64-byte aligned, a freed block is reused, 
   REQUIRE(host_cache_stats().reused == reused_before + 1);  // the same size class: served from the cache
   CHECK(z.raw() == block);
   for (float v : z.span<float>()) REQUIRE(v == 0.0f);  // zeros() clears the reused block
+  host_set_cache_limit(limit);
 }
 
 TEST_CASE("host allocator: two threads allocating and freeing never share a live block", "[allocator]") {
