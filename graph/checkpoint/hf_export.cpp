@@ -1,5 +1,7 @@
 #include "graph/checkpoint/hf_export.hpp"
 
+#include <cerrno>
+#include <string>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -12,6 +14,19 @@
 #include "graph/models/model.hpp"
 
 namespace atl {
+
+namespace {
+
+// A folder that cannot be made: the file system's fault (no space, quota, I/O, read-only) is a
+// FileWriteError (exit 1), the path's (a file in the way, no permission) bad input.
+[[noreturn]] void throw_cannot_create(const std::filesystem::path& dir, const std::error_code& ec) {
+  const std::string what = dir.string() + ": cannot create it: " + ec.message();
+  const int e = ec.value();
+  if (e == ENOSPC || e == EDQUOT || e == EIO || e == EROFS) throw FileWriteError(what);
+  throw CheckpointError(what);
+}
+
+}  // namespace
 
 RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
   const std::filesystem::path state = checkpoint_dir / "trainer_state.json";
@@ -50,7 +65,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   fs::remove_all(tmp);
   std::error_code made;
   fs::create_directories(tmp, made);
-  if (made) throw CheckpointError(out_dir.string() + ": cannot create it: " + made.message());
+  if (made) throw_cannot_create(out_dir, made);
   try {
     write_sharded_safetensors(tmp, model->to_hf(native), max_shard_bytes);
     write_file_durably(tmp / "config.json", model->hf_config().dump(2) + "\n");
@@ -108,7 +123,7 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   while (!fs::exists(top.parent_path(), ec) && top.parent_path() != top) top = top.parent_path();
   const bool made = !fs::exists(root, ec);
   fs::create_directories(root, ec);
-  if (ec) throw CheckpointError(checkpoint_root.string() + ": cannot create it: " + ec.message());
+  if (ec) throw_cannot_create(checkpoint_root, ec);
   if (made) fsync_directory(top.parent_path());
   try {
     return save_checkpoint(checkpoint_root, contents, 0);
