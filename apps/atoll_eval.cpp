@@ -5,7 +5,6 @@
 // --allow-nonfinite), 3 the loss is not finite, 1 other failures.
 #include <limits>
 #include <cmath>
-#include <filesystem>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -52,9 +51,8 @@ int main(int argc, char** argv) {
     if (!dump_logits.empty()) {
       atl::TensorMap out;
       out.insert("logits", atl::model_logits(*model, master, config.precision, atl::read_token_rows(tokens, model->unpadded_vocab_size())));
-      const std::filesystem::path dump_path(dump_logits);
-      if (dump_path.has_parent_path()) std::filesystem::create_directories(dump_path.parent_path());
-      atl::write_safetensors(dump_path, out);
+      atl::create_parent_folders(dump_logits);
+      atl::write_safetensors(dump_logits, out);
       std::cout << "logits " << out.at("logits").describe() << " written to " << dump_logits << "\n";
       return 0;
     }

@@ -59,4 +59,8 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
   require_can_create_in(ancestor, "cannot create '" + path.string() + "': ", file, key);
 }
 
+void create_parent_folders(const std::filesystem::path& file) {
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+}
+
 }  // namespace atl

@@ -10,5 +10,7 @@ namespace atl {
 // process can create or write: an existing one must be writable, a missing one's nearest existing
 // ancestor must be a writable directory (a file's missing folders are created when it is written).
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key);
+// The missing folders of an output file checked above, made just before it is written.
+void create_parent_folders(const std::filesystem::path& file);
 
 }  // namespace atl

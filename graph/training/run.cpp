@@ -19,6 +19,7 @@
 #include "graph/models/beam/model_config.hpp"
 #include "graph/reference/trainer.hpp"
 #include "graph/plan/mesh.hpp"
+#include "graph/training/output_path.hpp"
 #include "graph/training/preflight.hpp"
 #include "graph/training/run_start.hpp"
 #include "graph/training/starting_point.hpp"
@@ -257,9 +258,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       throw DivergedWeights(fmt::format("step {}: the update left values a checkpoint may not hold although the "
                                         "step's loss and gradient norm were finite (usually a learning rate far too "
                                         "large: lower train.lr): {}; {}", s, e.what(), what_is_kept()));
-    } catch (const FileWriteError& e) {
-      throw FileWriteError(fmt::format("the checkpoint of step {} was not saved: {}; {}", s, e.what(), what_is_kept()));
-    } catch (const std::filesystem::filesystem_error& e) {  // its folder or the rename into place
+    } catch (const std::exception& e) {
+      // A file (FileWriteError), its folder or the rename into place (filesystem_error): the step
+      // named. Anything else is not the file system's and goes on as it is.
+      if (!dynamic_cast<const FileWriteError*>(&e) && !dynamic_cast<const std::filesystem::filesystem_error*>(&e)) throw;
       throw FileWriteError(fmt::format("the checkpoint of step {} was not saved: {}; {}", s, e.what(), what_is_kept()));
     }
     last_saved = s;
@@ -271,9 +273,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     if (options.trace_path.empty() || !options.writer) return;
     auto trace = engine->chrome_trace();
     if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
-    const std::filesystem::path trace_path(options.trace_path);
-    if (trace_path.has_parent_path()) std::filesystem::create_directories(trace_path.parent_path());
-    write_file_durably(trace_path, *trace);
+    create_parent_folders(options.trace_path);
+    write_file_durably(options.trace_path, *trace);
     out << "trace written to " << options.trace_path << "\n";
   };
   // A stop request (SIGTERM, SIGINT) ends the run between steps, saving the last finished one.
@@ -329,7 +330,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                            {"elapsed_s", elapsed}};
     // Router load per MoE layer: the busiest expert's tokens over the mean (1 = balanced).
     if (!r.expert_load.empty()) line["expert_load"] = r.expert_load;
-    const bool no_targets = !r.applied && r.nonfinite.empty();  // not applied: nothing to learn from
+    // Not applied with nothing non-finite: its batch held no target (StepResult::applied). A batch
+    // without targets whose norm is NaN (NaN weights) stays a non-finite step.
+    const bool no_targets = !r.applied && r.nonfinite.empty();
     if (no_targets) line["no_targets"] = true;
     if (!r.applied && !no_targets) {
       ++skipped;

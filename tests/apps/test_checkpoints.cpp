@@ -166,40 +166,36 @@ TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault nam
   CHECK(ro.exit_code == 2);
   CHECK(ro.err.find("step-00000004") != std::string::npos);
 
-  // The checkpoints' root named where one checkpoint belongs: said so, with the one to name.
+  // A folder that is no checkpoint, named as one to atoll-train --resume (with train_args' extra
+  // settings), atoll-eval and atoll-convert export: exit 2, saying what the folder is.
+  int tries = 0;
+  auto each_tool_refuses = [&](const fs::path& dir, std::initializer_list<std::string> train_sets,
+                               const std::vector<std::string>& said) {
+    const std::string n = std::to_string(tries++);
+    auto resume = train_args(tries == 1 ? run : tmp.path / ("r" + n));
+    add_sets(resume, train_sets);
+    resume.push_back("--resume");
+    resume.push_back(dir.string());
+    for (const auto& [app, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+             {"atoll-train", resume},
+             {"atoll-eval", {source_path("configs/beam-tiny.yaml").string(), "--checkpoint", dir.string()}},
+             {"atoll-convert", {"export", dir.string(), (tmp.path / ("hf" + n)).string()}}}) {
+      const Result r = run_app(app, args, tmp.path);
+      INFO(app << ": " << r.err);
+      CHECK(r.exit_code == 2);
+      for (const auto& part : said) CHECK_THAT(r.err, Catch::Contains(part));
+    }
+  };
+  // The checkpoints' root, named where one checkpoint belongs (atoll-train from the run's own
+  // run_dir: the root is named before the run_dir checks): the one to name is given.
   const fs::path root = run / "checkpoints";
-  const std::string named = root.string() + ": a checkpoint root (it holds step-NNNNNNNN checkpoints), not a "
-                            "checkpoint: name one of its step folders, the latest complete one is " + good.string();
-  auto from_root = train_args(run);  // the run's own run_dir: the root is named before the run_dir checks
-  add_sets(from_root, {"train.steps=6"});
-  from_root.push_back("--resume");
-  from_root.push_back(root.string());
-  for (const auto& [app, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"atoll-train", from_root},
-           {"atoll-eval", {source_path("configs/beam-tiny.yaml").string(), "--checkpoint", root.string()}},
-           {"atoll-convert", {"export", root.string(), (tmp.path / "hf").string()}}}) {
-    const Result rr = run_app(app, args, tmp.path);
-    INFO(app << ": " << rr.err);
-    CHECK(rr.exit_code == 2);
-    CHECK_THAT(rr.err, Catch::Contains(named));
-  }
-
-  // An HF folder (an export) named as a checkpoint: said so, with the import to run first.
+  each_tool_refuses(root, {"train.steps=6"},
+                    {root.string() + ": a checkpoint root (it holds step-NNNNNNNN checkpoints), not a checkpoint: name "
+                                     "one of its step folders, the latest complete one is " + good.string()});
+  // An HF folder (an export): the import to run first is given.
   const fs::path hf = tmp.path / "exported";
   REQUIRE(run_app("atoll-convert", {"export", good.string(), hf.string()}, tmp.path).exit_code == 0);
-  auto from_hf = train_args(tmp.path / "h");
-  from_hf.push_back("--resume");
-  from_hf.push_back(hf.string());
-  for (const auto& [app, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"atoll-train", from_hf},
-           {"atoll-eval", {source_path("configs/beam-tiny.yaml").string(), "--checkpoint", hf.string()}},
-           {"atoll-convert", {"export", hf.string(), (tmp.path / "hf2").string()}}}) {
-    const Result rh = run_app(app, args, tmp.path);
-    INFO(app << ": " << rh.err);
-    CHECK(rh.exit_code == 2);
-    CHECK_THAT(rh.err, Catch::Contains(hf.string() + ": an HF model folder") &&
-                           Catch::Contains("import it first (atoll-convert import " + hf.string()));
-  }
+  each_tool_refuses(hf, {}, {hf.string() + ": an HF model folder", "import it first (atoll-convert import " + hf.string()});
 }
 
 TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-eval scores both",
