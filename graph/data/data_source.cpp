@@ -181,9 +181,7 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int6
   try {
     return make_data_source(config, usable_vocab, seed);
   } catch (const DataError& e) {  // the config and its key too, as config errors name them
-    const std::string what = e.what();
-    const bool names_key = what.find(": data.") != std::string::npos;  // data.eos_id, data.token_width
-    throw DataError(fmt::format("{}: {}{}", config_file, names_key ? "" : "data.source: ", what));
+    throw DataError(fmt::format("{}: {}{}", config_file, e.key().empty() ? "data.source: " : "", e.what()), e.key());
   }
 }
 

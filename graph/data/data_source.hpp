@@ -17,6 +17,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -26,10 +27,18 @@
 
 namespace atl {
 
-// Bad data or a bad cursor: the message names the file (or source) and the field.
+// Bad data or a bad cursor: the message names the file (or source) and the field. An error about a
+// config key other than data.source itself (data.eos_id, data.token_width) names that key in its
+// message and in key(), so that make_data_source's config prefix does not also blame data.source.
 class DataError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit DataError(const std::string& message, std::string key = "")
+      : std::runtime_error(message), key_(std::move(key)) {}
+  // The data key the message names; empty when the error is about data.source (the file or source).
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
 };
 
 class DataSource {

@@ -218,10 +218,10 @@ std::int64_t resolved_token_width(const std::string& path, std::int64_t width) {
     return from_extension;
   }
   if (width != 2 && width != 4) {
-    throw DataError(fmt::format("{}: data.token_width: expected 2 or 4 bytes, got {}", path, width));
+    throw DataError(fmt::format("{}: data.token_width: expected 2 or 4 bytes, got {}", path, width), "data.token_width");
   }
   if (from_extension != 0 && from_extension != width) {
-    throw DataError(fmt::format("{}: data.token_width {} contradicts the {} extension", path, width, extension));
+    throw DataError(fmt::format("{}: data.token_width {} contradicts the {} extension", path, width, extension), "data.token_width");
   }
   return width;
 }
@@ -237,7 +237,7 @@ TokenFileSource::TokenFileSource(const std::string& path, std::int64_t usable_vo
   if (token_count_ == 0) throw DataError(fmt::format("{}: no tokens (the file is empty)", path));
   if (eos_id_ && (*eos_id_ < 0 || *eos_id_ >= usable_vocab)) {
     throw DataError(fmt::format("{}: data.eos_id: expected an integer in [0, {}) (the usable vocabulary), got {}", path,
-                                usable_vocab, *eos_id_));
+                                usable_vocab, *eos_id_), "data.eos_id");
   }
   bool scorable = false;  // some token has a successor in its document (a target)
   for (std::size_t i = 0; i < token_count_; ++i) {

@@ -434,6 +434,40 @@ TEST_CASE("make_data_source builds the configured source", "[data]") {
   CHECK_FALSE(parse_data_source_spec("wiki").has_value());
 }
 
+TEST_CASE("make_data_source names the config and the key a data error is about", "[data]") {
+  TempDir dir;
+  DataConfig config;
+  config.kind = DataSourceKind::tokens;
+  config.path = dir.write("z.u16", little_endian({3, 1, 4}, 2));
+  config.eos_id = 250;  // past the usable vocabulary: an error about data.eos_id, not about the file
+  try {
+    (void)make_data_source(config, 250, 1, "run.yaml");
+    FAIL("data.eos_id 250 was accepted");
+  } catch (const DataError& e) {
+    CHECK(e.key() == "data.eos_id");
+    CHECK(std::string(e.what()) == "run.yaml: " + config.path +
+                                       ": data.eos_id: expected an integer in [0, 250) (the usable vocabulary), got 250");
+  }
+  config.eos_id.reset();
+  config.token_width = 4;  // contradicts .u16
+  try {
+    (void)make_data_source(config, 250, 1, "run.yaml");
+    FAIL("data.token_width 4 on a .u16 file was accepted");
+  } catch (const DataError& e) {
+    CHECK(e.key() == "data.token_width");
+    CHECK_THAT(e.what(), Catch::StartsWith("run.yaml: " + config.path + ": data.token_width 4 contradicts"));
+  }
+  config.token_width = 0;
+  config.path = dir.write("empty.u16", "");  // the file itself: the error is about data.source
+  try {
+    (void)make_data_source(config, 250, 1, "run.yaml");
+    FAIL("an empty token file was accepted");
+  } catch (const DataError& e) {
+    CHECK(e.key().empty());
+    CHECK(std::string(e.what()) == "run.yaml: data.source: " + config.path + ": no tokens (the file is empty)");
+  }
+}
+
 TEST_CASE("read_rows: a process's ranges of a global batch are those rows of it, and every reader ends at one cursor",
           "[data]") {
   // A non-looping document list that runs out inside the second batch (its padding included).
