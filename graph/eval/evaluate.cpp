@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/model_weights.hpp"
 #include "graph/checkpoint/safetensors.hpp"
@@ -47,10 +49,11 @@ Batch read_token_rows(const std::filesystem::path& file, std::int64_t usable_voc
     throw CheckpointError(file.string() + ": input_ids, positions and valid must share one shape");
   }
   const auto ids = batch.input_ids.span<std::int64_t>();
+  const std::size_t seq = static_cast<std::size_t>(batch.input_ids.size(1));
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= usable_vocab) {
-      throw CheckpointError(file.string() + ": input_ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
-                            " is outside the usable vocabulary [0, " + std::to_string(usable_vocab) + ")");
+    if (ids[i] < 0 || ids[i] >= usable_vocab) {  // named as [row, column], as the file's users index it
+      throw CheckpointError(fmt::format("{}: input_ids[{}, {}] = {} is outside the usable vocabulary [0, {})",
+                                        file.string(), i / seq, i % seq, ids[i], usable_vocab));
     }
   }
   try {
