@@ -21,6 +21,7 @@
 #include "graph/config.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/launch/node_spec.hpp"
+#include "graph/training/exit_code.hpp"
 #include "graph/training/run.hpp"
 #include "graph/training/starting_point.hpp"
 #include "kernels/cpu/cpu_features.hpp"
@@ -46,6 +47,17 @@ void refuse_torchrun_nodes(const atl::RunConfig& config) {
                                atl::backend_name(config.topology.backend) +
                                " runs the whole job in each process; expected ucx (--set topology.backend=ucx)");
   }
+}
+
+// What ended the run, for its last line (the exit code is atl::exit_code_for's).
+std::string end_message(const std::exception& e, const std::vector<std::string>& sets) {
+  if (const auto* config = dynamic_cast<const atl::ConfigError*>(&e)) {
+    return "config error: " + atl::message_naming_set(*config, sets);
+  }
+  if (dynamic_cast<const atl::NonFiniteError*>(&e)) return "non-finite training: " + std::string(e.what());
+  // The rest name their file, checkpoint or signal; an unforeseen failure says it is an error.
+  const bool unforeseen = atl::exit_code_for(e) == 1 && !dynamic_cast<const atl::StartFailed*>(&e);
+  return std::string(unforeseen ? "error: " : "").append(e.what());
 }
 
 }  // namespace
@@ -154,7 +166,7 @@ int main(int argc, char** argv) {
         launch.control->finish();
         throw;
       } catch (const atl::DivergedWeights& e) {  // node 0's alone: every node ends with its exit code
-        launch.control->abort(3, std::string("non-finite training: ") + e.what());
+        launch.control->abort(atl::exit_code_for(e), end_message(e, sets));
         throw;
       } catch (const atl::NonFiniteError&) {
         launch.control->finish();
@@ -173,39 +185,16 @@ int main(int argc, char** argv) {
                                                                                       : atl::make_actor_engine;
     atl::run_training(config, options, engine, std::cout);
     return 0;
-  } catch (const atl::RunStopped& e) {
-    say(std::cerr, e.what());
-    return 128 + e.signal();
-  } catch (const atl::NonFiniteError& e) {
-    say(std::cerr, "non-finite training: " + std::string(e.what()));
-    return 3;
   } catch (const atl::JobMismatch& e) {  // another node runs a different job
     say(std::cerr, "config error: " + std::string(e.what()));
     return 2;
-  } catch (const atl::ConfigError& e) {
-    say(std::cerr, "config error: " + atl::message_naming_set(e, sets));
-    return 2;
-  } catch (const atl::CheckpointError& e) {  // bad input: a damaged or mismatched checkpoint
-    say(std::cerr, e.what());
-    return 2;
-  } catch (const atl::DataError& e) {  // bad input: a data file
-    say(std::cerr, e.what());
-    return 2;
-  } catch (const atl::cpu::CpuIsaError& e) {  // bad input: the environment
-    say(std::cerr, e.what());
-    return 2;
-  } catch (const atl::RunFinished& e) {  // --resume-if-any of a finished run
-    say(std::cout, e.what());
-    return 0;
-  } catch (const atl::StartFailed& e) {  // node 0's reason, and its exit code
-    say(e.exit_code() == 0 ? std::cout : std::cerr, e.what());
-    return e.exit_code();
   } catch (const std::bad_alloc&) {
     say(std::cerr, "out of memory (the preflight estimate, docs/failures.md, is coarse: reduce train.micro_batch, "
                    "train.seq_len or the mesh)");
     return 1;
   } catch (const std::exception& e) {
-    say(std::cerr, "error: " + std::string(e.what()));
-    return 1;
+    const int code = atl::exit_code_for(e);
+    say(code == 0 ? std::cout : std::cerr, end_message(e, sets));
+    return code;
   }
 }

@@ -20,6 +20,7 @@
 #include "graph/data/data_source.hpp"
 #include "graph/data/file_sources.hpp"
 #include "graph/models/model.hpp"
+#include "graph/training/exit_code.hpp"
 #include "graph/training/output_path.hpp"
 
 namespace atl {
@@ -397,9 +398,7 @@ StartingPoint shared_starting_point(const RunConfig& config, const RunOptions& o
       start = writer_starting_point(config, options, model);  // a refusal reaches every node as node 0's reason
       header = encode_start_header(start);
     } catch (const std::exception& e) {
-      const bool bad_input = dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const CheckpointError*>(&e) ||
-                             dynamic_cast<const DataError*>(&e);
-      link.bytes(encode_start_failure(e.what(), dynamic_cast<const RunFinished*>(&e) ? 0 : bad_input ? 2 : 1));
+      link.bytes(encode_start_failure(e.what(), exit_code_for(e)));
       link.barrier();
       throw;
     }
