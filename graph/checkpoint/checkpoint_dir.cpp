@@ -179,9 +179,13 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   }
   for (const auto& dir : stale) fs::remove_all(dir);
 
+  // Step 0 is an import (atoll-convert), weights a run starts from, not a step of its timeline:
+  // keep never counts or removes it.
   std::vector<fs::path> others;
   for (const auto& dir : complete_checkpoints(root)) {
-    if (dir.filename() != final_dir.filename()) others.push_back(dir);
+    if (dir.filename() != final_dir.filename() && parse_step_dir_name(dir.filename().string()).value_or(0) > 0) {
+      others.push_back(dir);
+    }
   }
   if (keep > 0) {
     // Ascending by step: the oldest come first; the newest keep-1 stay.

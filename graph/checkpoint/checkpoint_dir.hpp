@@ -38,7 +38,8 @@ std::string checkpoint_dir_name(std::int64_t step);
 
 // Saves `contents` as root/step-XXXXXXXX (replacing an existing one: it is renamed aside, then removed)
 // and returns that path. Then removes stale .tmp-* directories and, when keep > 0, the complete
-// checkpoints beyond `keep`: the one just saved stays, with the keep-1 highest-step others.
+// checkpoints beyond `keep`: the one just saved stays, with the keep-1 highest-step others. Step 0
+// (an import) is neither counted nor removed.
 // Checkpoints of later steps stay (a run resumed from an earlier step sets them aside first).
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const CheckpointContents& contents, int keep);
 

@@ -168,6 +168,17 @@ TEST_CASE("checkpoint dir: keep rotation removes the oldest complete checkpoints
   CHECK(latest_checkpoint(root) == root / "step-00000006");
 }
 
+TEST_CASE("checkpoint dir: keep rotation never counts or removes step 0, the imported weights", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path root = tmp.path / "ckpt";
+  save_checkpoint(root, make_contents(0, 10), 1);  // atoll-convert import
+  for (std::int64_t step : {2, 4, 6}) save_checkpoint(root, make_contents(step, 10 + step), 2);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000000", "step-00000004", "step-00000006"});
+  check_same(load_checkpoint(root / "step-00000000"), make_contents(0, 10));
+  save_checkpoint(root, make_contents(8, 18), 1);
+  CHECK(entries(root) == std::vector<std::string>{"step-00000000", "step-00000008"});
+}
+
 TEST_CASE("checkpoint dir: later checkpoints are set aside intact, out of --resume's sight", "[checkpoint]") {
   TempDir tmp;
   const fs::path root = tmp.path / "ckpt";
