@@ -2,7 +2,8 @@
 // Loss and perplexity of a checkpoint over the config's data source; with --dump-logits, the
 // fp32 logits of the token rows in --tokens as a safetensors file (tensor `logits` [B, S, V]).
 // Exit codes: 0 done, 2 bad input (a checkpoint with NaN/inf weights too, unless
-// --allow-nonfinite), 3 the loss is not finite, 1 other failures.
+// --allow-nonfinite; one whose model settings differ from the config's, unless
+// --allow-model-change), 3 the loss is not finite, 1 other failures.
 #include <limits>
 #include <cmath>
 #include <iostream>
@@ -35,6 +36,10 @@ int main(int argc, char** argv) {
   bool allow_nonfinite = false;
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "load a checkpoint whose weights hold NaN or infinities (to inspect a broken run)");
+  bool allow_model_change = false;
+  app.add_flag("--allow-model-change", allow_model_change,
+               "score a checkpoint under model settings that differ from its config.json's (rope_theta, "
+               "sliding_window, ...: the shapes must still match)");
   dump->needs(rows);
   rows->needs(dump);
   try {
@@ -47,7 +52,7 @@ int main(int argc, char** argv) {
     if (!dump_logits.empty()) atl::check_output_path(dump_logits, true, config.source_file, "--dump-logits");
     atl::cpu::cpu_features();  // a bad ATOLL_CPU_ISA is refused here, not in a kernel
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
-    const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint, allow_nonfinite);
+    const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint, allow_nonfinite, allow_model_change);
     if (!dump_logits.empty()) {
       atl::TensorMap out;
       out.insert("logits", atl::model_logits(*model, master, config.precision, atl::read_token_rows(tokens, model->unpadded_vocab_size())));

@@ -33,6 +33,22 @@ void check_checkpoint_family(const Model& model, const CheckpointContents& check
   }
 }
 
+std::string model_config_changes(const Model& model, const CheckpointContents& checkpoint) {
+  const nlohmann::json& saved = checkpoint.model_config;
+  if (!saved.is_object()) return "";
+  std::string changes;
+  const nlohmann::json now = model.hf_config();  // (items() of a temporary would dangle)
+  for (const auto& [key, value] : now.items()) {
+    // Neither changes what the weights compute: the init scale (used only by a fresh model) and
+    // the preset's name (two names for one model).
+    if (key == "initializer_range" || key == "atoll_preset") continue;
+    const auto was = saved.find(key);
+    if (was == saved.end() || *was == value) continue;  // (nlohmann compares 10000 and 10000.0 as equal)
+    changes.append(changes.empty() ? "" : ", ").append(key + " " + was->dump() + " -> " + value.dump());
+  }
+  return changes;
+}
+
 TensorMap model_weights_from(const Model& model, const CheckpointContents& checkpoint, const std::string& where) {
   check_checkpoint_family(model, checkpoint, where);
   return model_weights_from(model, checkpoint.model, where);

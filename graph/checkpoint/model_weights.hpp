@@ -17,4 +17,11 @@ TensorMap model_weights_from(const Model& model, const CheckpointContents& check
 // That family check alone (CheckpointError naming `where`).
 void check_checkpoint_family(const Model& model, const CheckpointContents& checkpoint, const std::string& where);
 
+// How the checkpoint's model (its config.json) differs from `model` in settings that keep every
+// tensor's shape (rope_theta, rms_norm_eps, sliding_window, ...): "rope_theta 10000.0 -> 500000.0,
+// ..." (the checkpoint's value first), or "" when they agree. Only the keys `model` writes and the
+// checkpoint has are compared (a foreign config.json may carry more, an old one fewer), less
+// initializer_range and atoll_preset, which change nothing the weights compute.
+std::string model_config_changes(const Model& model, const CheckpointContents& checkpoint);
+
 }  // namespace atl

@@ -74,10 +74,19 @@ Tensor model_logits(const Model& model, const TensorMap& master, Precision preci
   return logits;
 }
 
-TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir, bool allow_nonfinite) {
+TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir, bool allow_nonfinite,
+                             bool allow_model_change) {
   CheckpointLoadOptions options;
   options.allow_nonfinite = allow_nonfinite;
-  return model_weights_from(model, load_checkpoint(checkpoint_dir, options), checkpoint_dir.string());
+  const CheckpointContents checkpoint = load_checkpoint(checkpoint_dir, options);
+  TensorMap weights = model_weights_from(model, checkpoint, checkpoint_dir.string());  // the family first
+  if (const std::string changes = model_config_changes(model, checkpoint); !changes.empty() && !allow_model_change) {
+    throw CheckpointError(fmt::format("{}: the checkpoint's model (config.json) differs from the config's: {} "
+                                      "(the checkpoint's value first); set those model keys to the checkpoint's "
+                                      "values, or pass --allow-model-change to score it under the config's",
+                                      checkpoint_dir.string(), changes));
+  }
+  return weights;
 }
 
 }  // namespace atl

@@ -28,8 +28,10 @@ Batch read_token_rows(const std::filesystem::path& file, std::int64_t usable_voc
 // fp32 logits [B, S, V] of the rows (after the family's softcap; columns >= Vu are -inf).
 Tensor model_logits(const Model& model, const TensorMap& master, Precision precision, const Batch& rows);
 
-// The masters of a training checkpoint, checked against the model.
+// The masters of a training checkpoint, checked against the model. A checkpoint whose model
+// settings (config.json) differ from `model`'s is refused (CheckpointError naming them: its loss
+// under another model's settings is no loss of either) unless allow_model_change.
 TensorMap checkpoint_weights(const Model& model, const std::filesystem::path& checkpoint_dir,
-                             bool allow_nonfinite = false);
+                             bool allow_nonfinite = false, bool allow_model_change = false);
 
 }  // namespace atl

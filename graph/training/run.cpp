@@ -223,6 +223,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     out << "note: settings differ from the checkpoint's run: " << begin.changed_settings
         << " (the steps from here differ from that run's own continuation)\n";
   }
+  if (!begin.model_changes.empty()) {
+    out << "note: the model differs from that of the checkpoint it starts from (its config.json): "
+        << begin.model_changes << "\n";
+  }
   if (t.warmup > 0 && t.warmup >= t.steps) {  // legal (a short probe of a long schedule), but rarely meant
     const std::string reach = t.warmup == t.steps ? std::string("reaches train.lr only at the last step")
                                                   : fmt::format("rises to {:.3g} of train.lr by the last step",

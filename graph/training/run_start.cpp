@@ -358,11 +358,14 @@ StartingPoint read_starting_point(const RunConfig& config, const RunOptions& opt
     start.tokens = c.trainer_state.value("tokens", std::int64_t{0});
     start.description = "resumed from " + dir.string() + " at step " + std::to_string(c.step);
     start.changed_settings = changed_settings(config, c.trainer_state);
+    start.model_changes = model_config_changes(model, c);  // (an import's: a resume's own are refused above)
     return start;
   }
   if (!config.checkpoint.load.empty()) {
-    start.state.master = model_weights_from(model, load_checkpoint(config.checkpoint.load), config.checkpoint.load);
+    const CheckpointContents c = load_checkpoint(config.checkpoint.load);
+    start.state.master = model_weights_from(model, c, config.checkpoint.load);
     start.description = "weights from " + config.checkpoint.load;
+    start.model_changes = model_config_changes(model, c);
     return start;
   }
   return start;  // a fresh model: the engine generates it (empty master)

@@ -27,6 +27,10 @@ struct StartingPoint {
   // from the checkpoint's run ("train.steps 300 -> 400"; empty when none).
   bool resumed = false;
   std::string changed_settings;
+  // Node 0's alone: how the config's model differs from that of the checkpoint whose weights it
+  // starts from (checkpoint.load, or an import), in settings that keep the shapes
+  // ("rope_theta 10000.0 -> 500000.0"; empty when none). Allowed (fine-tuning may change them), named.
+  std::string model_changes;
   // Node 0's alone: the checkpoint a run that does not continue checkpoint.dir's began from
   // (another run's, one set aside, or an import; absolute), else "". run.json records it, so a
   // restart before the first save begins there again instead of from a fresh model.

@@ -568,6 +568,37 @@ TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, 
   CHECK_FALSE(fs::exists(tmp.path / "flint"));
 }
 
+TEST_CASE("apps: atoll-eval refuses a checkpoint under other model settings, and checkpoint.load names them",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  auto beam = train_args(tmp.path / "beam");
+  add_sets(beam, {"train.steps=2", "checkpoint.every=2"});
+  must_run("atoll-train", beam, tmp.path);
+  const std::string step2 = (tmp.path / "beam" / "checkpoints" / "step-00000002").string();
+  auto eval = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{source_path("configs/beam-tiny.yaml").string(), "--checkpoint", step2, "--batches", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_app("atoll-eval", args, tmp.path);
+  };
+  const Result changed = eval({"--set", "model.rope_theta=500000", "--set", "model.rms_norm_eps=0.5"});
+  INFO(changed.err);
+  CHECK(changed.exit_code == 2);
+  CHECK_THAT(changed.err, Catch::Contains(step2 + ": the checkpoint's model (config.json) differs from the config's: "
+                                                  "rms_norm_eps 1e-06 -> 0.5, rope_theta 10000.0 -> 500000.0"));
+  const Result allowed = eval({"--set", "model.rope_theta=500000", "--allow-model-change"});
+  CHECK(allowed.exit_code == 0);
+  CHECK_THAT(allowed.out, Catch::Contains("eval loss="));
+  CHECK(eval({"--set", "model.init_std=0.05"}).exit_code == 0);  // the init scale changes nothing loaded
+
+  auto load = train_args(tmp.path / "tuned");
+  add_sets(load, {"train.steps=1", "model.sliding_window=4", "checkpoint.load=" + step2});
+  const Result tuned = run_app("atoll-train", load, tmp.path);
+  INFO(tuned.err);
+  CHECK(tuned.exit_code == 0);
+  CHECK_THAT(tuned.out, Catch::Contains("note: the model differs from that of the checkpoint it starts from (its "
+                                        "config.json): sliding_window 8 -> 4\n"));
+}
+
 TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or data", "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";
