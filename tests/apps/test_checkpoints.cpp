@@ -543,13 +543,20 @@ TEST_CASE("apps: --resume-if-any of a run begun from another run's checkpoint, w
   CHECK(metrics_without_timing(b / "metrics.jsonl") == metrics);
 }
 
+namespace {
+// Trains beam-tiny two steps into folder/beam and returns its checkpoint's directory.
+std::string beam_checkpoint_at_step_2(const fs::path& folder) {
+  auto beam = train_args(folder / "beam");
+  add_sets(beam, {"train.steps=2", "checkpoint.every=2"});
+  must_run("atoll-train", beam, folder);
+  return (folder / "beam" / "checkpoints" / "step-00000002").string();
+}
+}  // namespace
+
 TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, checkpoint.load and atoll-eval",
           "[apps][checkpoint]") {
   TempDir tmp;
-  auto beam = train_args(tmp.path / "beam");
-  add_sets(beam, {"train.steps=2", "checkpoint.every=2"});
-  must_run("atoll-train", beam, tmp.path);
-  const std::string step2 = (tmp.path / "beam" / "checkpoints" / "step-00000002").string();
+  const std::string step2 = beam_checkpoint_at_step_2(tmp.path);
   auto resume = train_args(tmp.path / "flint", "configs/flint-tiny.yaml");
   add_sets(resume, {"train.steps=4"});
   resume.push_back("--resume");
@@ -571,10 +578,7 @@ TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, 
 TEST_CASE("apps: atoll-eval refuses a checkpoint under other model settings, and checkpoint.load names them",
           "[apps][checkpoint]") {
   TempDir tmp;
-  auto beam = train_args(tmp.path / "beam");
-  add_sets(beam, {"train.steps=2", "checkpoint.every=2"});
-  must_run("atoll-train", beam, tmp.path);
-  const std::string step2 = (tmp.path / "beam" / "checkpoints" / "step-00000002").string();
+  const std::string step2 = beam_checkpoint_at_step_2(tmp.path);
   auto eval = [&](std::vector<std::string> extra) {
     std::vector<std::string> args{source_path("configs/beam-tiny.yaml").string(), "--checkpoint", step2, "--batches", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
