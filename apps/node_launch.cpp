@@ -12,6 +12,7 @@
 #include "comm/rendezvous/control_plane.hpp"
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "comm/ucx/ucx_backend.hpp"
+#include "graph/data/data_source.hpp"
 #include "graph/launch/job_token.hpp"
 #include "graph/plan/mesh.hpp"
 
@@ -114,6 +115,16 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   // Nodes may name the same config, and the same token, by different paths.
   job.erase("source_file");
   job["topology"].erase("job_token_file");
+  // Nodes read their own copies of a data file (no shared file system needed): the copies must
+  // hold the same bytes. A node that cannot read its copy says so after the rendezvous, where the
+  // others learn of it as a differing job (not as a node that never came).
+  std::exception_ptr unreadable_data;
+  try {
+    if (const auto hash = data_content_hash(config.data, config.source_file)) job["data"]["content_hash"] = *hash;
+  } catch (const DataError& e) {
+    unreadable_data = std::current_exception();
+    job["data"]["content_hash"] = std::string("unreadable: ") + e.what();
+  }
   RendezvousSettings settings;
   settings.master_addr = spec.master_addr;
   settings.master_port = spec.master_port;
@@ -127,13 +138,19 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   std::map<int, WorkerAddress> addresses;
   try {
     addresses = rendezvous(settings, world->local_addresses(), &links);
-  } catch (const JobMismatch&) {
+  } catch (const JobMismatch& e) {
+    if (unreadable_data) std::rethrow_exception(unreadable_data);  // its own reason, not the mismatch
+    if (e.key() == "data.content_hash") {
+      throw JobMismatch(e.key(), std::string(e.what()) + " (the nodes' copies of " + config.data.path +
+                                     " differ, or one cannot be read and its node names why: every node must read the same bytes)");
+    }
     throw;
   } catch (const std::runtime_error& e) {  // say where node 0's address and port came from
     throw std::runtime_error(std::string(e.what()) + " [node " + std::to_string(spec.node_rank) + " of " +
                              std::to_string(spec.nnodes) + ", placed by " +
                              (spec.source.empty() ? std::string("defaults") : spec.source) + "]");
   }
+  if (unreadable_data) std::rethrow_exception(unreadable_data);  // every node's copy fails alike
   world->connect(addresses);
   // A transfer that fails with every process alive (the data network broke, the control
   // connections did not) would leave every node waiting: stop once a lost node would have been

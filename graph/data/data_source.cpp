@@ -156,6 +156,22 @@ std::string DocumentListSource::describe() const {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+// The config and its key too, as config errors name them.
+[[noreturn]] void throw_naming_config(const DataError& e, const std::string& config_file) {
+  throw DataError(fmt::format("{}: {}{}", config_file, e.key().empty() ? "data.source: " : "", e.what()), e.key());
+}
+}  // namespace
+
+std::optional<std::string> data_content_hash(const DataConfig& config, const std::string& config_file) {
+  if (config.kind == DataSourceKind::synthetic) return std::nullopt;
+  try {
+    return MappedFile(config.path).content_hash();
+  } catch (const DataError& e) {
+    throw_naming_config(e, config_file);
+  }
+}
+
 std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed) {
   switch (config.kind) {
     case DataSourceKind::synthetic:
@@ -180,8 +196,8 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int6
   }
   try {
     return make_data_source(config, usable_vocab, seed);
-  } catch (const DataError& e) {  // the config and its key too, as config errors name them
-    throw DataError(fmt::format("{}: {}{}", config_file, e.key().empty() ? "data.source: " : "", e.what()), e.key());
+  } catch (const DataError& e) {
+    throw_naming_config(e, config_file);
   }
 }
 

@@ -121,6 +121,12 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int6
 std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed,
                                              const std::string& config_file);
 
+// The content hash (MappedFile::content_hash) of the file a text or tokens source reads; nullopt
+// for synthetic data. Throws DataError naming `config_file` as make_data_source does. The nodes of
+// a job compare it: each reads its own copy of the file, and copies that differ would mix two data
+// streams.
+std::optional<std::string> data_content_hash(const DataConfig& config, const std::string& config_file);
+
 // Cursor field helpers shared by the sources: read `field` of `cursor` as an integer in [min, max],
 // else throw DataError("<what>: cursor field '<field>': expected ..., got ...").
 std::int64_t cursor_integer(const nlohmann::json& cursor, const char* field, std::int64_t min, std::int64_t max,

@@ -133,6 +133,41 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
   CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
 }
 
+TEST_CASE("apps: nodes whose copies of the data file differ, or cannot read theirs, exit 2 before any step",
+          "[apps][ucx]") {
+  TempDir tmp;
+  // The same relative path in two working directories: one config, two files.
+  for (const char* node : {"d0", "d1"}) fs::create_directories(tmp.path / node);
+  write_file(tmp.path / "d0" / "corpus.txt", "the same path\n\nholds these bytes on node 0\n");
+  write_file(tmp.path / "d1" / "corpus.txt", "the same path\n\nholds other bytes on node 1\n");
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
+                               {"topology.mesh.dp_shard=2", "data.source=text:corpus.txt"});
+  auto in = [&](const char* dir, int node, int port) {
+    return "cd " + shell_quote((tmp.path / dir).string()) + " && " + node_command(node, 2, port, args);
+  };
+  {
+    const int port = free_port();
+    const auto [node0, node1] = run_two_nodes(in("d0", 0, port), in("d1", 1, port), tmp.path / "differ");
+    INFO(node0.err << node1.err);
+    CHECK(node0.exit_code == 2);
+    CHECK(node1.exit_code == 2);
+    for (const Result* r : {&node0, &node1}) {
+      CHECK_THAT(r->err, Catch::Contains("data.content_hash (the nodes' copies of corpus.txt differ"));
+    }
+  }
+  {
+    fs::remove(tmp.path / "d1" / "corpus.txt");
+    const int port = free_port();
+    const auto [node0, node1] = run_two_nodes(in("d0", 0, port), in("d1", 1, port), tmp.path / "missing");
+    INFO(node0.err << node1.err);
+    CHECK(node0.exit_code == 2);
+    CHECK_THAT(node0.err, Catch::Contains("data.content_hash"));
+    CHECK(node1.exit_code == 2);  // its own reason
+    CHECK_THAT(node1.err, Catch::Contains("data.source: corpus.txt: cannot open data file: No such file or directory"));
+  }
+  CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
+}
+
 TEST_CASE("apps: node flags or torchrun's nodes without the ucx backend are a config error, not a whole job per node",
           "[apps][ucx]") {
   TempDir tmp;
