@@ -43,12 +43,31 @@ Environment process_environment() {
 }
 
 std::string first_slurm_host(const std::string& nodelist) {
-  const std::size_t cut = nodelist.find_first_of(",[");
-  if (cut == std::string::npos || nodelist[cut] == ',') return nodelist.substr(0, cut);
-  const std::string prefix = nodelist.substr(0, cut);
-  const std::size_t end = nodelist.find_first_of("-,]", cut + 1);
-  if (end == std::string::npos) throw std::invalid_argument("SLURM_JOB_NODELIST: malformed '" + nodelist + "'");
-  return prefix + nodelist.substr(cut + 1, end - cut - 1);
+  auto malformed = [&](const std::string& why) {
+    return std::invalid_argument("SLURM_JOB_NODELIST: malformed '" + nodelist + "' (" + why + ")");
+  };
+  // The first host expression (up to a ',' outside brackets); each bracket group in it is a list of
+  // numbers and ranges whose first number is the first host's ("a[1-2]b[3-4]-ib" starts a1b3-ib).
+  std::string host;
+  for (std::size_t i = 0; i < nodelist.size() && nodelist[i] != ',';) {
+    if (nodelist[i] == ']') throw malformed("a ']' without its '['");
+    if (nodelist[i] != '[') {
+      host += nodelist[i++];
+      continue;
+    }
+    const std::size_t close = nodelist.find(']', i);
+    if (close == std::string::npos) throw malformed("a '[' without its ']'");
+    const std::string group = nodelist.substr(i + 1, close - i - 1);
+    if (group.find_first_not_of("0123456789-,") != std::string::npos) {
+      throw malformed("expected numbers and ranges inside [...], got '" + group + "'");
+    }
+    const std::string first = group.substr(0, group.find_first_of("-,"));
+    if (first.empty()) throw malformed("expected a number first inside [...], got '" + group + "'");
+    host += first;
+    i = close + 1;
+  }
+  if (host.empty()) throw malformed("no host before the first ','");
+  return host;
 }
 
 bool under_torchrun(const Environment& env) { return env("TORCHELASTIC_RUN_ID") || env("GROUP_RANK"); }
@@ -92,7 +111,10 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   // Slurm: SLURM_NODEID, SLURM_NNODES, the first host of SLURM_JOB_NODELIST.
   node.offer(integer("SLURM_NODEID"), "SLURM_NODEID (Slurm)");
   nnodes.offer(integer("SLURM_NNODES"), "SLURM_NNODES (Slurm)");
-  if (auto list = env("SLURM_JOB_NODELIST")) addr.offer(first_slurm_host(*list), "SLURM_JOB_NODELIST (Slurm)");
+  // (Read only when it decides: a list that a flag or MASTER_ADDR overrides is not parsed.)
+  if (auto list = env("SLURM_JOB_NODELIST"); list && !addr.value) {
+    addr.offer(first_slurm_host(*list), "SLURM_JOB_NODELIST (Slurm)");
+  }
 
   NodeSpec spec;
   spec.nnodes = default_nnodes;

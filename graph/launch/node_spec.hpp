@@ -40,7 +40,8 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
 // Whether torchrun started this process (its elastic agent's variables are set).
 bool under_torchrun(const Environment& env);
 
-// The first host of a Slurm node list: "node[01-04,07],gpu2" -> "node01".
+// The first host of a Slurm node list: "node[01-04,07],gpu2" -> "node01", "a[1-2]-ib" -> "a1-ib";
+// std::invalid_argument naming the list when it is malformed.
 std::string first_slurm_host(const std::string& nodelist);
 
 // The ranks node `node_rank` of `nnodes` runs of a `world`-rank mesh; std::invalid_argument

@@ -86,7 +86,18 @@ TEST_CASE("node spec: the first host of a Slurm node list, and each node's ranks
   CHECK(first_slurm_host("a,b,c") == "a");
   CHECK(first_slurm_host("gpu-[3,5]") == "gpu-3");
   CHECK(first_slurm_host("solo") == "solo");
-  CHECK_THROWS_AS(first_slurm_host("bad[1"), std::invalid_argument);
+  // Text after a bracket group stays; groups multiply out with the first of each first.
+  CHECK(first_slurm_host("host-[1-2]-ib") == "host-1-ib");
+  CHECK(first_slurm_host("a[1-2]b[3-4]") == "a1b3");
+  CHECK(first_slurm_host("rack[2]-n[010-012],other") == "rack2-n010");
+  CHECK(first_slurm_host("gpu[07,01-03]") == "gpu07");
+  for (const char* bad : {"bad[1", "node[1-", "node]1", "node[a-b]", "node[]", "[-3]x", ",a", ""}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(first_slurm_host(bad), Catch::StartsWith(std::string("SLURM_JOB_NODELIST: malformed '") + bad + "'"));
+  }
+  // A list that MASTER_ADDR overrides is not read.
+  CHECK(resolve_node_spec({}, env_of({{"SLURM_JOB_NODELIST", "node[1-"}, {"MASTER_ADDR", "10.0.0.1"}})).master_addr ==
+        "10.0.0.1");
   CHECK(node_ranks(8, 2, 1) == std::vector<int>{4, 5, 6, 7});
   CHECK(node_ranks(4, 4, 0) == std::vector<int>{0});
   CHECK_THROWS_WITH(node_ranks(6, 4, 0), Catch::Contains("4 nodes cannot split a 6-rank mesh evenly"));
