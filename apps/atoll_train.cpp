@@ -43,7 +43,7 @@ void refuse_torchrun_nodes(const atl::RunConfig& config) {
   if (spec.nnodes > 1) {
     throw atl::ConfigError(config.source_file, "topology.backend",
                            "torchrun started this process as node " + std::to_string(spec.node_rank) + " of " +
-                               std::to_string(spec.nnodes) + " (" + spec.source + "), but " +
+                               std::to_string(spec.nnodes) + " (" + spec.source() + "), but " +
                                atl::backend_name(config.topology.backend) +
                                " runs the whole job in each process; expected ucx (--set topology.backend=ucx)");
   }

@@ -148,7 +148,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   } catch (const std::runtime_error& e) {  // say where node 0's address and port came from
     throw std::runtime_error(std::string(e.what()) + " [node " + std::to_string(spec.node_rank) + " of " +
                              std::to_string(spec.nnodes) + ", placed by " +
-                             (spec.source.empty() ? std::string("defaults") : spec.source) + "]");
+                             (spec.source().empty() ? std::string("defaults") : spec.source()) + "]");
   }
   if (unreadable_data) std::rethrow_exception(unreadable_data);  // every node's copy fails alike
   world->connect(addresses);

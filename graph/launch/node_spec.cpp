@@ -118,10 +118,10 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
 
   NodeSpec spec;
   spec.nnodes = default_nnodes;
-  spec.node_rank_given = node.value.has_value();
-  spec.nnodes_given = nnodes.value.has_value();
-  spec.master_addr_given = addr.value.has_value();
-  spec.master_port_given = port.value.has_value();
+  spec.node_rank_from = node.from;
+  spec.nnodes_from = nnodes.from;
+  spec.master_addr_from = addr.from;
+  spec.master_port_from = port.from;
   if (nnodes.value) spec.nnodes = *nnodes.value;
   if (node.value) spec.node_rank = *node.value;
   if (addr.value) spec.master_addr = *addr.value;
@@ -134,11 +134,16 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   if (spec.master_port < 1 || spec.master_port > 65535) {
     throw std::invalid_argument(port.from + ": expected a port in 1..65535, got " + std::to_string(spec.master_port));
   }
-  for (const auto* f : {&node.from, &nnodes.from, &addr.from, &port.from}) {
-    if (f->empty()) continue;
-    spec.source += (spec.source.empty() ? "" : ", ") + *f;
-  }
   return spec;
+}
+
+std::string NodeSpec::source() const {
+  std::string joined;
+  for (const std::string* from : {&node_rank_from, &nnodes_from, &master_addr_from, &master_port_from}) {
+    if (from->empty() || (from == &master_port_from && *from == master_addr_from)) continue;  // "topology.nodes" once
+    joined.append(joined.empty() ? "" : ", ").append(*from);
+  }
+  return joined;
 }
 
 std::vector<int> node_ranks(int world, int nnodes, int node_rank) {
@@ -157,8 +162,8 @@ NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const N
   NodePlacement p;
   p.spec = given;
   const int n = static_cast<int>(nodes.size());
-  if (given.nnodes_given && given.nnodes != n) {
-    throw std::invalid_argument("the topology lists " + std::to_string(n) + " nodes, " + given.source + " says " +
+  if (!given.nnodes_from.empty() && given.nnodes != n) {
+    throw std::invalid_argument("the topology lists " + std::to_string(n) + " nodes, " + given.nnodes_from + " says " +
                                 std::to_string(given.nnodes));
   }
   std::int64_t total = 0;  // checked before any list is built: a typo can be 10^10 ranks
@@ -174,12 +179,19 @@ NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const N
     p.all.push_back(std::move(ranks));
   }
   p.spec.nnodes = n;
-  if (!given.master_addr_given || !given.master_port_given) {
-    p.spec.source += std::string(p.spec.source.empty() ? "" : ", ") + "topology.nodes";
+  // Node 0's host and port as the topology lists them, unless a flag says otherwise: the topology
+  // is this job's own file, while MASTER_ADDR and MASTER_PORT (torchrun sets them always) or
+  // Slurm's node list describe whatever launched the process.
+  auto flag = [](const std::string& from) { return from.rfind("--", 0) == 0; };
+  if (!flag(given.master_addr_from)) {
+    p.spec.master_addr = nodes.front().host;
+    p.spec.master_addr_from = "topology.nodes";
   }
-  if (!given.master_addr_given) p.spec.master_addr = nodes.front().host;
-  if (!given.master_port_given) p.spec.master_port = static_cast<int>(nodes.front().port);
-  if (!given.node_rank_given) {
+  if (!flag(given.master_port_from)) {
+    p.spec.master_port = static_cast<int>(nodes.front().port);
+    p.spec.master_port_from = "topology.nodes";
+  }
+  if (given.node_rank_from.empty()) {
     int match = -1, matches = 0;
     for (int i = 0; i < n; ++i) {
       if (nodes[static_cast<std::size_t>(i)].host == hostname) {

@@ -22,9 +22,11 @@ struct NodeSpec {
   int nnodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string source;  // where each field came from, e.g. "--node-rank, GROUP_WORLD_SIZE (torchrun), ..."
-  // Which fields a flag or variable gave (the others are defaults).
-  bool node_rank_given = false, nnodes_given = false, master_addr_given = false, master_port_given = false;
+  // Where each field came from: a flag ("--node-rank"), a variable ("GROUP_WORLD_SIZE (torchrun)")
+  // or "topology.nodes"; "" for a default.
+  std::string node_rank_from, nnodes_from, master_addr_from, master_port_from;
+  // Those origins, joined: "--node-rank, GROUP_WORLD_SIZE (torchrun), ..." ("" when all are defaults).
+  std::string source() const;
 };
 
 // An environment lookup (std::getenv in the app, a map in tests).
@@ -49,7 +51,8 @@ std::string first_slurm_host(const std::string& nodelist);
 std::vector<int> node_ranks(int world, int nnodes, int node_rank);
 
 // Placement from a topology's node list (topology.nodes, in node order): the node count, node 0's
-// host and port (flags and variables win), each node's ranks in order of the list (their counts
+// host and port (--master-addr and --master-port win; variables do not: torchrun sets them always),
+// each node's ranks in order of the list (their counts
 // must add up to `world`). This node is the one the flags or variables name, else the one entry
 // whose host is `hostname`. std::invalid_argument says what does not fit.
 struct NodePlacement {

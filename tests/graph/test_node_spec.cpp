@@ -27,7 +27,7 @@ TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by f
   CHECK(s.nnodes == 4);
   CHECK(s.master_addr == "gpu07");
   CHECK(s.master_port == 29500);
-  CHECK(s.source.find("SLURM_NODEID (Slurm)") != std::string::npos);
+  CHECK(s.source().find("SLURM_NODEID (Slurm)") != std::string::npos);
 
   // What torchrun 2.15 gives each worker of `torchrun --nnodes 2 --node-rank 1 --nproc-per-node 1`.
   const auto torchrun = env_of({{"SLURM_NODEID", "2"}, {"SLURM_NNODES", "4"}, {"SLURM_JOB_NODELIST", "gpu[07-10]"},
@@ -39,7 +39,7 @@ TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by f
   CHECK(s.nnodes == 2);
   CHECK(s.master_addr == "10.0.0.5");
   CHECK(s.master_port == 1235);  // torchrun's agent serves its own store on MASTER_PORT
-  CHECK(s.source.find("MASTER_PORT + 1") != std::string::npos);
+  CHECK(s.source().find("MASTER_PORT + 1") != std::string::npos);
 
   NodeFlags flags;
   flags.node_rank = 0;
@@ -103,14 +103,14 @@ TEST_CASE("node spec: the first host of a Slurm node list, and each node's ranks
   CHECK_THROWS_WITH(node_ranks(6, 4, 0), Catch::Contains("4 nodes cannot split a 6-rank mesh evenly"));
 }
 
-TEST_CASE("node spec: a topology's node list places each node, flags and variables win", "[launch]") {
+TEST_CASE("node spec: a topology's node list places each node; flags win, variables give the node rank only", "[launch]") {
   const std::vector<NodeEntry> nodes = {{"alpha", 29600, 1}, {"beta", 29500, 3}};
   NodePlacement p = place_node(nodes, 4, resolve_node_spec({}, env_of({})), "beta");
   CHECK(p.spec.node_rank == 1);  // by host name
   CHECK(p.spec.nnodes == 2);
   CHECK(p.spec.master_addr == "alpha");
   CHECK(p.spec.master_port == 29600);
-  CHECK(p.spec.source == "topology.nodes");  // named in rendezvous errors
+  CHECK(p.spec.source() == "topology.nodes");  // named in rendezvous errors
   CHECK(p.ranks == std::vector<int>{1, 2, 3});
   CHECK(p.all.front() == std::vector<int>{0});
 
@@ -122,6 +122,22 @@ TEST_CASE("node spec: a topology's node list places each node, flags and variabl
   CHECK(p.spec.master_port == 4000);
   CHECK(p.ranks == std::vector<int>{0});
 
+  // torchrun sets MASTER_ADDR and MASTER_PORT always; Slurm lists its own hosts: the topology's
+  // node 0 stands, and the node rank comes from the variables.
+  const auto torchrun = env_of({{"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "1"},
+                                {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "1234"},
+                                {"SLURM_JOB_NODELIST", "gpu[07-10]"}});
+  p = place_node(nodes, 4, resolve_node_spec({}, torchrun), "elsewhere");
+  CHECK(p.spec.node_rank == 1);
+  CHECK(p.spec.master_addr == "alpha");
+  CHECK(p.spec.master_port == 29600);
+  CHECK(p.spec.source() == "GROUP_RANK (torchrun), GROUP_WORLD_SIZE (torchrun), topology.nodes");
+  NodeFlags addr_flag;
+  addr_flag.master_addr = "10.1.1.1";
+  p = place_node(nodes, 4, resolve_node_spec(addr_flag, torchrun), "elsewhere");
+  CHECK(p.spec.master_addr == "10.1.1.1");
+  CHECK(p.spec.master_port == 29600);
+
   CHECK_THROWS_WITH(place_node(nodes, 8, resolve_node_spec(flags, env_of({})), "alpha"),
                     Catch::Contains("the nodes' ranks add up to 4, the mesh has 8"));
   auto typo = nodes;  // checked before any rank list is built (10^10 ranks would exhaust memory)
@@ -131,5 +147,5 @@ TEST_CASE("node spec: a topology's node list places each node, flags and variabl
   CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({})), "gamma"),
                     Catch::Contains("no node has this machine's host name 'gamma'"));
   CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({{"NNODES", "3"}})), "alpha"),
-                    Catch::Contains("the topology lists 2 nodes"));
+                    Catch::Contains("the topology lists 2 nodes, NNODES says 3"));
 }
