@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
     }
     if (config.topology.backend != atl::Backend::ucx) refuse_torchrun_nodes(config);
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
-      const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr);
+      const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr, options.stop_requested);
       atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
       // Node 0 writes the run; the others print to stderr behind their node rank.
       node_options.writer = launch.spec.node_rank == 0;

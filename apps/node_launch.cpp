@@ -64,7 +64,8 @@ std::string node_prefix(int node_rank) {
   return node_rank != 0 ? "[node " + std::to_string(node_rank) + "] " : std::string();
 }
 
-NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log) {
+NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log,
+                       std::function<int()> stop_requested) {
   NodeLaunch launch;
   try {
     launch.spec = resolve_node_spec(flags, process_environment(),
@@ -134,10 +135,14 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   settings.job = job.dump();
   settings.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.rendezvous_timeout_s * 1000));
   settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };
+  settings.stop_requested = std::move(stop_requested);
   RendezvousLinks links;
   std::map<int, WorkerAddress> addresses;
   try {
     addresses = rendezvous(settings, world->local_addresses(), &links);
+  } catch (const RendezvousStopped& e) {  // before any step: nothing was written
+    throw RunStopped(e.signal(), "stopped by " + stop_signal_name(e.signal()) +
+                                     " while waiting for the other nodes at the rendezvous; nothing was written");
   } catch (const JobMismatch& e) {
     if (unreadable_data) std::rethrow_exception(unreadable_data);  // its own reason, not the mismatch
     if (e.key() == "data.content_hash") {

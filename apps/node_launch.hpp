@@ -3,6 +3,7 @@
 // TCP (job token from ATOLL_JOB_TOKEN or topology.job_token_file), the UCX engine factory for its
 // ranks, and the channel that hands node 0's starting point to the other nodes.
 #pragma once
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -29,9 +30,11 @@ struct NodeLaunch {
 
 // Throws ConfigError (topology.mesh: nodes do not split the mesh; topology.job_token_file: no
 // token, or a bad token file), or
-// JobMismatch when another node runs a different job, std::runtime_error when the rendezvous fails.
-// `log`: the rendezvous's and the control plane's messages.
-NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log);
+// JobMismatch when another node runs a different job, RunStopped when stop_requested (a signal
+// number, else 0) asks to stop during the rendezvous, std::runtime_error when the rendezvous
+// fails. `log`: the rendezvous's and the control plane's messages.
+NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log,
+                       std::function<int()> stop_requested);
 
 // "[node N] " for the nodes other than 0, "" for node 0: what their lines start with.
 std::string node_prefix(int node_rank);

@@ -118,6 +118,23 @@ std::string difference(const json& a, const json& b, const std::string& path) {
   return a == b ? "" : (path.empty() ? "(the whole description)" : path);
 }
 
+void throw_if_stopped(const RendezvousSettings& s) {
+  if (const int signal = s.stop_requested ? s.stop_requested() : 0; signal != 0) {
+    throw RendezvousStopped(signal, "asked to stop (signal " + std::to_string(signal) +
+                                        ") while waiting for the other nodes at the rendezvous");
+  }
+}
+
+// Waits as wait_for does, in slices, so that a stop asked for meanwhile ends the wait at once.
+bool wait_unless_stopped(const RendezvousSettings& s, int fd, Clock::time_point deadline) {
+  for (;;) {
+    throw_if_stopped(s);
+    const auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+    if (wait_for(fd, POLLIN, slice)) return true;
+    if (slice == deadline) return false;
+  }
+}
+
 std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
                                         RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
@@ -136,7 +153,7 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
   };
   std::map<int, Joined> joined;
   while (static_cast<int>(joined.size()) < s.nnodes - 1) {
-    if (!wait_for(listener.fd(), POLLIN, deadline)) {
+    if (!wait_unless_stopped(s, listener.fd(), deadline)) {
       errno = 0;
       std::string missing;
       for (int n = 1; n < s.nnodes; ++n) {
@@ -222,11 +239,13 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
            seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    throw_if_stopped(s);
   }
   send_message(socket.fd(), json{{"token", s.token}, {"node", s.node_rank}, {"job", s.job},
                                  {"addresses", addresses_json(mine)}},
                deadline);
   json reply;
+  wait_unless_stopped(s, socket.fd(), deadline);  // node 0 answers once every node has joined
   try {
     reply = receive_message(socket.fd(), deadline);
   } catch (const std::exception& e) {  // node 0 gave up on a node that never came, or timed out itself

@@ -29,6 +29,16 @@ class JobMismatch : public std::runtime_error {
   std::string key_;
 };
 
+// The process was asked to stop (a signal) while it waited for the other nodes.
+class RendezvousStopped : public std::runtime_error {
+ public:
+  RendezvousStopped(int signal, const std::string& what) : std::runtime_error(what), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 struct RendezvousSettings {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
@@ -38,6 +48,8 @@ struct RendezvousSettings {
   std::string job;    // the job description (JSON text) every node must agree on
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
   std::function<void(const std::string&)> log;  // node 0: a refused connection, say
+  // A signal number once the process is asked to stop, else 0; polled while waiting (RendezvousStopped).
+  std::function<int()> stop_requested;
 };
 
 // The connections the rendezvous leaves open (node 0: one per other node; the others: one to
@@ -47,7 +59,8 @@ struct RendezvousLinks {
 };
 
 // Every rank's worker address; `mine` are this node's. Throws JobMismatch when the descriptions
-// differ, std::runtime_error on a timeout or a broken connection. `links`: keep the connections.
+// differ, RendezvousStopped when asked to stop while waiting, std::runtime_error on a timeout or a
+// broken connection. `links`: keep the connections.
 std::map<int, WorkerAddress> rendezvous(const RendezvousSettings& settings, const std::map<int, WorkerAddress>& mine,
                                         RendezvousLinks* links = nullptr);
 

@@ -110,6 +110,10 @@ std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs in) {
                                             compute_threads(in.config));
 }
 
+std::string stop_signal_name(int signal) {
+  return signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : std::to_string(signal);
+}
+
 namespace {
 
 std::string format_duration(double seconds) {
@@ -296,8 +300,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     } catch (const std::exception& e) {  // the stop still ends as a stop (and keeps its exit code)
       saved += std::string("; the trace was not written: ") + e.what();
     }
-    const std::string name = signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : std::to_string(signal);
-    throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", name, done, t.steps, saved));
+    throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", stop_signal_name(signal), done,
+                                         t.steps, saved));
   };
   int stop_signal = 0;  // the signal this process was asked to stop by
   std::int64_t last_step = first_step - 1;

@@ -51,6 +51,9 @@ class RunStopped : public std::runtime_error {
   int signal_;
 };
 
+// "SIGTERM", "SIGINT", else the number: how stop messages name the signal.
+std::string stop_signal_name(int signal);
+
 struct RunOptions {
   bool overwrite = false;  // replace the outputs of an earlier run in run_dir
   std::string trace_path;  // write a Chrome trace-event JSON here at the end (engines that record one)

@@ -210,6 +210,22 @@ TEST_CASE("apps: a node alone at the rendezvous exits 1 after topology.rendezvou
   CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
 }
 
+TEST_CASE("apps: SIGINT to a node waiting at the rendezvous stops it at once with exit 130, nothing written",
+          "[apps][ucx]") {
+  TempDir tmp;
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
+                               {"topology.mesh.dp_shard=2", "topology.rendezvous_timeout_s=120"});
+  // Node 1 never comes; without the stop node 0 would wait 120 s and exit 1.
+  const Result node0 = run_shell("{ " + node_command(0, 2, free_port(), args) +
+                                     " & pid=$!; sleep 1; kill -INT $pid; wait $pid; }",
+                                 tmp.path / "n0");
+  INFO(node0.err);
+  CHECK(node0.exit_code == 130);
+  CHECK_THAT(node0.err, Catch::Contains("atoll-train: stopped by SIGINT while waiting for the other nodes at the "
+                                        "rendezvous; nothing was written"));
+  CHECK_FALSE(fs::exists(tmp.path / "run"));
+}
+
 TEST_CASE("apps: a connection with a wrong job token is refused and the job goes on", "[apps][ucx]") {
   TempDir tmp;
   const int port = free_port();

@@ -52,6 +52,42 @@ TEST_CASE("rendezvous: node 0 names the nodes that never joined, within the time
         std::string::npos);
 }
 
+TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its signal, on node 0 and the others",
+          "[comm][rendezvous]") {
+  // Asked to stop at the third look: the waits poll it (a 60 s timeout would fail the test).
+  for (int node : {0, 1}) {
+    INFO("node " << node);
+    RendezvousSettings s = settings_for(node, 2, testing::free_port(), std::chrono::seconds(60));
+    int looks = 0;
+    s.stop_requested = [&looks] { return ++looks >= 3 ? 15 : 0; };
+    try {
+      rendezvous(s, {});
+      FAIL("no stop");
+    } catch (const RendezvousStopped& e) {
+      CHECK(e.signal() == 15);
+      CHECK(looks == 3);
+      CHECK(std::string(e.what()) == "asked to stop (signal 15) while waiting for the other nodes at the rendezvous");
+    }
+  }
+  // A node connected to node 0 and waiting for its address book (node 2 never comes) stops too.
+  const int port = testing::free_port();
+  std::string node0;
+  std::thread first([&] { node0 = error_of([&] { rendezvous(settings_for(0, 3, port, std::chrono::milliseconds(1500)), {}); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (order only: node 0 listens first)
+  RendezvousSettings s = settings_for(1, 3, port, std::chrono::seconds(60));
+  int looks = 0;
+  s.stop_requested = [&looks] { return ++looks >= 3 ? 2 : 0; };
+  int stopped_by = 0;
+  try {
+    rendezvous(s, {});
+  } catch (const RendezvousStopped& e) {
+    stopped_by = e.signal();
+  }
+  first.join();
+  CHECK(stopped_by == 2);
+  CHECK(node0.find("missing: node 2") != std::string::npos);
+}
+
 TEST_CASE("rendezvous: a node whose node 0 never listens stops after its timeout", "[comm][rendezvous]") {
   const int port = testing::free_port();
   const std::string error =
