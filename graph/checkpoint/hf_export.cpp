@@ -62,17 +62,23 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
     native.insert(s.name, (bulk_dtype == DType::bf16 && !s.island) ? t.to(DType::bf16) : t);
   }
   const fs::path tmp = out_dir.parent_path() / (".tmp-" + out_dir.filename().string() + "-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  std::error_code made;
-  fs::create_directories(tmp, made);
-  if (made) throw_cannot_create(out_dir, made);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // (a folder that cannot hold it fails the creation next, named)
+  fs::create_directories(tmp, ec);
+  if (ec) throw_cannot_create(out_dir, ec);
+  auto discard = [&] {  // nothing half-written is left behind
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+  };
   try {
     write_sharded_safetensors(tmp, model->to_hf(native), max_shard_bytes);
     write_file_durably(tmp / "config.json", model->hf_config().dump(2) + "\n");
     fs::rename(tmp, out_dir);
+  } catch (const fs::filesystem_error& e) {  // named by OUT, not by the temporary
+    discard();
+    throw_cannot_create(out_dir, e.code());
   } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(tmp, ignored);  // nothing half-written is left behind
+    discard();
     throw;
   }
   fsync_directory(out_dir.parent_path().empty() ? fs::path(".") : out_dir.parent_path());
@@ -125,12 +131,18 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   fs::create_directories(root, ec);
   if (ec) throw_cannot_create(checkpoint_root, ec);
   if (made) fsync_directory(top.parent_path());
-  try {
-    return save_checkpoint(checkpoint_root, contents, 0);
-  } catch (...) {
+  auto discard = [&] {
     for (fs::path p = root; made; p = p.parent_path()) {  // each only while empty
       if (!fs::remove(p, ec) || p == top) break;
     }
+  };
+  try {
+    return save_checkpoint(checkpoint_root, contents, 0);
+  } catch (const fs::filesystem_error& e) {  // a root that refuses the checkpoint: named, not its temporary
+    discard();
+    throw_cannot_create(target, e.code());
+  } catch (...) {
+    discard();
     throw;
   }
 }

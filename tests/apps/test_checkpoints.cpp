@@ -1,5 +1,7 @@
 // Checkpoints end to end: resume, cross-mesh loading, corruption, HF conversion, evaluation and
 // logits that Python's safetensors package reads.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -258,6 +260,29 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-e
       run_app("atoll-convert", {"import", (tmp.path / "hf-slash").string(), (tmp.path / "a-file").string()}, tmp.path);
   CHECK(into_file.exit_code == 2);
   CHECK_THAT(into_file.err, Catch::Contains((tmp.path / "a-file").string() + ": exists and is not a directory"));
+  // An export under that file, and an import into a root this user may not write: exit 2, named
+  // by the path given (not by the temporary), nothing left behind.
+  const Result under_file =
+      run_app("atoll-convert", {"export", ckpt.string(), (tmp.path / "a-file" / "hf").string()}, tmp.path);
+  CHECK(under_file.exit_code == 2);
+  CHECK_THAT(under_file.err, Catch::Contains((tmp.path / "a-file" / "hf").string() + ": cannot create it: Not a directory"));
+  if (::geteuid() == 0 && std::system("command -v setpriv >/dev/null") == 0) {  // as another user (root writes anywhere)
+    const fs::path locked = tmp.path / "locked";
+    fs::create_directories(locked);
+    fs::permissions(tmp.path, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
+    fs::permissions(locked, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                fs::perms::others_read | fs::perms::others_exec);
+    const Result refused = run_shell("setpriv --reuid=65534 --regid=65534 --clear-groups " +
+                                         shell_quote(app_binary("atoll-convert").string()) + " import " +
+                                         shell_quote((tmp.path / "hf-slash").string()) + " " + shell_quote(locked.string()),
+                                     tmp.path / "locked-out");
+    INFO(refused.err);
+    CHECK(refused.exit_code == 2);
+    CHECK_THAT(refused.err, Catch::Contains((locked / "step-00000000").string() + ": cannot create it: Permission denied"));
+    CHECK(fs::is_empty(locked));
+  } else {
+    WARN("the import into an unwritable root was not tried: it needs root and setpriv");
+  }
 
   // An import is weights to start from, not a run: a bare --resume does not take it, and a
   // --resume of it is a fresh start (the run in run_dir is kept unless --overwrite).
