@@ -50,8 +50,14 @@ int main(int argc, char** argv) {
       }
       std::optional<atl::RunConfig> given;
       if (!config_path.empty()) given = atl::load_run_config(config_path, sets);
-      const auto path = atl::import_hf(hf_dir, atl::hf_import_config(hf_dir, given), out_root);
+      std::vector<std::string> ignored;
+      const auto path = atl::import_hf(hf_dir, atl::hf_import_config(hf_dir, given, &ignored), out_root);
       std::cout << "imported " << hf_dir << " to " << path.string() << "\n";
+      if (!ignored.empty()) {
+        std::string keys;
+        for (const auto& key : ignored) keys.append(keys.empty() ? "" : ", ").append(key);
+        std::cout << "note: config.json fields atoll does not use were ignored: " << keys << "\n";
+      }
     }
     return 0;
   } catch (const atl::ConfigError& e) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -21,6 +22,23 @@ namespace {
 
 // Fields of config.json that describe the file rather than the model's shape.
 const std::set<std::string> kNotModelKeys = {"architectures", "model_type", "atoll_preset"};
+
+// Fields the ecosystem writes that change nothing atoll computes (dtype, tokenizer ids, library
+// versions, inference switches): ignored without a note.
+const std::set<std::string> kMetadataKeys = {
+    "torch_dtype",       "dtype",          "transformers_version", "_name_or_path",        "bos_token_id",
+    "eos_token_id",      "pad_token_id",   "use_cache",            "auto_map",             "output_attentions",
+    "output_hidden_states", "return_dict", "max_position_embeddings"};
+
+// Fields a family may not write whose other values would make another model than atoll builds
+// (scaled RoPE, biases, dropout, another activation): absent or this value, else refused.
+const std::map<std::string, json>& neutral_values() {
+  static const std::map<std::string, json> values = {
+      {"rope_scaling", nullptr},  {"attention_bias", false}, {"mlp_bias", false},
+      {"attention_dropout", 0.0}, {"hidden_dropout", 0.0},   {"hidden_act", "silu"},
+      {"partial_rotary_factor", 1.0}, {"tie_word_embeddings", false}};
+  return values;
+}
 
 // Numbers compare by value (HF writes 1e-06 where atoll writes 1e-6, or 10000 for 10000.0), and
 // at float precision, as the model holds them: atoll before 2026-12 wrote 0.02f widened to double
@@ -41,7 +59,8 @@ std::string model_yaml(const json& model) {
 
 }  // namespace
 
-RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig>& given) {
+RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig>& given,
+                           std::vector<std::string>* ignored) {
   if (!fs::is_directory(hf_dir)) {
     throw CheckpointError(hf_dir.string() + ": not an HF model directory (missing or not a directory)");
   }
@@ -88,15 +107,22 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
       }
     }
   }
-  // What the model would write must be what the file says, field by field.
+  // What the model would write must be what the file says, field by field; a field it does not
+  // write either changes nothing atoll computes or is refused.
   const json mine = make_model(config.model, config.source_file)->hf_config();
-  for (const auto& [key, value] : mine.items()) {
-    if (key == "atoll_preset" || !hf.contains(key)) continue;
-    if (!same_value(hf.at(key), value)) {
+  for (const auto& [key, value] : hf.items()) {
+    if (key == "atoll_preset") continue;
+    const auto it = mine.find(key);
+    const json* expected = it != mine.end() ? &*it : nullptr;
+    const auto neutral = neutral_values().find(key);
+    if (!expected && neutral != neutral_values().end()) expected = &neutral->second;
+    if (expected && !same_value(value, *expected)) {
       throw CheckpointError(fmt::format("{}: {}: {} in the file, but the model {} has {}", file.string(), key,
-                                        hf.at(key).dump(), given ? "the run config describes" : "built from it",
-                                        value.dump()));
+                                        value.dump(), given ? "the run config describes" : "built from it",
+                                        it != mine.end() ? expected->dump()
+                                                         : expected->dump() + " (atoll's " + family + " has no other)"));
     }
+    if (!expected && !kNotModelKeys.count(key) && !kMetadataKeys.count(key) && ignored) ignored->push_back(key);
   }
   return config;
 }

@@ -7,13 +7,19 @@
 #pragma once
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "graph/config.hpp"
 
 namespace atl {
 
 // The run config to import `hf_dir` with: `given` (checked against config.json), or one built
-// from config.json. Throws CheckpointError naming config.json and the field.
-RunConfig hf_import_config(const std::filesystem::path& hf_dir, const std::optional<RunConfig>& given);
+// from config.json. Throws CheckpointError naming config.json and the field; a field the model
+// does not write is refused too when it would change the model (rope_scaling, biases, dropout,
+// hidden_act other than silu, ...). `ignored`: the other fields atoll does not use, less pure
+// metadata (torch_dtype, token ids, transformers_version, ...), for the caller to name.
+RunConfig hf_import_config(const std::filesystem::path& hf_dir, const std::optional<RunConfig>& given,
+                           std::vector<std::string>* ignored = nullptr);
 
 }  // namespace atl

@@ -482,6 +482,10 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
   hf_config.erase("atoll_preset");
   hf_config["torch_dtype"] = "float32";
   hf_config["transformers_version"] = "4.50.0";
+  hf_config["rope_scaling"] = nullptr;  // the neutral values of fields atoll does not write
+  hf_config["attention_bias"] = false;
+  hf_config["hidden_act"] = "silu";
+  hf_config["my_lab_tag"] = "run-7";  // unknown to atoll: imported, and named as ignored
   // And as atoll wrote floats before 2026-12: the float widened (0.02f as 0.019999999552965164).
   REQUIRE(hf_config.at("initializer_range").dump() == "0.02");
   hf_config["initializer_range"] = static_cast<double>(0.02f);
@@ -490,6 +494,7 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
   Result r = run_app("atoll-convert", {"import", hf.string(), (tmp.path / "in").string()}, tmp.path);
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::EndsWith("note: config.json fields atoll does not use were ignored: my_lab_tag\n"));
   const fs::path back = tmp.path / "back";
   REQUIRE(run_app("atoll-convert", {"export", (tmp.path / "in" / "step-00000000").string(), back.string()}, tmp.path)
               .exit_code == 0);
@@ -529,6 +534,23 @@ TEST_CASE("failures: HF import builds the model from config.json and refuses a c
        },
        {},
        {"do not fit the model its config.json describes", "model.embed_tokens.weight"}},
+      {"a field atoll does not write, set to change the model",
+       [&](const fs::path& d) {
+         nlohmann::json c = hf_config;
+         c["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+         write_file(d / "config.json", c.dump());
+       },
+       {},
+       {"config.json: rope_scaling: {\"factor\":4.0,\"type\":\"linear\"} in the file, but the model built from it "
+        "has null (atoll's beam has no other)"}},
+      {"another activation",
+       [&](const fs::path& d) {
+         nlohmann::json c = hf_config;
+         c["hidden_act"] = "gelu";
+         write_file(d / "config.json", c.dump());
+       },
+       {"--config", config.string()},
+       {"config.json: hidden_act: \"gelu\" in the file, but the model the run config describes has \"silu\""}},
       {"no config.json", [](const fs::path& d) { fs::remove(d / "config.json"); }, {}, {"config.json: missing"}},
       {"no folder at all", [](const fs::path& d) { fs::remove_all(d); }, {},
        {": not an HF model directory (missing or not a directory)"}},
