@@ -142,7 +142,9 @@ int main(int argc, char** argv) {
     }
     if (config.topology.backend != atl::Backend::ucx) refuse_torchrun_nodes(config);
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
-      const atl::NodeLaunch launch = atl::launch_node(config, node, std::cerr, options.stop_requested);
+      const atl::NodePlacement placed = atl::place_this_node(config, node);
+      prefix = atl::node_prefix(placed.spec.node_rank);  // from here on, even for a placement by Slurm or host name
+      const atl::NodeLaunch launch = atl::launch_node(config, placed, std::cerr, options.stop_requested);
       atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
       // Node 0 writes the run; the others print to stderr behind their node rank.
       node_options.writer = launch.spec.node_rank == 0;
@@ -155,7 +157,6 @@ int main(int argc, char** argv) {
         start_failed = atl::is_start_failure(got);
         return got;
       };
-      prefix = atl::node_prefix(launch.spec.node_rank);
       auto node_out = atl::prefixed_stream(std::cerr, prefix);
       // Ends every node agrees on (done, a stop every node takes after the same step, a
       // non-finite step every node sees) say goodbye, so the other nodes do not count this one

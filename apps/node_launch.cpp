@@ -64,38 +64,42 @@ std::string node_prefix(int node_rank) {
   return node_rank != 0 ? "[node " + std::to_string(node_rank) + "] " : std::string();
 }
 
-NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log,
-                       std::function<int()> stop_requested) {
-  NodeLaunch launch;
+NodePlacement place_this_node(const RunConfig& config, const NodeFlags& flags) {
+  NodeSpec spec;
   try {
-    launch.spec = resolve_node_spec(flags, process_environment(),
-                                    std::max<int>(1, static_cast<int>(config.topology.nodes.size())));
+    spec = resolve_node_spec(flags, process_environment(), std::max<int>(1, static_cast<int>(config.topology.nodes.size())));
   } catch (const std::invalid_argument& e) {
     // (No key: the variable or flag named is the cause, not topology.backend.)
     throw ConfigError(config.source_file, "", std::string("ucx launch: ") + e.what());
   }
   const Mesh mesh(config.topology.mesh, config.source_file);
-  std::vector<int> ranks;
-  std::vector<std::vector<int>> every_node;  // each node's ranks (messages about a lost node)
   if (!config.topology.nodes.empty()) {  // a topology file lists the nodes
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     try {
-      NodePlacement placed = place_node(config.topology.nodes, mesh.world_size(), launch.spec, host);
-      launch.spec = placed.spec;
-      ranks = std::move(placed.ranks);
-      every_node = std::move(placed.all);
+      return place_node(config.topology.nodes, mesh.world_size(), spec, host);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(config.source_file, "topology.nodes", e.what());
     }
-  } else {
-    try {
-      for (int n = 0; n < launch.spec.nnodes; ++n) every_node.push_back(node_ranks(mesh.world_size(), launch.spec.nnodes, n));
-    } catch (const std::invalid_argument& e) {
-      throw ConfigError(config.source_file, "topology.mesh", e.what());
-    }
-    ranks = every_node[static_cast<std::size_t>(launch.spec.node_rank)];
   }
+  NodePlacement placed;
+  placed.spec = spec;
+  try {
+    for (int n = 0; n < spec.nnodes; ++n) placed.all.push_back(node_ranks(mesh.world_size(), spec.nnodes, n));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config.source_file, "topology.mesh", e.what());
+  }
+  placed.ranks = placed.all[static_cast<std::size_t>(spec.node_rank)];
+  return placed;
+}
+
+NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std::ostream& log,
+                       std::function<int()> stop_requested) {
+  NodeLaunch launch;
+  launch.spec = placed.spec;
+  const std::vector<int>& ranks = placed.ranks;
+  const std::vector<std::vector<int>>& every_node = placed.all;  // each node's ranks (messages about a lost node)
+  const Mesh mesh(config.topology.mesh, config.source_file);
   const NodeSpec& spec = launch.spec;
   JobToken token;
   try {
@@ -112,6 +116,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
                       "a file named here");
   }
   auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, nullptr, config.topology.ucx_peer_errors);
+  world->set_message_prefix(node_prefix(spec.node_rank));
   nlohmann::json job = to_json(config);
   // Nodes may name the same config, and the same token, by different paths.
   job.erase("source_file");
@@ -178,7 +183,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ost
   const int me = spec.node_rank;
   control.on_lost = [&log, every_node, me](int node, const std::string& why) {
     const std::vector<int>& lost = every_node.at(static_cast<std::size_t>(node));
-    log << "atoll-train: node " << me << ": lost node " << node << " (ranks " << lost.front() << ".." << lost.back()
+    log << node_prefix(me) << "atoll-train: node " << me << ": lost node " << node << " (ranks " << lost.front() << ".." << lost.back()
         << "): " << why << "; stopping\n"
         << std::flush;
     std::_Exit(1);  // the collectives in flight would wait forever; checkpoints are written atomically

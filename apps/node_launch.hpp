@@ -28,12 +28,16 @@ struct NodeLaunch {
   StartHandOver from_node0;
 };
 
-// Throws ConfigError (topology.mesh: nodes do not split the mesh; topology.job_token_file: no
-// token, or a bad token file), or
+// Where this process sits: the flags and variables (graph/launch/node_spec), placed on the
+// topology's node list when there is one. ConfigError naming the flag, variable or key that does
+// not fit (topology.nodes; topology.mesh: nodes that do not split the mesh).
+NodePlacement place_this_node(const RunConfig& config, const NodeFlags& flags);
+
+// Throws ConfigError (topology.job_token_file: no token, or a bad token file), or
 // JobMismatch when another node runs a different job, RunStopped when stop_requested (a signal
 // number, else 0) asks to stop during the rendezvous, std::runtime_error when the rendezvous
 // fails. `log`: the rendezvous's and the control plane's messages.
-NodeLaunch launch_node(const RunConfig& config, const NodeFlags& flags, std::ostream& log,
+NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std::ostream& log,
                        std::function<int()> stop_requested);
 
 // "[node N] " for the nodes other than 0, "" for node 0: what their lines start with.

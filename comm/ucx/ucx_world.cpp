@@ -108,6 +108,7 @@ struct UcxWorld::Impl {
   std::atomic<bool> ending{false};  // stop() began: failures from here on are the world's own end
   std::set<int> failed_peers;  // under gone_mutex: the remote ranks of failed transfers (-1: a receive)
   std::weak_ptr<Impl> self;    // for the watchdog thread, which may outlive the world
+  std::string message_prefix;  // set_message_prefix's (read on the progress thread)
   // Whether a failure is still unexplained: a peer of a failed transfer has not said goodbye since
   // (its goodbye can arrive after its UCX ended, on a busy machine).
   bool failure_unexplained() {
@@ -265,7 +266,8 @@ struct UcxWorld::Impl {
       failed_peers.insert(peer);
     }
     if (first) {
-      std::fprintf(stderr, "atoll ucx: a %s failed (%s); a peer process is gone\n", what, ucs_status_string(status));
+      std::fprintf(stderr, "%satoll ucx: a %s failed (%s); a peer process is gone\n", message_prefix.c_str(), what,
+                   ucs_status_string(status));
       std::fflush(stderr);
     }
     if (stuck && !stuck_armed.exchange(true)) {
@@ -724,6 +726,10 @@ void UcxWorld::on_transfer_failure(std::chrono::milliseconds grace, std::functio
     impl->stuck_grace = grace;
     impl->stuck = std::move(action);
   });
+}
+
+void UcxWorld::set_message_prefix(std::string prefix) {
+  impl_->call<void>([impl = impl_.get(), prefix = std::move(prefix)]() mutable { impl->message_prefix = std::move(prefix); });
 }
 
 void UcxWorld::expect_gone(const std::vector<int>& remote_ranks) {

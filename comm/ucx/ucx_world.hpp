@@ -66,6 +66,8 @@ class UcxWorld {
   // completes its operation, and with both processes alive nothing else would end the job.
   // atoll-train exits 1 there. Call before the transfers start.
   void on_transfer_failure(std::chrono::milliseconds grace, std::function<void()> action);
+  // What this world's own messages on stderr start with ("[node 1] "): nodes share a terminal.
+  void set_message_prefix(std::string prefix);
 
   // The communicator of local rank `rank` in `group` (std::invalid_argument when it is not a
   // member or not local).

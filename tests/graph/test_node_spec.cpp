@@ -103,7 +103,7 @@ TEST_CASE("node spec: the first host of a Slurm node list, and each node's ranks
   CHECK_THROWS_WITH(node_ranks(6, 4, 0), Catch::Contains("4 nodes cannot split a 6-rank mesh evenly"));
 }
 
-TEST_CASE("node spec: a topology's node list places each node; flags win, variables give the node rank only", "[launch]") {
+TEST_CASE("node spec: a topology's node list places each node, flags win, variables give the node rank only", "[launch]") {
   const std::vector<NodeEntry> nodes = {{"alpha", 29600, 1}, {"beta", 29500, 3}};
   NodePlacement p = place_node(nodes, 4, resolve_node_spec({}, env_of({})), "beta");
   CHECK(p.spec.node_rank == 1);  // by host name
