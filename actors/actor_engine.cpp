@@ -106,7 +106,7 @@ struct ActorEngine::Impl {
   std::vector<comm_actor> comms;
   trainer_actor trainer;
   std::int64_t steps = 0;
-  bool stop_requested = false;  // request_stop: the next steps carry it to every process
+  int stop_signal = 0;  // request_stop's: the next steps carry it to every process
 
   ~Impl() { stop_all(); }
 
@@ -329,7 +329,7 @@ StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   const std::size_t records_before = im.recorder->size();
   im.recorder->set_step(++im.steps);
   StepResult result =
-      Impl::TrainerLine(im).ask<StepResult>(step_atom::value, ProcessStep{rows, record_routing, im.stop_requested});
+      Impl::TrainerLine(im).ask<StepResult>(step_atom::value, ProcessStep{rows, record_routing, im.stop_signal});
   const auto records = im.recorder->records();
   for (std::size_t i = records_before; i < records.size(); ++i) {
     const auto& rec = records[i];
@@ -349,7 +349,7 @@ StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   return result;
 }
 
-void ActorEngine::request_stop() { impl_->stop_requested = true; }
+void ActorEngine::request_stop(int signal) { impl_->stop_signal = signal; }
 
 TrainingState ActorEngine::state() const {
   auto& im = *impl_;

@@ -39,7 +39,7 @@ class ActorEngine : public TrainingEngine {
   std::vector<RowRange> rows_read(std::int64_t global_rows) const override;
   StepResult step(const Batch& rows, bool record_routing = false) override;
   bool agrees_on_stop() const override { return true; }
-  void request_stop() override;
+  void request_stop(int signal) override;
   // The whole model and optimizer state, all-gathered through collectives over every shard group
   // (so every process of a job must call it, as with step()).
   TrainingState state() const override;

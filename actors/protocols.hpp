@@ -65,7 +65,7 @@ struct StageStep {
   std::int64_t step = 0;
   std::vector<Batch> micro_batches;
   bool record_routing = false;
-  bool stop = false;  // this process asks the job to stop after this step (travels in the count)
+  int stop_signal = 0;  // this process asks the job to stop after this step (travels in the count)
 };
 
 // The end of a rank's step: what every rank reported, all-gathered over the world by the step
@@ -76,7 +76,7 @@ struct StageReport {
   std::vector<std::vector<double>> unit_sum_squares;  // [rank][unit]: each rank's gradient shard
   std::vector<std::vector<RoutingRecord>> routing;    // this rank's, per micro-batch, when asked
   std::vector<std::int64_t> expert_counts;            // tokens per expert per MoE layer, every rank summed
-  bool stop = false;                                  // some rank's process asked to stop after this step
+  int stop_signal = 0;  // some rank's process asked to stop after this step: the largest signal, else 0
 };
 
 struct OptimizerStep {
@@ -101,7 +101,7 @@ struct GatheredState {
 struct ProcessStep {
   Batch batch;
   bool record_routing = false;
-  bool stop = false;  // ask the job to stop after this step
+  int stop_signal = 0;  // ask the job to stop after this step (the signal that asked)
 };
 
 }  // namespace atl

@@ -203,7 +203,7 @@ void report(stage_pointer self, const StepInstruction& ins) {
                         auto& s2 = self->state;
                         StageReport out;
                         out.targets = s2.targets;
-                        out.stop = s2.stop_any;
+                        out.stop_signal = static_cast<int>(s2.stop_signal);
                         out.tokens = s2.tokens;
                         const std::size_t micro = s2.loss_sums.size(), experts = s2.load.counts.size();
                         const std::size_t per_rank = micro + n + experts;
@@ -237,7 +237,7 @@ void count(stage_pointer self, const StepInstruction& ins) {
   // targets, tokens, and whether this rank's process asks to stop after this step
   const Tensor send = Tensor::empty({3}, DType::i64);
   send.data<std::int64_t>()[0] = send.data<std::int64_t>()[1] = 0;
-  send.data<std::int64_t>()[2] = st.step.stop ? 1 : 0;
+  send.data<std::int64_t>()[2] = st.step.stop_signal;
   for (const Batch& b : st.step.micro_batches) {
     send.data<std::int64_t>()[0] += b.target_count();
     send.data<std::int64_t>()[1] += b.valid_count();
@@ -252,11 +252,11 @@ void count(stage_pointer self, const StepInstruction& ins) {
             auto& s = self->state;
             if (!s.active) return;
             s.targets = s.tokens = 0;
-            s.stop_any = false;
+            s.stop_signal = 0;
             for (int r = 0; r < world; ++r) {
               s.targets += recv.data<std::int64_t>()[3 * r];
               s.tokens += recv.data<std::int64_t>()[3 * r + 1];
-              s.stop_any = s.stop_any || recv.data<std::int64_t>()[3 * r + 2] != 0;
+              s.stop_signal = std::max(s.stop_signal, recv.data<std::int64_t>()[3 * r + 2]);
             }
             s.grad_scale = loss_grad_scale(s.targets);
             s.counted = true;

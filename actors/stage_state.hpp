@@ -46,7 +46,7 @@ struct StageState {
   ExpertCounts load;  // this rank's tokens per expert of every MoE layer, this step
   bool counted = false;                  // the step's count has completed
   std::int64_t targets = 0, tokens = 0;  // the step's totals (count), once known
-  bool stop_any = false;                 // the count: some process asks to stop after this step
+  std::int64_t stop_signal = 0;          // the count: the largest signal a process stops by after this step
   float grad_scale = 0;                  // 1 / targets (0 without targets)
   std::vector<std::vector<RoutingRecord>> routing;
   caf::typed_response_promise<StageReport> done;

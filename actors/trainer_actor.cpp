@@ -92,7 +92,7 @@ void combine_and_optimize(trainer_pointer self, std::shared_ptr<StepProgress> pr
   for (int rank = 0; rank < mesh.world_size(); ++rank) rank_of_dp[static_cast<std::size_t>(mesh.dp_index(rank))] = rank;
   const StageReport& all = progress->reports.front();  // every rank's numbers, the same in each
   r.targets = all.targets;
-  r.stop_requested = all.stop;
+  r.stop_signal = all.stop_signal;
   r.tokens = all.tokens;
   r.expert_load = ExpertCounts{st.setup.model_experts, all.expert_counts}.max_over_mean();
   auto loss_tree = make_tree_sum<double>([](double& a, const double& b) { a += b; });
@@ -206,7 +206,7 @@ trainer_actor::behavior_type trainer_behavior(trainer_pointer self, TrainerActor
         progress->remaining = st.setup.stages.size();
         progress->answer = in_flight<StepResult>(self);
         for (std::size_t local = 0; local < st.setup.stages.size(); ++local) {
-          StageStep stage_step{r.step, {}, msg.record_routing, msg.stop};
+          StageStep stage_step{r.step, {}, msg.record_routing, msg.stop_signal};
           const auto dp = mesh.dp_index(st.setup.ranks[local]);
           const std::int64_t first = (std::lower_bound(dps.begin(), dps.end(), dp) - dps.begin()) * per_rank;
           for (std::int64_t m = first; m < first + per_rank; ++m) {

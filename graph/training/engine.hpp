@@ -49,8 +49,9 @@ struct StepResult {
   // the mean (graph/training/expert_load.hpp); empty for a model without MoE layers.
   std::vector<double> expert_load;
   // Some process of the job asked to stop (request_stop before this step): every process learns it
-  // from the same step, so all stop after it together.
-  bool stop_requested = false;
+  // from the same step, so all stop after it together; the signal (the largest number when
+  // processes were asked by different ones), else 0. Every process ends with its exit code.
+  int stop_signal = 0;
 };
 
 // The loss gradient's scale for a step of `targets` scored tokens (the mean over the global
@@ -85,7 +86,7 @@ class TrainingEngine {
   // runtime: the step's count collective carries it). Otherwise a stop ends the run before the
   // next step instead.
   virtual bool agrees_on_stop() const { return false; }
-  virtual void request_stop() {}
+  virtual void request_stop(int /*signal*/) {}
   // Masters, AdamW moments and step, full (gathered from shards where sharded), spec order.
   virtual TrainingState state() const = 0;
   TensorMap master_weights() const { return state().master; }

@@ -285,6 +285,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     write_file_durably(options.trace_path, *trace);
     out << "trace written to " << options.trace_path << "\n";
   };
+  int stop_signal = 0;  // the signal this process was asked to stop by
   // A stop request (SIGTERM, SIGINT) ends the run between steps, saving the last finished one.
   auto stop_after = [&](std::int64_t done, int signal) {
     std::string saved = "no checkpoint (checkpoint.every is 0)";
@@ -300,10 +301,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     } catch (const std::exception& e) {  // the stop still ends as a stop (and keeps its exit code)
       saved += std::string("; the trace was not written: ") + e.what();
     }
-    throw RunStopped(signal, fmt::format("stopped by {} after step {} of {}: {}", stop_signal_name(signal), done,
+    // (A process the signal did not reach stops with the job, by the job's signal and exit code.)
+    throw RunStopped(signal, fmt::format("stopped by {}{} after step {} of {}: {}", stop_signal_name(signal),
+                                         stop_signal == 0 ? " (sent to another process of the job)" : "", done,
                                          t.steps, saved));
   };
-  int stop_signal = 0;  // the signal this process was asked to stop by
   std::int64_t last_step = first_step - 1;
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
     if (const int signal = options.stop_requested ? options.stop_requested() : 0; signal != 0 && stop_signal == 0) {
@@ -311,7 +313,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       // (every process stops after the same step); otherwise stop here.
       if (!engine->agrees_on_stop()) stop_after(s - 1, signal);
       stop_signal = signal;
-      engine->request_stop();
+      engine->request_stop(signal);
     }
     if (!first_batch && data->used_up()) {  // data.loop: false, and no row can hold a target
       out << fmt::format("the data ran out after step {} ({}): the run ends {} steps short of train.steps\n", s - 1,
@@ -382,7 +384,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     }
     if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) save(s);
     // Some process asked to stop: every process learns it from this step and stops after it.
-    if (r.stop_requested && s < t.steps) stop_after(s, stop_signal != 0 ? stop_signal : SIGTERM);
+    if (r.stop_signal != 0 && s < t.steps) stop_after(s, r.stop_signal);
   }
   metrics.close();
   if (options.writer) {  // a restart with --resume-if-any of a run that saved nothing then has nothing to do
