@@ -98,6 +98,10 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   node.offer(integer("NODE_RANK"), "NODE_RANK");
   nnodes.offer(integer("NNODES"), "NNODES");
   if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local && *local > 0) {
+    if (!nnodes.value && *world % *local != 0) {
+      throw std::invalid_argument("WORLD_SIZE / LOCAL_WORLD_SIZE: " + std::to_string(*world) + " processes do not "
+                                  "make whole nodes of " + std::to_string(*local) + "; expected a multiple (or NNODES)");
+    }
     nnodes.offer(*world / *local, "WORLD_SIZE / LOCAL_WORLD_SIZE");
   }
   addr.offer(env("MASTER_ADDR"), "MASTER_ADDR");
@@ -128,8 +132,11 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   if (port.value) spec.master_port = *port.value;
   if (spec.nnodes < 1) throw std::invalid_argument(nnodes.from + ": expected a positive node count");
   if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes) {
+    const std::string count_from = nnodes.from.empty() ? "no --nnodes, NNODES, GROUP_WORLD_SIZE or SLURM_NNODES gave one"
+                                                       : "from " + nnodes.from;
     throw std::invalid_argument((node.from.empty() ? std::string("the node rank") : node.from) + ": expected a node rank in [0, " +
-                                std::to_string(spec.nnodes) + "), got " + std::to_string(spec.node_rank));
+                                std::to_string(spec.nnodes) + "), got " + std::to_string(spec.node_rank) + " (the node count " +
+                                std::to_string(spec.nnodes) + ": " + count_from + ")");
   }
   if (spec.master_port < 1 || spec.master_port > 65535) {
     throw std::invalid_argument(port.from + ": expected a port in 1..65535, got " + std::to_string(spec.master_port));

@@ -76,7 +76,14 @@ TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by f
 
   CHECK(resolve_node_spec({}, env_of({})).nnodes == 1);  // nothing given: one node
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"NODE_RANK", "3"}, {"NNODES", "2"}})),
-                    Catch::Contains("NODE_RANK: expected a node rank in [0, 2), got 3"));
+                    Catch::Contains("NODE_RANK: expected a node rank in [0, 2), got 3 (the node count 2: from NNODES)"));
+  // The node count by default (none given), and WORLD_SIZE that is no whole number of nodes.
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"NODE_RANK", "1"}})),
+                    Catch::Contains("NODE_RANK: expected a node rank in [0, 1), got 1 (the node count 1: no --nnodes, "
+                                    "NNODES, GROUP_WORLD_SIZE or SLURM_NNODES gave one)"));
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "2"}})),
+                    Catch::Contains("WORLD_SIZE / LOCAL_WORLD_SIZE: 3 processes do not make whole nodes of 2"));
+  CHECK(resolve_node_spec({}, env_of({{"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "2"}, {"NNODES", "3"}})).nnodes == 3);
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"MASTER_PORT", "http"}})),
                     Catch::Contains("MASTER_PORT: expected an integer"));
 }
