@@ -64,6 +64,10 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
   if (!fs::is_directory(hf_dir)) {
     throw CheckpointError(hf_dir.string() + ": not an HF model directory (missing or not a directory)");
   }
+  if (fs::exists(hf_dir / "trainer_state.json")) {  // the reverse of export's own mistake
+    throw CheckpointError(hf_dir.string() + ": an atoll training checkpoint (it has trainer_state.json), not an HF "
+                          "model folder: train, resume or evaluate from it as it is, or `atoll-convert export` it");
+  }
   const fs::path file = hf_dir / "config.json";
   const json hf = read_json_file(file);  // an HF directory's config.json names the model
   if (!hf.is_object()) throw CheckpointError(file.string() + ": not a JSON object");
