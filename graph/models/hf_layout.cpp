@@ -116,18 +116,35 @@ void per_expert_to_hf(const std::string& prefix, const Tensor& gate_and_up, cons
   }
 }
 
-std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, std::int64_t experts, const TensorMap& hf) {
-  std::vector<Tensor> gu, dn;
+std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, const Shape& gate_and_up, const TensorMap& hf) {
+  if (gate_and_up.size() != 3 || gate_and_up[2] % 2 != 0) {
+    throw std::logic_error("per_expert_from_hf: gate_and_up must be [E, H, 2I], got " + shape_string(gate_and_up));
+  }
+  const std::int64_t experts = gate_and_up[0], h = gate_and_up[1], i = gate_and_up[2] / 2;
+  std::vector<std::string> names;  // every expert's gate, up and down, in that order
   for (std::int64_t e = 0; e < experts; ++e) {
-    const std::string p = prefix + "." + std::to_string(e) + ".";
-    if (!hf.contains(p + "gate_proj.weight")) {
-      throw std::invalid_argument("HF state dict: missing tensor '" + p + "gate_proj.weight'");
+    for (const char* w : {"gate_proj", "up_proj", "down_proj"}) names.push_back(prefix + "." + std::to_string(e) + "." + w + ".weight");
+  }
+  std::vector<Tensor> parts;
+  bool one_dtype = true;
+  for (std::size_t n = 0; n < names.size(); ++n) {
+    const bool is_down = n % 3 == 2;
+    const Tensor& t = require_hf_tensor(hf, names[n], is_down ? Shape{h, i} : Shape{i, h});
+    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
+      throw std::invalid_argument("HF state dict: tensor '" + names[n] + "' is " + t.describe() +
+                                  "; expert weights must be F32 or BF16");
     }
-    const Tensor& gate = hf.at(p + "gate_proj.weight");
-    const Tensor& up = require_hf_tensor(hf, p + "up_proj.weight", gate.shape());
-    const Tensor& down = require_hf_tensor(hf, p + "down_proj.weight", {gate.size(1), gate.size(0)});
-    gu.push_back(concat_last(transpose_last_two(gate), transpose_last_two(up)));
-    dn.push_back(transpose_last_two(down));
+    one_dtype = one_dtype && (parts.empty() || t.dtype() == parts.front().dtype());
+    parts.push_back(t);
+  }
+  // Experts stored in both F32 and BF16 stack as F32 (bf16 widens exactly).
+  if (!one_dtype) {
+    for (Tensor& t : parts) t = t.dtype() == DType::f32 ? t : t.to(DType::f32);
+  }
+  std::vector<Tensor> gu, dn;
+  for (std::size_t n = 0; n < parts.size(); n += 3) {
+    gu.push_back(concat_last(transpose_last_two(parts[n]), transpose_last_two(parts[n + 1])));
+    dn.push_back(transpose_last_two(parts[n + 2]));
   }
   return {stack(gu), stack(dn)};
 }
@@ -164,11 +181,11 @@ TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const T
   for (const auto& s : specs) {
     if (ends_with(s.name, kGateUp)) {
       const std::string prefix = experts_prefix(s.name);
-      auto [gate_up, down] = per_expert_from_hf(prefix, experts, hf);
-      if (gate_up.shape() != s.shape) {
-        throw std::invalid_argument("HF state dict: experts under '" + prefix + "' assemble to " +
-                                    gate_up.describe() + ", expected " + shape_string(s.shape));
+      if (s.shape.empty() || s.shape[0] != experts) {
+        throw std::logic_error("per_expert_layout_from_hf: '" + s.name + "' is " + shape_string(s.shape) + " for " +
+                               std::to_string(experts) + " experts");
       }
+      auto [gate_up, down] = per_expert_from_hf(prefix, s.shape, hf);
       for (std::int64_t e = 0; e < experts; ++e) {
         for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
           used.insert(prefix + "." + std::to_string(e) + "." + w + ".weight");

@@ -28,8 +28,9 @@ std::pair<Tensor, Tensor> split_last(const Tensor& t, std::int64_t first);
 // Linear weights `<prefix>.<e>.gate_proj.weight [I, H]`, `up_proj [I, H]`, `down_proj [H, I]`
 // (MODELS.md §5.8, Flint and Beam). `prefix` is e.g. "model.layers.0.mlp.experts".
 void per_expert_to_hf(const std::string& prefix, const Tensor& gate_and_up, const Tensor& down, TensorMap& hf);
-// Reads (and checks) the 3E per-expert tensors; returns {gate_and_up [E,H,2I], down [E,I,H]}.
-std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, std::int64_t experts, const TensorMap& hf);
+// Reads the 3E per-expert tensors for a native gate_and_up of shape [E, H, 2I], each checked and
+// named (shape; F32 or BF16: mixed, they stack as F32); returns {gate_and_up, down [E, I, H]}.
+std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, const Shape& gate_and_up, const TensorMap& hf);
 
 // The whole adapter of a family whose HF layout differs from the native one only by per-expert
 // experts (`...mlp.experts.gate_and_up_projs` / `down_projs`, converted as above) and by names

@@ -38,13 +38,33 @@ TEST_CASE("Beam experts: native gate_and_up[e] = concat(gate^T, up^T), gate firs
   hf.insert("p.0.gate_proj.weight", Tensor::from_floats({3, 2}, std::vector<float>{1, 2, 3, 4, 5, 6}));
   hf.insert("p.0.up_proj.weight", Tensor::from_floats({3, 2}, std::vector<float>{10, 20, 30, 40, 50, 60}));
   hf.insert("p.0.down_proj.weight", Tensor::from_floats({2, 3}, std::vector<float>{7, 8, 9, 70, 80, 90}));
-  auto [gate_up, down] = per_expert_from_hf("p", 1, hf);
+  auto [gate_up, down] = per_expert_from_hf("p", {1, 2, 6}, hf);
   REQUIRE(gate_up.shape() == Shape{1, 2, 6});
   // Row h of gate_and_up = [gate[:, h] | up[:, h]].
   const std::vector<float> expect_gu = {1, 3, 5, 10, 30, 50, 2, 4, 6, 20, 40, 60};
   CHECK(std::vector<float>(gate_up.span<float>().begin(), gate_up.span<float>().end()) == expect_gu);
   const std::vector<float> expect_down = {7, 70, 8, 80, 9, 90};  // [I, H]
   CHECK(std::vector<float>(down.span<float>().begin(), down.span<float>().end()) == expect_down);
+
+  // One tensor in BF16 (these values are exact in it): the experts stack as F32, the same values.
+  TensorMap mixed;
+  for (const auto& n : hf.names()) mixed.insert(n, n == "p.0.up_proj.weight" ? hf.at(n).to(DType::bf16) : hf.at(n));
+  auto [mixed_gu, mixed_down] = per_expert_from_hf("p", {1, 2, 6}, mixed);
+  CHECK(mixed_gu.dtype() == DType::f32);
+  CHECK(std::vector<float>(mixed_gu.span<float>().begin(), mixed_gu.span<float>().end()) == expect_gu);
+
+  // Each tensor is checked and named: its own shape, its dtype.
+  auto with = [&](const std::string& name, Tensor t) {
+    TensorMap out;
+    for (const auto& n : hf.names()) out.insert(n, n == name ? t : hf.at(n));
+    return out;
+  };
+  CHECK_THROWS_WITH(per_expert_from_hf("p", {1, 2, 6}, with("p.0.gate_proj.weight", Tensor::zeros({1, 3, 2}))),
+                    "HF state dict: tensor 'p.0.gate_proj.weight' is f32[1, 3, 2], expected shape [3, 2]");
+  CHECK_THROWS_WITH(per_expert_from_hf("p", {1, 2, 6}, with("p.0.down_proj.weight", Tensor::zeros({3, 2}))),
+                    "HF state dict: tensor 'p.0.down_proj.weight' is f32[3, 2], expected shape [2, 3]");
+  CHECK_THROWS_WITH(per_expert_from_hf("p", {1, 2, 6}, with("p.0.up_proj.weight", Tensor::zeros({3, 2}, DType::i64))),
+                    "HF state dict: tensor 'p.0.up_proj.weight' is i64[3, 2]; expert weights must be F32 or BF16");
 }
 
 TEST_CASE("Beam from_hf names the missing or misshapen tensor", "[beam][adapter]") {
