@@ -513,8 +513,17 @@ SafetensorsContents read_model_files(const fs::path& dir) {
     }
   }
   if (total_bytes != *declared_total) {
-    fail(index_path, fmt::format("metadata.total_size is {} but the shards hold {} bytes of tensors", *declared_total,
-                                 total_bytes));
+    // A shard the index names no tensor of is never read: say so when it would explain the sum.
+    std::string unnamed;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string file = entry.path().filename().string();
+      if (entry.path().extension() == ".safetensors" && !shard_files.count(file)) unnamed.append(", '").append(file).append("'");
+    }
+    fail(index_path, fmt::format("metadata.total_size is {} but the shards hold {} bytes of tensors{}", *declared_total,
+                                 total_bytes,
+                                 unnamed.empty() ? ""
+                                                 : " (weight_map names no tensor of " + unnamed.substr(2) +
+                                                       " in this folder: are its tensors missing from weight_map?)"));
   }
   for (auto& [name, t] : found) result.tensors.insert(name, t);
   return result;

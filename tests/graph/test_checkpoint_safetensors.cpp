@@ -395,6 +395,16 @@ TEST_CASE("safetensors: index faults are rejected with the file and fault named"
   edit_index(wrong_total, [](json& j) { j["metadata"]["total_size"] = 65; });
   CHECK_THAT(model_files_error(wrong_total), Contains(index_name) && Contains("total_size is 65") && Contains("64"));
 
+  // Both tensors of the second shard dropped from weight_map: that shard is never read.
+  fs::path unread_shard = fresh("unread_shard");
+  edit_index(unread_shard, [](json& j) {
+    j["weight_map"].erase("t2");
+    j["weight_map"].erase("t3");
+  });
+  CHECK_THAT(model_files_error(unread_shard),
+             Contains("total_size is 64 but the shards hold 32 bytes of tensors (weight_map names no tensor of '" +
+                      shard_file_name(2, 2) + "' in this folder: are its tensors missing from weight_map?)"));
+
   fs::path no_total = fresh("no_total");
   edit_index(no_total, [](json& j) { j.erase("metadata"); });
   CHECK_THAT(model_files_error(no_total), Contains(index_name) && Contains("total_size"));
