@@ -1,6 +1,7 @@
 #include "graph/checkpoint/durable_file.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -22,8 +24,9 @@ namespace {
 }  // namespace
 
 DurableFileWriter::DurableFileWriter(std::filesystem::path path) : path_(std::move(path)) {
-  temporary_ = path_.parent_path() /
-               fmt::format(".{}.tmp-{}", path_.filename().string(), static_cast<long>(::getpid()));
+  const std::string prefix = fmt::format(".{}.tmp-", path_.filename().string());
+  remove_abandoned_temporaries(path_.parent_path().empty() ? std::filesystem::path(".") : path_.parent_path(), prefix);
+  temporary_ = path_.parent_path() / fmt::format("{}{}", prefix, static_cast<long>(::getpid()));
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   // The error names the file asked for (the temporary name is ours, not the caller's).
   if (fd_ < 0) fail_errno(path_, "cannot create (writing a temporary beside it)");
@@ -74,6 +77,20 @@ void write_file_durably(const std::filesystem::path& path, std::string_view cont
   DurableFileWriter writer(path);
   writer.write(contents.data(), contents.size());
   writer.commit();
+}
+
+void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> gone;
+  for (auto it = std::filesystem::directory_iterator(folder, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH) gone.push_back(it->path());
+  }
+  for (const auto& path : gone) std::filesystem::remove_all(path, ec);
 }
 
 void fsync_directory(const std::filesystem::path& dir) {

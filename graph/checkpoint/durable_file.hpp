@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 namespace atl {
@@ -37,6 +38,11 @@ class DurableFileWriter {
 };
 
 void write_file_durably(const std::filesystem::path& path, std::string_view contents);
+
+// Removes the entries of `folder` named `<prefix><pid>` whose process is gone: the temporaries of a
+// writer killed before it could remove them (a whole model copy, for an export). An entry whose
+// pid is alive (another writer, or a number reused since) stays. Errors are ignored: a cleanup.
+void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix);
 
 // Makes renames and creations inside `dir` durable.
 void fsync_directory(const std::filesystem::path& dir);

@@ -62,7 +62,9 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
     const Tensor& t = master.at(s.name);
     native.insert(s.name, (bulk_dtype == DType::bf16 && !s.island) ? t.to(DType::bf16) : t);
   }
-  const fs::path tmp = out_dir.parent_path() / (".tmp-" + out_dir.filename().string() + "-" + std::to_string(::getpid()));
+  const std::string tmp_prefix = ".tmp-" + out_dir.filename().string() + "-";
+  remove_abandoned_temporaries(out_dir.parent_path().empty() ? fs::path(".") : out_dir.parent_path(), tmp_prefix);
+  const fs::path tmp = out_dir.parent_path() / (tmp_prefix + std::to_string(::getpid()));
   std::error_code ec;
   fs::remove_all(tmp, ec);  // (a folder that cannot hold it fails the creation next, named)
   fs::create_directories(tmp, ec);

@@ -93,6 +93,31 @@ TEST_CASE("durable file: a file that cannot be made is named as asked, not by it
   }
 }
 
+TEST_CASE("durable file: the temporaries of a writer that died are removed by the next write, a live one's stay",
+          "[checkpoint]") {
+  TempDir tmp;
+  const pid_t child = ::fork();  // a pid that is gone once reaped
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  ::waitpid(child, nullptr, 0);
+  const fs::path dead_file = tmp.path / (".run.json.tmp-" + std::to_string(child));
+  const fs::path dead_folder = tmp.path / (".tmp-hf-" + std::to_string(child));  // an export's, with its files
+  const fs::path live_file = tmp.path / (".run.json.tmp-" + std::to_string(::getppid()));
+  const fs::path other = tmp.path / (".other.json.tmp-" + std::to_string(child));  // another file's
+  for (const auto& f : {dead_file, live_file, other}) write_bytes(f, "partial");
+  fs::create_directories(dead_folder);
+  write_bytes(dead_folder / "model.safetensors", "partial");
+  write_file_durably(tmp.path / "run.json", "{}\n");
+  CHECK_FALSE(fs::exists(dead_file));
+  CHECK(fs::exists(live_file));
+  CHECK(fs::exists(other));
+  CHECK(fs::exists(dead_folder));  // not this file's prefix
+  remove_abandoned_temporaries(tmp.path, ".tmp-hf-");
+  CHECK_FALSE(fs::exists(dead_folder));
+  CHECK(fs::exists(live_file));
+  CHECK(read_bytes(tmp.path / "run.json") == "{}\n");
+}
+
 TEST_CASE("durable file: a write past the file size limit fails, naming the file, and leaves the old one whole",
           "[checkpoint]") {
   TempDir tmp;
