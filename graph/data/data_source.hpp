@@ -63,6 +63,10 @@ class DataSource {
   // the row before scored as its target). A run ends there (data.loop: false).
   virtual bool used_up() const { return exhausted(); }
   virtual std::string describe() const = 0;
+  // Throws DataError naming the file when the file a source reads was modified in place since it
+  // was opened (its mapping would mix old and new bytes); replaced by a rename, the source goes
+  // on reading the bytes it opened. Nothing for sources without a file.
+  virtual void check_unchanged() const {}
 };
 
 // The `ranges` (increasing, disjoint) of the next `rows` rows, concatenated; the source moves past

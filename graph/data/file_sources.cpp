@@ -69,6 +69,9 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     throw DataError(fmt::format("{}: data file is not a regular file", path));
   }
   size_ = static_cast<std::size_t>(info.st_size);
+  device_ = static_cast<std::uint64_t>(info.st_dev);
+  inode_ = static_cast<std::uint64_t>(info.st_ino);
+  mtime_ns_ = static_cast<std::int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
   if (size_ > 0) {
     void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (mapped == MAP_FAILED) {
@@ -81,6 +84,19 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   ::close(fd);  // the mapping stays valid without the descriptor
   guard_ = guard_mapping(data_, size_, path_);
   hash_ = fmt::format("{:016x}", hash_bytes(data_, size_));
+}
+
+void MappedFile::check_unchanged() const {
+  struct stat now {};
+  if (::stat(path_.c_str(), &now) != 0) return;  // gone or renamed away: the mapping still holds the bytes
+  if (static_cast<std::uint64_t>(now.st_dev) != device_ || static_cast<std::uint64_t>(now.st_ino) != inode_) return;
+  const std::int64_t mtime_ns = static_cast<std::int64_t>(now.st_mtim.tv_sec) * 1000000000 + now.st_mtim.tv_nsec;
+  if (static_cast<std::size_t>(now.st_size) == size_ && mtime_ns == mtime_ns_) return;
+  throw DataError(fmt::format("{}: the data file was modified in place while the run read it ({} bytes, modified "
+                              "after it was opened): rows read since may mix old and new bytes; restore it and "
+                              "--resume from a checkpoint saved before (to change data, write a new file and rename "
+                              "it into place)",
+                              path_, static_cast<std::int64_t>(now.st_size)));
 }
 
 MappedFile::~MappedFile() {

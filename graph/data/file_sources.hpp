@@ -31,12 +31,18 @@ class MappedFile {
   // DataError("<what>: cursor field 'file_size' / 'file_hash': ...") unless `cursor` was taken
   // from this content. A cursor without file_hash (saved before it existed) is checked by size.
   void check_cursor_matches(const nlohmann::json& cursor, const std::string& what) const;
+  // DataError unless the file at path() is still the one mapped, unmodified: the same inode with
+  // the same size and modification time (a rename put in its place is another inode: the mapping
+  // still holds the bytes opened, and is fine).
+  void check_unchanged() const;
 
  private:
   std::string path_;
   const unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
   std::string hash_;
+  std::uint64_t device_ = 0, inode_ = 0;
+  std::int64_t mtime_ns_ = 0;
   int guard_ = -1;  // graph/data/mapped_file_guard.hpp: a SIGBUS in the mapping names this file
 };
 
@@ -52,6 +58,7 @@ class TextFileSource : public PackedSource {
   bool exhausted() const override { return offset_ == file_.size(); }
   bool used_up() const override { return !loop_ && offset_ + 1 >= file_.size(); }
   std::string describe() const override;
+  void check_unchanged() const override { file_.check_unchanged(); }
 
  protected:
   StreamToken peek() const override;
@@ -89,6 +96,7 @@ class TokenFileSource : public PackedSource {
   bool exhausted() const override { return index_ == token_count_; }
   bool used_up() const override { return !loop_ && index_ + 1 >= token_count_; }
   std::string describe() const override;
+  void check_unchanged() const override { file_.check_unchanged(); }
   std::int64_t width() const { return width_; }
   std::size_t token_count() const { return token_count_; }
 

@@ -327,6 +327,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     const auto step_start = clock::now();
     Batch batch = first_batch ? std::move(*first_batch) : read_rows(*data, t.global_batch, t.seq_len, ranges);
     first_batch.reset();
+    data->check_unchanged();  // a file edited in place: refused before its rows train (the last checkpoint stands)
     StepResult r = engine->step(batch);
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(clock::now() - start).count();

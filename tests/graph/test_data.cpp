@@ -1,4 +1,6 @@
 // Data sources: packing rules, cursors, determinism, the synthetic corpus's entropy, file formats.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -6,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -500,6 +503,31 @@ TEST_CASE("read_rows: a process's ranges of a global batch are those rows of it,
   DocumentListSource source({{1, 2, 3}});
   CHECK_THROWS_AS(read_rows(source, 4, 2, {{2, 3}, {1, 2}}), std::invalid_argument);  // out of order
   CHECK_THROWS_AS(read_rows(source, 4, 2, {{3, 5}}), std::invalid_argument);          // past the batch
+}
+
+TEST_CASE("a data file modified in place after opening is refused naming it, one renamed into place is not", "[data]") {
+  TempDir dir;
+  const std::string path = dir.write("edited.txt", "abcdef\n\nghijkl\n");
+  TextFileSource source(path, 250);
+  source.check_unchanged();  // as opened
+  (void)source.next(1, 4);
+  // Replaced by a rename (the way to change data): the mapping keeps the bytes opened.
+  const std::string replacement = dir.write("replacement.txt", "ABCDEF\n\nGHIJKL\n");
+  std::filesystem::rename(replacement, path);
+  source.check_unchanged();
+  CHECK(values(source.next(1, 4).input_ids) == std::vector<std::int64_t>{'e', 'f', 'g', 'h'});  // the old bytes
+  // Edited in place, same size: refused (its modification time moves; set it ahead to be sure).
+  TokenFileSource tokens(dir.write("edited.u16", little_endian({1, 2, 3, 4}, 2)), 250);
+  const std::string token_path = dir.path / "edited.u16";
+  {
+    std::fstream f(token_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2);
+    f.put(static_cast<char>(9));
+  }
+  const timespec later[2] = {{0, UTIME_OMIT}, {std::time(nullptr) + 10, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, token_path.c_str(), later, 0) == 0);
+  CHECK_THAT(error_of([&] { tokens.check_unchanged(); }),
+             Catch::StartsWith(token_path + ": the data file was modified in place while the run read it (8 bytes"));
 }
 
 TEST_CASE("a token file truncated while mapped ends the process naming the file, exit 1", "[data]") {
