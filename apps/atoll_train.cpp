@@ -22,6 +22,7 @@
 #include "graph/data/data_source.hpp"
 #include "graph/launch/node_spec.hpp"
 #include "graph/training/exit_code.hpp"
+#include "graph/training/output_path.hpp"
 #include "graph/training/run.hpp"
 #include "graph/training/starting_point.hpp"
 #include "kernels/cpu/cpu_features.hpp"
@@ -144,8 +145,12 @@ int main(int argc, char** argv) {
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
       const atl::NodePlacement placed = atl::place_this_node(config, node);
       prefix = atl::node_prefix(placed.spec.node_rank);  // from here on, even for a placement by Slurm or host name
-      const atl::NodeLaunch launch = atl::launch_node(config, placed, std::cerr, options.stop_requested);
       atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
+      if (!options.trace_path.empty() && placed.spec.node_rank != 0) {  // (node 0's is checked with its outputs)
+        node_options.trace_path = atl::node_trace_path(options.trace_path, placed.spec.node_rank);
+        atl::check_output_path(node_options.trace_path, true, config.source_file, "--trace");
+      }
+      const atl::NodeLaunch launch = atl::launch_node(config, placed, std::cerr, options.stop_requested);
       // Node 0 writes the run; the others print to stderr behind their node rank.
       node_options.writer = launch.spec.node_rank == 0;
       node_options.ranks_here = static_cast<int>(launch.ranks.size());

@@ -63,4 +63,11 @@ void create_parent_folders(const std::filesystem::path& file) {
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
 }
 
+std::string node_trace_path(const std::string& path, int node_rank) {
+  if (node_rank == 0) return path;
+  const std::filesystem::path p(path);
+  const std::string tag = ".node" + std::to_string(node_rank);
+  return (p.parent_path() / (p.stem().string() + tag + p.extension().string())).string();
+}
+
 }  // namespace atl

@@ -10,6 +10,9 @@ namespace atl {
 // process can create or write: an existing one must be writable, a missing one's nearest existing
 // ancestor must be a writable directory (a file's missing folders are created when it is written).
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key);
+// The --trace file of node `node_rank` of a multi-process job: node 0's is `path` itself, node N's
+// has ".nodeN" before the extension ("trace.json" -> "trace.node1.json"), on that node's own disk.
+std::string node_trace_path(const std::string& path, int node_rank);
 // The missing folders of an output file checked above, made just before it is written.
 void create_parent_folders(const std::filesystem::path& file);
 

@@ -278,7 +278,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     return saved;
   };
   auto write_trace = [&] {
-    if (options.trace_path.empty() || !options.writer) return;
+    if (options.trace_path.empty()) return;  // (each node its own ranks', at its own path: node_trace_path)
     auto trace = engine->chrome_trace();
     if (!trace) throw std::runtime_error(std::string("engine ") + engine->name() + " records no trace");
     create_parent_folders(options.trace_path);
