@@ -87,7 +87,9 @@ NodePlacement place_this_node(const RunConfig& config, const NodeFlags& flags) {
   try {
     for (int n = 0; n < spec.nnodes; ++n) placed.all.push_back(node_ranks(mesh.world_size(), spec.nnodes, n));
   } catch (const std::invalid_argument& e) {
-    throw ConfigError(config.source_file, "topology.mesh", e.what());
+    throw ConfigError(config.source_file, "topology.mesh",
+                      std::string(e.what()) + " (the node count from " + spec.nnodes_from +
+                          "); topology.nodes gives each node its own number of ranks");
   }
   placed.ranks = placed.all[static_cast<std::size_t>(spec.node_rank)];
   return placed;

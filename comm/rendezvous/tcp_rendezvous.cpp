@@ -252,7 +252,9 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
     throw std::runtime_error(std::string(e.what()) + ", and node 0 at " + s.master_addr + ":" +
                              std::to_string(s.master_port) + " sent no address book (it names the nodes that did "
                              "not join within " + seconds_text(s.timeout) + " s, topology.rendezvous_timeout_s; "
-                             "another program on that port would not answer either)");
+                             "another program on that port would not answer either, nor would a node 0 that had "
+                             "already started the job: did another process take node " +
+                             std::to_string(s.node_rank) + "?)");
   }
   if (reply.contains("refused")) {
     const std::string key = reply.value("key", std::string("ATOLL_JOB_TOKEN"));

@@ -22,7 +22,14 @@ std::string trimmed(const std::string& s) {
 
 JobToken resolve_job_token(const std::string& token_file, const std::optional<std::string>& env_token) {
   JobToken out;
-  if (env_token && !env_token->empty()) out.token = *env_token;
+  if (env_token && !env_token->empty()) {  // one word, as a file's (a blank one would be a token anyone can guess)
+    const std::string token = trimmed(*env_token);
+    if (token.empty()) throw std::invalid_argument("ATOLL_JOB_TOKEN is blank; expected a token (one word)");
+    if (token.find_first_of(" \t\r\n") != std::string::npos) {
+      throw std::invalid_argument("ATOLL_JOB_TOKEN holds more than one word; expected one token");
+    }
+    out.token = token;
+  }
   if (token_file.empty()) return out;
   struct stat st{};
   if (::stat(token_file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {

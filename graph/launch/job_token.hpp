@@ -15,7 +15,8 @@ struct JobToken {
 
 // `token_file` from the config ("" for none), `env_token` from ATOLL_JOB_TOKEN. Throws
 // std::invalid_argument saying what is wrong: the file cannot be read or holds no token, or both
-// sources give different tokens. Surrounding whitespace of the file's token is ignored.
+// sources give different tokens, or either is blank or more than one word. Surrounding whitespace
+// is ignored.
 JobToken resolve_job_token(const std::string& token_file, const std::optional<std::string>& env_token);
 
 }  // namespace atl

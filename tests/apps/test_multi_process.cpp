@@ -214,6 +214,43 @@ TEST_CASE("apps: a node alone at the rendezvous exits 1 after topology.rendezvou
   CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
 }
 
+TEST_CASE("apps: nodes that cannot split the mesh evenly, or a blank job token, exit 2 before the rendezvous",
+          "[apps][ucx]") {
+  TempDir tmp;
+  const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run", {"topology.mesh.dp_shard=4"});
+  const Result uneven = run_shell(node_command(0, 3, free_port(), args), tmp.path / "uneven");
+  CHECK(uneven.exit_code == 2);
+  CHECK_THAT(uneven.err, Catch::Contains("topology.mesh: 3 nodes cannot split a 4-rank mesh evenly (the node count "
+                                         "from NNODES); topology.nodes gives each node its own number of ranks"));
+  std::string blank = node_command(0, 2, free_port(), args);
+  blank.replace(blank.find("ATOLL_JOB_TOKEN=secret"), 22, "ATOLL_JOB_TOKEN=' '");
+  const Result no_token = run_shell(blank, tmp.path / "blank");
+  CHECK(no_token.exit_code == 2);
+  CHECK_THAT(no_token.err, Catch::Contains("topology.job_token_file: ATOLL_JOB_TOKEN is blank"));
+  CHECK_FALSE(fs::exists(tmp.path / "run"));
+}
+
+TEST_CASE("apps: --trace on two nodes: each writes its own ranks' spans, node 1 beside node 0's name", "[apps][ucx]") {
+  TempDir tmp;
+  auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run", {"topology.mesh.dp_shard=4", "train.steps=2"});
+  args.push_back("--trace");
+  args.push_back((tmp.path / "traces" / "trace.json").string());
+  const Result r = run_shell(launch_script() + " --nnodes 2 --" + joined(args), tmp.path / "launch");
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  auto ranks_in = [](const fs::path& file) {
+    std::vector<std::string> ranks;
+    const nlohmann::json trace = nlohmann::json::parse(read_file(file));  // (a temporary's events would dangle)
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.value("name", "") == "process_name") ranks.push_back(e.at("args").at("name").get<std::string>());
+    }
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
+  };
+  CHECK(ranks_in(tmp.path / "traces" / "trace.json") == std::vector<std::string>{"rank 0", "rank 1"});
+  CHECK(ranks_in(tmp.path / "traces" / "trace.node1.json") == std::vector<std::string>{"rank 2", "rank 3"});
+}
+
 TEST_CASE("apps: SIGINT to a node waiting at the rendezvous stops it at once with exit 130, nothing written",
           "[apps][ucx]") {
   TempDir tmp;

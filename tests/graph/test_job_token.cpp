@@ -37,6 +37,10 @@ TEST_CASE("job token: from the variable, from a file, or from both when they agr
   TempDir dir;
   CHECK_FALSE(resolve_job_token("", std::nullopt).token);
   CHECK(*resolve_job_token("", std::string("abc")).token == "abc");
+  CHECK(*resolve_job_token("", std::string(" abc\n")).token == "abc");  // as a file's: surrounding whitespace goes
+  CHECK_THROWS_WITH(resolve_job_token("", std::string("   ")), "ATOLL_JOB_TOKEN is blank; expected a token (one word)");
+  CHECK_THROWS_WITH(resolve_job_token("", std::string("two words")),
+                    "ATOLL_JOB_TOKEN holds more than one word; expected one token");
 
   const std::string file = write_token(dir, "token", "  s3cret\n", 0600);
   const JobToken from_file = resolve_job_token(file, std::nullopt);
