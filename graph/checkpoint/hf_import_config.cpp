@@ -1,8 +1,6 @@
 #include "graph/checkpoint/hf_import_config.hpp"
 
 #include <algorithm>
-#include <cfloat>
-#include <cmath>
 #include <map>
 #include <set>
 
@@ -10,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/checkpoint/config_value.hpp"
 #include "graph/checkpoint/json_file.hpp"
 #include "graph/models/model.hpp"
 
@@ -38,17 +37,6 @@ const std::map<std::string, json>& neutral_values() {
       {"attention_dropout", 0.0}, {"hidden_dropout", 0.0},   {"hidden_act", "silu"},
       {"partial_rotary_factor", 1.0}, {"tie_word_embeddings", false}};
   return values;
-}
-
-// Numbers compare by value (HF writes 1e-06 where atoll writes 1e-6, or 10000 for 10000.0), and
-// at float precision, as the model holds them: atoll before 2026-12 wrote 0.02f widened to double
-// (0.019999999552965164), now the shortest form (0.02).
-bool same_value(const json& a, const json& b) {
-  if (!a.is_number() || !b.is_number()) return a == b;
-  const double x = a.get<double>(), y = b.get<double>();
-  if (!a.is_number_float() && !b.is_number_float()) return x == y;  // integers: exactly
-  const auto in_float_range = [](double v) { return std::isfinite(v) && std::fabs(v) <= FLT_MAX; };
-  return x == y || (in_float_range(x) && in_float_range(y) && static_cast<float>(x) == static_cast<float>(y));
 }
 
 std::string model_yaml(const json& model) {
@@ -120,7 +108,7 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
     const json* expected = it != mine.end() ? &*it : nullptr;
     const auto neutral = neutral_values().find(key);
     if (!expected && neutral != neutral_values().end()) expected = &neutral->second;
-    if (expected && !same_value(value, *expected)) {
+    if (expected && !same_config_value(value, *expected)) {
       throw CheckpointError(fmt::format("{}: {}: {} in the file, but the model {} has {}", file.string(), key,
                                         value.dump(), given ? "the run config describes" : "built from it",
                                         it != mine.end() ? expected->dump()

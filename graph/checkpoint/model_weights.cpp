@@ -1,6 +1,7 @@
 #include "graph/checkpoint/model_weights.hpp"
 
 #include "graph/checkpoint/checkpoint_error.hpp"
+#include "graph/checkpoint/config_value.hpp"
 
 namespace atl {
 
@@ -43,7 +44,7 @@ std::string model_config_changes(const Model& model, const CheckpointContents& c
     // the preset's name (two names for one model).
     if (key == "initializer_range" || key == "atoll_preset") continue;
     const auto was = saved.find(key);
-    if (was == saved.end() || *was == value) continue;  // (nlohmann compares 10000 and 10000.0 as equal)
+    if (was == saved.end() || same_config_value(*was, value)) continue;  // (as older builds wrote floats too)
     changes.append(changes.empty() ? "" : ", ").append(key + " " + was->dump() + " -> " + value.dump());
   }
   return changes;
