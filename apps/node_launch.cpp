@@ -67,7 +67,7 @@ std::string node_prefix(int node_rank) {
 NodePlacement place_this_node(const RunConfig& config, const NodeFlags& flags) {
   NodeSpec spec;
   try {
-    spec = resolve_node_spec(flags, process_environment(), std::max<int>(1, static_cast<int>(config.topology.nodes.size())));
+    spec = resolve_node_spec(flags, process_environment(), static_cast<int>(config.topology.nodes.size()));
   } catch (const std::invalid_argument& e) {
     // (No key: the variable or flag named is the cause, not topology.backend.)
     throw ConfigError(config.source_file, "", std::string("ucx launch: ") + e.what());
@@ -128,7 +128,9 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
   // others learn of it as a differing job (not as a node that never came).
   std::exception_ptr unreadable_data;
   try {
-    if (const auto hash = data_content_hash(config.data, config.source_file)) job["data"]["content_hash"] = *hash;
+    if (spec.nnodes > 1) {  // (a second pass over the file: only where there is another copy to compare)
+      if (const auto hash = data_content_hash(config.data, config.source_file)) job["data"]["content_hash"] = *hash;
+    }
   } catch (const DataError& e) {
     unreadable_data = std::current_exception();
     job["data"]["content_hash"] = std::string("unreadable: ") + e.what();

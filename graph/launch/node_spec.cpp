@@ -1,5 +1,6 @@
 #include "graph/launch/node_spec.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -18,6 +19,8 @@ int parse_int(const std::string& text, const std::string& what) {
   if (used == 0 || used != text.size()) throw std::invalid_argument(what + ": expected an integer, got '" + text + "'");
   return value;
 }
+
+constexpr const char* kAgentStorePort = "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)";
 
 // The first source that has a field: flags, then torchrun's variables, then Slurm's.
 template <class T>
@@ -72,7 +75,7 @@ std::string first_slurm_host(const std::string& nodelist) {
 
 bool under_torchrun(const Environment& env) { return env("TORCHELASTIC_RUN_ID") || env("GROUP_RANK"); }
 
-NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int default_nnodes) {
+NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int topology_nodes) {
   auto integer = [&](const char* name) -> std::optional<int> {
     if (auto v = env(name)) return parse_int(*v, name);
     return std::nullopt;
@@ -109,19 +112,19 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   // atoll's rendezvous takes the next port, the same on every node. (With c10d rendezvous
   // MASTER_PORT is one the OS picked and its successor may be taken: --master-port is surer.)
   if (auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE"); agent_store && (*agent_store == "True" || *agent_store == "1")) {
-    if (auto p = integer("MASTER_PORT")) port.offer(*p + 1, "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)");
+    if (auto p = integer("MASTER_PORT")) port.offer(*p + 1, kAgentStorePort);
   }
   port.offer(integer("MASTER_PORT"), "MASTER_PORT");
   // Slurm: SLURM_NODEID, SLURM_NNODES, the first host of SLURM_JOB_NODELIST.
   node.offer(integer("SLURM_NODEID"), "SLURM_NODEID (Slurm)");
   nnodes.offer(integer("SLURM_NNODES"), "SLURM_NNODES (Slurm)");
-  // (Read only when it decides: a list that a flag or MASTER_ADDR overrides is not parsed.)
-  if (auto list = env("SLURM_JOB_NODELIST"); list && !addr.value) {
+  // (Read only when it decides: a list that a flag, MASTER_ADDR or a topology overrides is not parsed.)
+  if (auto list = env("SLURM_JOB_NODELIST"); list && !addr.value && topology_nodes == 0) {
     addr.offer(first_slurm_host(*list), "SLURM_JOB_NODELIST (Slurm)");
   }
 
   NodeSpec spec;
-  spec.nnodes = default_nnodes;
+  spec.nnodes = std::max(1, topology_nodes);
   spec.node_rank_from = node.from;
   spec.nnodes_from = nnodes.from;
   spec.master_addr_from = addr.from;
@@ -132,8 +135,10 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int d
   if (port.value) spec.master_port = *port.value;
   if (spec.nnodes < 1) throw std::invalid_argument(nnodes.from + ": expected a positive node count");
   if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes) {
-    const std::string count_from = nnodes.from.empty() ? "no --nnodes, NNODES, GROUP_WORLD_SIZE or SLURM_NNODES gave one"
-                                                       : "from " + nnodes.from;
+    const std::string count_from = !nnodes.from.empty() ? "from " + nnodes.from
+                                   : topology_nodes > 0 ? std::string("from topology.nodes")
+                                                        : "no --nnodes, NNODES, GROUP_WORLD_SIZE, WORLD_SIZE / "
+                                                          "LOCAL_WORLD_SIZE or SLURM_NNODES gave one";
     throw std::invalid_argument((node.from.empty() ? std::string("the node rank") : node.from) + ": expected a node rank in [0, " +
                                 std::to_string(spec.nnodes) + "), got " + std::to_string(spec.node_rank) + " (the node count " +
                                 std::to_string(spec.nnodes) + ": " + count_from + ")");
@@ -197,6 +202,11 @@ NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const N
   if (!flag(given.master_port_from)) {
     p.spec.master_port = static_cast<int>(nodes.front().port);
     p.spec.master_port_from = "topology.nodes";
+    // Under torchrun, its agent store may hold that very port (MASTER_PORT): the next one, as without a topology.
+    if (given.master_port_from.rfind(kAgentStorePort, 0) == 0 && p.spec.master_port == given.master_port - 1) {
+      p.spec.master_port += 1;
+      p.spec.master_port_from = "topology.nodes + 1 (torchrun's agent store holds its port)";
+    }
   }
   if (given.node_rank_from.empty()) {
     int match = -1, matches = 0;

@@ -36,8 +36,9 @@ Environment process_environment();
 // Throws std::invalid_argument naming the flag or variable that is malformed or out of range
 // (node rank outside [0, nnodes), a port outside 1..65535, torchrun starting more than one process
 // per node).
-// `default_nnodes`: the node count when no flag or variable gives one (a topology's node list).
-NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int default_nnodes = 1);
+// `topology_nodes`: the length of a topology's node list (0: none), the node count when no flag or
+// variable gives one; with a list, Slurm's node list is not read (the topology names node 0).
+NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int topology_nodes = 0);
 
 // Whether torchrun started this process (its elastic agent's variables are set).
 bool under_torchrun(const Environment& env);

@@ -80,7 +80,7 @@ TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by f
   // The node count by default (none given), and WORLD_SIZE that is no whole number of nodes.
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"NODE_RANK", "1"}})),
                     Catch::Contains("NODE_RANK: expected a node rank in [0, 1), got 1 (the node count 1: no --nnodes, "
-                                    "NNODES, GROUP_WORLD_SIZE or SLURM_NNODES gave one)"));
+                                    "NNODES, GROUP_WORLD_SIZE, WORLD_SIZE / LOCAL_WORLD_SIZE or SLURM_NNODES gave one)"));
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "2"}})),
                     Catch::Contains("WORLD_SIZE / LOCAL_WORLD_SIZE: 3 processes do not make whole nodes of 2"));
   CHECK(resolve_node_spec({}, env_of({{"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "2"}, {"NNODES", "3"}})).nnodes == 3);
@@ -102,6 +102,11 @@ TEST_CASE("node spec: the first host of a Slurm node list, and each node's ranks
     INFO(bad);
     CHECK_THROWS_WITH(first_slurm_host(bad), Catch::StartsWith(std::string("SLURM_JOB_NODELIST: malformed '") + bad + "'"));
   }
+  // With a topology's node list: the count defaults to it, and Slurm's list is not read (the
+  // topology names node 0).
+  CHECK(resolve_node_spec({}, env_of({{"SLURM_JOB_NODELIST", "node[1-"}}), 2).nnodes == 2);
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"NODE_RANK", "2"}}), 2),
+                    Catch::Contains("NODE_RANK: expected a node rank in [0, 2), got 2 (the node count 2: from topology.nodes)"));
   // A list that MASTER_ADDR overrides is not read.
   CHECK(resolve_node_spec({}, env_of({{"SLURM_JOB_NODELIST", "node[1-"}, {"MASTER_ADDR", "10.0.0.1"}})).master_addr ==
         "10.0.0.1");
@@ -139,6 +144,12 @@ TEST_CASE("node spec: a topology's node list places each node, flags win, variab
   CHECK(p.spec.master_addr == "alpha");
   CHECK(p.spec.master_port == 29600);
   CHECK(p.spec.source() == "GROUP_RANK (torchrun), GROUP_WORLD_SIZE (torchrun), topology.nodes");
+  // torchrun's agent store holds MASTER_PORT: a topology naming that port takes the next, as without one.
+  const auto agent_store = env_of({{"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"MASTER_PORT", "29600"},
+                                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  p = place_node(nodes, 4, resolve_node_spec({}, agent_store), "elsewhere");
+  CHECK(p.spec.master_port == 29601);
+  CHECK_THAT(p.spec.source(), Catch::Contains("topology.nodes + 1 (torchrun's agent store holds its port)"));
   NodeFlags addr_flag;
   addr_flag.master_addr = "10.1.1.1";
   p = place_node(nodes, 4, resolve_node_spec(addr_flag, torchrun), "elsewhere");
