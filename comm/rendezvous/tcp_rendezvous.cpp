@@ -125,9 +125,11 @@ void throw_if_stopped(const RendezvousSettings& s) {
   }
 }
 
-// Waits as wait_for does, in slices, so that a stop asked for meanwhile ends the wait at once.
+// Waits as wait_for does, in slices, so that a stop asked for meanwhile ends the wait at once
+// (what has already arrived is taken first: node 0's answer means the job has started).
 bool wait_unless_stopped(const RendezvousSettings& s, int fd, Clock::time_point deadline) {
   for (;;) {
+    if (wait_for(fd, POLLIN, Clock::now())) return true;
     throw_if_stopped(s);
     const auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
     if (wait_for(fd, POLLIN, slice)) return true;
@@ -236,7 +238,9 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
     if (::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
     if (remaining_ms(deadline) == 0) {
       fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " did not answer within " +
-           seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s)");
+           seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s; is node 0 running there? once it has "
+           "started the job it no longer listens: did another process take node " + std::to_string(s.node_rank) +
+           "?)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     throw_if_stopped(s);
@@ -249,12 +253,11 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
   try {
     reply = receive_message(socket.fd(), deadline);
   } catch (const std::exception& e) {  // node 0 gave up on a node that never came, or timed out itself
+    throw_if_stopped(s);  // or a stop of the whole job reached node 0 first, which closed the connection
     throw std::runtime_error(std::string(e.what()) + ", and node 0 at " + s.master_addr + ":" +
                              std::to_string(s.master_port) + " sent no address book (it names the nodes that did "
                              "not join within " + seconds_text(s.timeout) + " s, topology.rendezvous_timeout_s; "
-                             "another program on that port would not answer either, nor would a node 0 that had "
-                             "already started the job: did another process take node " +
-                             std::to_string(s.node_rank) + "?)");
+                             "another program on that port would not answer either)");
   }
   if (reply.contains("refused")) {
     const std::string key = reply.value("key", std::string("ATOLL_JOB_TOKEN"));
