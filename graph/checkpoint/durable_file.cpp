@@ -26,7 +26,7 @@ namespace {
 DurableFileWriter::DurableFileWriter(std::filesystem::path path) : path_(std::move(path)) {
   const std::string prefix = fmt::format(".{}.tmp-", path_.filename().string());
   remove_abandoned_temporaries(path_.parent_path().empty() ? std::filesystem::path(".") : path_.parent_path(), prefix);
-  temporary_ = path_.parent_path() / fmt::format("{}{}", prefix, static_cast<long>(::getpid()));
+  temporary_ = path_.parent_path() / (prefix + temporary_tag());
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   // The error names the file asked for (the temporary name is ours, not the caller's).
   if (fd_ < 0) fail_errno(path_, "cannot create (writing a temporary beside it)");
@@ -79,7 +79,18 @@ void write_file_durably(const std::filesystem::path& path, std::string_view cont
   writer.commit();
 }
 
-void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix) {
+namespace {
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+}  // namespace
+
+std::string temporary_tag() { return host_name() + "-" + std::to_string(static_cast<long>(::getpid())); }
+
+void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix_given) {
+  const std::string prefix = prefix_given + host_name() + "-";  // this machine's only: its pids say something
   std::error_code ec;
   std::vector<std::filesystem::path> gone;
   for (auto it = std::filesystem::directory_iterator(folder, ec); !ec && it != std::filesystem::directory_iterator();

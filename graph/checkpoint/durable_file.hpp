@@ -19,7 +19,7 @@ class FileWriteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Streams bytes into `.<name>.tmp-<pid>` beside `path`; commit() makes them appear under `path`.
+// Streams bytes into `.<name>.tmp-<temporary_tag()>` beside `path`; commit() makes them appear under `path`.
 // Destroyed without commit() (an exception on the way), it removes the temporary file.
 class DurableFileWriter {
  public:
@@ -39,9 +39,13 @@ class DurableFileWriter {
 
 void write_file_durably(const std::filesystem::path& path, std::string_view contents);
 
-// Removes the entries of `folder` named `<prefix><pid>` whose process is gone: the temporaries of a
-// writer killed before it could remove them (a whole model copy, for an export). An entry whose
-// pid is alive (another writer, or a number reused since) stays. Errors are ignored: a cleanup.
+// "<host name>-<pid>", the end of this process's temporaries' names: writers on other machines
+// sharing a folder are told apart.
+std::string temporary_tag();
+// Removes the entries of `folder` named `<prefix><host>-<pid>`, this machine's, whose process is
+// gone: the temporaries of a writer killed before it could remove them (a whole model copy, for
+// an export). One whose pid is alive (another writer, or a number reused since) stays, as does
+// any other machine's. Errors are ignored: a cleanup.
 void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix);
 
 // Makes renames and creations inside `dir` durable.

@@ -64,7 +64,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   }
   const std::string tmp_prefix = ".tmp-" + out_dir.filename().string() + "-";
   remove_abandoned_temporaries(out_dir.parent_path().empty() ? fs::path(".") : out_dir.parent_path(), tmp_prefix);
-  const fs::path tmp = out_dir.parent_path() / (tmp_prefix + std::to_string(::getpid()));
+  const fs::path tmp = out_dir.parent_path() / (tmp_prefix + temporary_tag());
   std::error_code ec;
   fs::remove_all(tmp, ec);  // (a folder that cannot hold it fails the creation next, named)
   fs::create_directories(tmp, ec);

@@ -311,8 +311,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     if (const int signal = options.stop_requested ? options.stop_requested() : 0; signal != 0 && stop_signal == 0) {
       // An engine whose processes agree on the stop carries the request through the next step
       // (every process stops after the same step); otherwise stop here.
+      stop_signal = signal;  // (first: stop_after names a stop this process was not sent as another's)
       if (!engine->agrees_on_stop()) stop_after(s - 1, signal);
-      stop_signal = signal;
       engine->request_stop(signal);
     }
     if (!first_batch && data->used_up()) {  // data.loop: false, and no row can hold a target

@@ -239,6 +239,21 @@ TEST_CASE("failures: SIGTERM finishes the step, saves, exits 143, and --resume r
   const Result whole = run_app("atoll-train", args(straight, {}), tmp.path);
   REQUIRE(whole.exit_code == 0);
   CHECK(metrics_without_timing(stopped / "metrics.jsonl") == metrics_without_timing(straight / "metrics.jsonl"));
+
+  // The reference trainer stops before its next step, by the signal it was sent (its own).
+  const fs::path reference = tmp.path / "reference";
+  const pid_t ref = spawn_train(args(reference, {"topology.engine=reference", "train.steps=100000"}), tmp.path);
+  for (int i = 0; i < 600 && metric_lines(reference / "metrics.jsonl") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(kill(ref, SIGTERM) == 0);
+  REQUIRE(waitpid(ref, &status, 0) == ref);
+  const std::string ref_err = read_file(tmp.path / "stderr.txt");
+  INFO(ref_err);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 143);
+  CHECK_THAT(ref_err, Catch::Contains("atoll-train: stopped by SIGTERM after step") &&
+                          !Catch::Contains("another process"));
 }
 
 TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the problem and write nothing",

@@ -100,17 +100,23 @@ TEST_CASE("durable file: the temporaries of a writer that died are removed by th
   if (child == 0) ::_exit(0);
   REQUIRE(child > 0);
   ::waitpid(child, nullptr, 0);
-  const fs::path dead_file = tmp.path / (".run.json.tmp-" + std::to_string(child));
-  const fs::path dead_folder = tmp.path / (".tmp-hf-" + std::to_string(child));  // an export's, with its files
-  const fs::path live_file = tmp.path / (".run.json.tmp-" + std::to_string(::getppid()));
-  const fs::path other = tmp.path / (".other.json.tmp-" + std::to_string(child));  // another file's
-  for (const auto& f : {dead_file, live_file, other}) write_bytes(f, "partial");
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string here = std::string(host) + "-";
+  const fs::path dead_file = tmp.path / (".run.json.tmp-" + here + std::to_string(child));
+  const fs::path dead_folder = tmp.path / (".tmp-hf-" + here + std::to_string(child));  // an export's, with its files
+  const fs::path live_file = tmp.path / (".run.json.tmp-" + here + std::to_string(::getppid()));
+  const fs::path other = tmp.path / (".other.json.tmp-" + here + std::to_string(child));  // another file's
+  // Another machine's, on a shared file system: its pid says nothing here.
+  const fs::path elsewhere = tmp.path / (".run.json.tmp-not-" + here + std::to_string(child));
+  for (const auto& f : {dead_file, live_file, other, elsewhere}) write_bytes(f, "partial");
   fs::create_directories(dead_folder);
   write_bytes(dead_folder / "model.safetensors", "partial");
   write_file_durably(tmp.path / "run.json", "{}\n");
   CHECK_FALSE(fs::exists(dead_file));
   CHECK(fs::exists(live_file));
   CHECK(fs::exists(other));
+  CHECK(fs::exists(elsewhere));
   CHECK(fs::exists(dead_folder));  // not this file's prefix
   remove_abandoned_temporaries(tmp.path, ".tmp-hf-");
   CHECK_FALSE(fs::exists(dead_folder));
