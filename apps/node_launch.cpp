@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <streambuf>
 
 #include "actors/actor_engine.hpp"
@@ -123,6 +124,11 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
   // Nodes may name the same config, and the same token, by different paths.
   job.erase("source_file");
   job["topology"].erase("job_token_file");
+  // checkpoint.dir as run_dir implies it: a differing run_dir is named as itself, not as the
+  // checkpoint.dir it implies (the first differing key comes in key order).
+  if (config.checkpoint.dir == (std::filesystem::path(config.run_dir) / "checkpoints").string()) {
+    job["checkpoint"].erase("dir");
+  }
   // Nodes read their own copies of a data file (no shared file system needed): the copies must
   // hold the same bytes. A node that cannot read its copy says so after the rendezvous, where the
   // others learn of it as a differing job (not as a node that never came).

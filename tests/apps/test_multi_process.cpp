@@ -135,6 +135,14 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
   CHECK(node0.err.find("train.lr") != std::string::npos);
   CHECK_THAT(node1.err, Catch::StartsWith("[node 1] atoll-train: config error: ") && Catch::Contains("train.lr"));
   CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
+  // Another run_dir is named as itself, not as the checkpoint.dir it implies.
+  const int port2 = free_port();
+  const auto elsewhere = train_args("configs/beam-tiny.yaml", tmp.path / "other", {"topology.mesh.dp_shard=2"});
+  const auto [first, second] = run_two_nodes(node_command(0, 2, port2, args), node_command(1, 2, port2, elsewhere),
+                                             tmp.path / "m");
+  INFO(first.err << second.err);
+  CHECK(first.exit_code == 2);
+  CHECK_THAT(first.err, Catch::Contains("the first differing config key is run_dir"));
 }
 
 TEST_CASE("apps: nodes whose copies of the data file differ, or cannot read theirs, exit 2 before any step",
