@@ -79,20 +79,29 @@ std::map<int, WorkerAddress> addresses_from(const json& j) {
   return out;
 }
 
-sockaddr_in resolve(const std::string& host, int port) {
+// Node 0's address, IPv4 or IPv6 (a literal like ::1, or a name: its first address).
+struct Endpoint {
+  sockaddr_storage addr{};
+  socklen_t length = 0;
+  int family() const { return addr.ss_family; }
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&addr); }
+};
+
+Endpoint resolve(const std::string& host, int port) {
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
+  const std::string service = std::to_string(port);
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0 || found == nullptr) {
     errno = 0;
     fail("cannot resolve the master address '" + host + "'");
   }
-  sockaddr_in addr{};
-  std::memcpy(&addr, found->ai_addr, sizeof(addr));
+  Endpoint out;
+  std::memcpy(&out.addr, found->ai_addr, found->ai_addrlen);
+  out.length = found->ai_addrlen;
   ::freeaddrinfo(found);
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  return addr;
+  return out;
 }
 
 std::string path_of(const std::string& parent, const std::string& key) { return parent.empty() ? key : parent + "." + key; }
@@ -140,12 +149,12 @@ bool wait_unless_stopped(const RendezvousSettings& s, int fd, Clock::time_point 
 std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
                                         RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
-  Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
+  const Endpoint addr = resolve(s.master_addr, s.master_port);
+  Socket listener(::socket(addr.family(), SOCK_STREAM, 0));
   if (listener.fd() < 0) fail("socket");
   const int one = 1;
   ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr = resolve(s.master_addr, s.master_port);
-  if (::bind(listener.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (::bind(listener.fd(), addr.get(), addr.length) != 0) {
     fail("cannot listen on " + s.master_addr + ":" + std::to_string(s.master_port));
   }
   if (::listen(listener.fd(), 64) != 0) fail("listen");
@@ -230,12 +239,12 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
 std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
                                   RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
-  const sockaddr_in addr = resolve(s.master_addr, s.master_port);
+  const Endpoint addr = resolve(s.master_addr, s.master_port);
   Socket socket;
   for (;;) {  // node 0 may not listen yet
-    socket = Socket(::socket(AF_INET, SOCK_STREAM, 0));
+    socket = Socket(::socket(addr.family(), SOCK_STREAM, 0));
     if (socket.fd() < 0) fail("socket");
-    if (::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    if (::connect(socket.fd(), addr.get(), addr.length) == 0) break;
     if (remaining_ms(deadline) == 0) {
       fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " did not answer within " +
            seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s; is node 0 running there? once it has "

@@ -2,6 +2,10 @@
 // never joined; a node whose node 0 never listens says so; a refused node is told why.
 #include <catch2/catch.hpp>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -86,6 +90,37 @@ TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its sig
   first.join();
   CHECK(stopped_by == 2);
   CHECK(node0.find("missing: node 2") != std::string::npos);
+}
+
+TEST_CASE("rendezvous: node 0 at an IPv6 address (::1) is reached like an IPv4 one", "[comm][rendezvous]") {
+  // Only where this machine has IPv6 loopback (some containers switch IPv6 off).
+  const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 any6{};
+  any6.sin6_family = AF_INET6;
+  any6.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 = probe >= 0 && ::bind(probe, reinterpret_cast<const sockaddr*>(&any6), sizeof(any6)) == 0;
+  if (probe >= 0) ::close(probe);
+  if (!has_ipv6) {
+    WARN("no IPv6 loopback here: the ::1 rendezvous was not tried");
+    return;
+  }
+  const int port = testing::free_port();
+  std::map<int, WorkerAddress> zero_sees, one_sees;
+  std::string one_error;
+  std::thread one([&] {
+    RendezvousSettings s = settings_for(1, 2, port, std::chrono::seconds(20));
+    s.master_addr = "::1";
+    one_error = error_of([&] { one_sees = rendezvous(s, {{1, WorkerAddress{std::byte{7}}}}); });
+  });
+  RendezvousSettings s = settings_for(0, 2, port, std::chrono::seconds(20));
+  s.master_addr = "::1";
+  const std::string zero_error = error_of([&] { zero_sees = rendezvous(s, {{0, WorkerAddress{std::byte{5}}}}); });
+  one.join();
+  CHECK(zero_error.empty());
+  CHECK(one_error.empty());
+  const std::map<int, WorkerAddress> both = {{0, WorkerAddress{std::byte{5}}}, {1, WorkerAddress{std::byte{7}}}};
+  CHECK(zero_sees == both);
+  CHECK(one_sees == both);
 }
 
 TEST_CASE("rendezvous: a node whose node 0 never listens stops after its timeout", "[comm][rendezvous]") {
