@@ -75,9 +75,10 @@ void check_optimizer_matches(const fs::path& file, const TensorMap& model, const
   }
 }
 
-// Every value finite (and >= 0 for a second moment); the first offender is named.
-void check_values(const fs::path& file, const std::string& what, const Tensor& t, bool non_negative,
-                  const char* hint = "atoll-eval --allow-nonfinite loads it for inspection") {
+}  // namespace
+
+void check_tensor_values(const fs::path& file, const std::string& what, const Tensor& t, bool non_negative,
+                  const char* hint) {
   if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) return;
   const Tensor values = t.dtype() == DType::f32 ? t : t.to(DType::f32);
   const float* v = values.data<float>();
@@ -93,6 +94,8 @@ void check_values(const fs::path& file, const std::string& what, const Tensor& t
   }
 }
 
+namespace {
+constexpr const char* kInspectHint = "atoll-eval --allow-nonfinite loads it for inspection";
 }  // namespace
 
 fs::path normalised_directory(const fs::path& dir) {
@@ -113,9 +116,9 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   try {
     for (const auto& n : contents.model.names()) {
       constexpr const char* kSaving = "a checkpoint is never written with values a load would refuse";
-      check_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kSaving);
-      check_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kSaving);
-      check_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true, kSaving);
+      check_tensor_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kSaving);
+      check_tensor_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kSaving);
+      check_tensor_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true, kSaving);
     }
   } catch (const CheckpointError& e) {
     throw UnsavableState(e.what());
@@ -295,9 +298,9 @@ CheckpointContents load_checkpoint(const fs::path& dir_in, const CheckpointLoadO
   }
   if (!options.allow_nonfinite) {
     for (const auto& n : c.model.names()) {
-      check_values(dir, "weight '" + n + "'", c.model.at(n), false);
-      check_values(optimizer_file, std::string(kExpAvgPrefix) + n, c.exp_avg.at(n), false);
-      check_values(optimizer_file, std::string(kExpAvgSqPrefix) + n, c.exp_avg_sq.at(n), true);
+      check_tensor_values(dir, "weight '" + n + "'", c.model.at(n), false, kInspectHint);
+      check_tensor_values(optimizer_file, std::string(kExpAvgPrefix) + n, c.exp_avg.at(n), false, kInspectHint);
+      check_tensor_values(optimizer_file, std::string(kExpAvgSqPrefix) + n, c.exp_avg_sq.at(n), true, kInspectHint);
     }
   }
 

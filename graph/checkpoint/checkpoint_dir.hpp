@@ -63,6 +63,11 @@ std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::pa
 // root given instead of one of its step folders is named as such, with its latest checkpoint.
 void require_complete_checkpoint(const std::filesystem::path& dir);
 
+// CheckpointError("<file>: <what> holds NaN at element i: refused (<hint>)") unless every value of
+// an f32 or bf16 tensor is finite (and >= 0 with non_negative: a second moment); other dtypes pass.
+void check_tensor_values(const std::filesystem::path& file, const std::string& what, const Tensor& t, bool non_negative,
+                  const char* hint);
+
 struct CheckpointLoadOptions {
   // Accept NaN / inf in weights and moments (atoll-eval --allow-nonfinite, to inspect a broken run).
   bool allow_nonfinite = false;

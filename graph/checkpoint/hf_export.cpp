@@ -1,7 +1,6 @@
 #include "graph/checkpoint/hf_export.hpp"
 
 #include <cerrno>
-#include <cmath>
 #include <string>
 
 #include <fmt/format.h>
@@ -92,18 +91,9 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   SafetensorsContents files = read_model_files(hf_dir);
   // Named here by the HF folder and tensor (the save would refuse them too, naming its output).
-  for (const auto& name : files.tensors.names()) {
-    const Tensor& t = files.tensors.at(name);
-    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) continue;  // refused below, by dtype
-    const Tensor values = t.dtype() == DType::f32 ? t : t.to(DType::f32);
-    const float* v = values.data<float>();
-    for (std::int64_t i = 0; i < values.numel(); ++i) {
-      if (!std::isfinite(v[i])) {
-        throw CheckpointError(fmt::format("{}: tensor '{}' holds {} at element {}: refused (a checkpoint is never "
-                                          "written with values a load would refuse)",
-                                          hf_dir.string(), name, std::isnan(v[i]) ? "NaN" : "an infinity", i));
-      }
-    }
+  for (const auto& name : files.tensors.names()) {  // (other dtypes are refused below, by dtype)
+    check_tensor_values(hf_dir, "tensor '" + name + "'", files.tensors.at(name), false,
+                 "a checkpoint is never written with values a load would refuse");
   }
   TensorMap native;
   try {
