@@ -20,8 +20,6 @@ int parse_int(const std::string& text, const std::string& what) {
   return value;
 }
 
-constexpr const char* kAgentStorePort = "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)";
-
 // The first source that has a field: flags, then torchrun's variables, then Slurm's.
 template <class T>
 struct Field {
@@ -111,8 +109,10 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int t
   // torchrun's agent on node 0 serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE):
   // atoll's rendezvous takes the next port, the same on every node. (With c10d rendezvous
   // MASTER_PORT is one the OS picked and its successor may be taken: --master-port is surer.)
+  std::optional<int> agent_store_port;
   if (auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE"); agent_store && (*agent_store == "True" || *agent_store == "1")) {
-    if (auto p = integer("MASTER_PORT")) port.offer(*p + 1, kAgentStorePort);
+    agent_store_port = integer("MASTER_PORT");
+    if (agent_store_port) port.offer(*agent_store_port + 1, "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)");
   }
   port.offer(integer("MASTER_PORT"), "MASTER_PORT");
   // Slurm: SLURM_NODEID, SLURM_NNODES, the first host of SLURM_JOB_NODELIST.
@@ -129,6 +129,7 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int t
   spec.nnodes_from = nnodes.from;
   spec.master_addr_from = addr.from;
   spec.master_port_from = port.from;
+  spec.agent_store_port = agent_store_port.value_or(0);
   if (nnodes.value) spec.nnodes = *nnodes.value;
   if (node.value) spec.node_rank = *node.value;
   if (addr.value) spec.master_addr = *addr.value;
@@ -203,7 +204,7 @@ NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const N
     p.spec.master_port = static_cast<int>(nodes.front().port);
     p.spec.master_port_from = "topology.nodes";
     // Under torchrun, its agent store may hold that very port (MASTER_PORT): the next one, as without a topology.
-    if (given.master_port_from.rfind(kAgentStorePort, 0) == 0 && p.spec.master_port == given.master_port - 1) {
+    if (p.spec.master_port == given.agent_store_port) {
       p.spec.master_port += 1;
       p.spec.master_port_from = "topology.nodes + 1 (torchrun's agent store holds its port)";
     }

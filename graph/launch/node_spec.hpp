@@ -25,6 +25,9 @@ struct NodeSpec {
   // Where each field came from: a flag ("--node-rank"), a variable ("GROUP_WORLD_SIZE (torchrun)")
   // or "topology.nodes"; "" for a default.
   std::string node_rank_from, nnodes_from, master_addr_from, master_port_from;
+  // The port torchrun's agent store holds (MASTER_PORT under TORCHELASTIC_USE_AGENT_STORE), which
+  // the rendezvous must not take; 0 when none.
+  int agent_store_port = 0;
   // Those origins, joined: "--node-rank, GROUP_WORLD_SIZE (torchrun), ..." ("" when all are defaults).
   std::string source() const;
 };
