@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <streambuf>
 
 #include "actors/actor_engine.hpp"
@@ -126,7 +125,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
   job["topology"].erase("job_token_file");
   // checkpoint.dir as run_dir implies it: a differing run_dir is named as itself, not as the
   // checkpoint.dir it implies (the first differing key comes in key order).
-  if (config.checkpoint.dir == (std::filesystem::path(config.run_dir) / "checkpoints").string()) {
+  if (config.checkpoint.dir == default_checkpoint_dir(config.run_dir)) {
     job["checkpoint"].erase("dir");
   }
   // Nodes read their own copies of a data file (no shared file system needed): the copies must

@@ -321,7 +321,7 @@ RunConfig read_run_config(const YAML::Node& root, const std::string& source_name
   config.data = read_data(top.section("data"));
   {
     ConfigReader ck = top.section("checkpoint");
-    config.checkpoint.dir = ck.get<std::string>("dir", (std::filesystem::path(config.run_dir) / "checkpoints").string());
+    config.checkpoint.dir = ck.get<std::string>("dir", default_checkpoint_dir(config.run_dir));
     ck.check(!config.checkpoint.dir.empty(), "dir", "a directory path");
     config.checkpoint.every = ck.get_non_negative("every", 0);
     config.checkpoint.keep = ck.get_non_negative("keep", 3);
@@ -462,6 +462,10 @@ nlohmann::json to_json(const RunConfig& c) {
   };
   out["topology"].update(multi_process_settings(c.topology));
   return out;
+}
+
+std::string default_checkpoint_dir(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / "checkpoints").string();
 }
 
 }  // namespace atl

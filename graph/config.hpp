@@ -123,6 +123,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 // The same from YAML text; `source_name` stands in for the file name in errors.
 RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& sets = {});
+// checkpoint.dir when the config names none: <run_dir>/checkpoints.
+std::string default_checkpoint_dir(const std::string& run_dir);
 
 // Called in a handler of `e`: rethrows it, or, when one of `sets` gave its key (the key, or a
 // mapping holding it), the same error ending "(given by --set key=value)": a value from the
