@@ -134,15 +134,14 @@ void throw_if_stopped(const RendezvousSettings& s) {
   }
 }
 
-// Waits as wait_for does, in slices, so that a stop asked for meanwhile ends the wait at once
-// (what has already arrived is taken first: node 0's answer means the job has started).
+// Waits as wait_for does, in slices of 100 ms, looking for a stop between them: what has arrived
+// wins over a stop (node 0's answer means the job has started).
 bool wait_unless_stopped(const RendezvousSettings& s, int fd, Clock::time_point deadline) {
   for (;;) {
-    if (wait_for(fd, POLLIN, Clock::now())) return true;
-    throw_if_stopped(s);
     const auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
     if (wait_for(fd, POLLIN, slice)) return true;
     if (slice == deadline) return false;
+    throw_if_stopped(s);
   }
 }
 
