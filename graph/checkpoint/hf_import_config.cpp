@@ -22,6 +22,9 @@ namespace {
 // Fields of config.json that describe the file rather than the model's shape.
 const std::set<std::string> kNotModelKeys = {"architectures", "model_type", "atoll_preset"};
 
+// config.json fields whose model key has another name (hf_fields writes them under the HF name).
+std::string model_key(const std::string& hf_key) { return hf_key == "initializer_range" ? "init_std" : hf_key; }
+
 // Fields the ecosystem writes that change nothing atoll computes (dtype, tokenizer ids, library
 // versions, inference switches): ignored without a note.
 const std::set<std::string> kMetadataKeys = {
@@ -82,7 +85,7 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
     json model = {{"family", family}};
     if (hf.contains("atoll_preset") && hf.at("atoll_preset").is_string()) model["preset"] = hf.at("atoll_preset");
     for (const auto& [key, value] : hf.items()) {
-      if (!kNotModelKeys.count(key)) model[key] = value;
+      if (!kNotModelKeys.count(key)) model[model_key(key)] = value;
     }
     const std::string source = (hf_dir / "config.json").string();
     for (;;) {
