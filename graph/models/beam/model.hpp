@@ -14,6 +14,7 @@
 #include "graph/models/beam/config.hpp"
 #include "graph/models/beam/parallelize.hpp"
 #include "graph/models/gqa_attention.hpp"
+#include "graph/models/hidden_state_model.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/moe_mlp.hpp"
@@ -25,28 +26,15 @@
 namespace atl {
 
 struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
-using BeamHeadCache = LmHeadCache;
 
-class BeamModel : public Model {
+class BeamModel : public HiddenStateModel<BeamModel, BeamConfig> {
  public:
-  using State = Tensor;  // the hidden state [T, H] between ops
-  using StateGrad = Tensor;
-  using EmbedCache = TokenIdsCache;
-  static constexpr bool kResidualMixOps = false;  // the input norms run inside attention and router
   using BlockCache = BeamBlockCache;
-  using HeadCache = BeamHeadCache;
 
   explicit BeamModel(BeamConfig config);
-  const BeamConfig& config() const { return config_; }
 
   // --- Model ---
   std::string family() const override { return "beam"; }
-  std::string preset() const override { return config_.preset; }
-  const std::vector<ParamSpec>& specs() const override { return specs_; }
-  const std::vector<OpSpec>& ops() const override { return ops_; }
-  std::int64_t vocab_size() const override { return config_.vocab_size; }
-  std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
-  float init_std() const override { return config_.init_std; }
   FamilyShardingRules sharding_rules() const override { return beam_sharding_rules(); }
   std::vector<TensorMeta> pipeline_boundary(std::int64_t /*cut*/, std::int64_t rows, std::int64_t seq,
                                             Precision precision) const override {
@@ -54,10 +42,7 @@ class BeamModel : public Model {
   }
 
   // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
-  Tensor embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& ctx,
-                       std::shared_ptr<TokenIdsCache>* cache) const;
-  void embed_backward(const TensorMap& w, const TokenIdsCache& cache, const Tensor& d_hidden,
-                      const TensorMap& grads) const;
+  // (The embedding and the head's forward and backward are HiddenStateModel's.)
 
   // A block is two sublayers (two ops of the runtime): the attention sublayer maps the block input
   // to h_mid, the MLP sublayer h_mid to the block output; both keep what backward needs in `cache`.
@@ -78,16 +63,11 @@ class BeamModel : public Model {
   Tensor mlp_input_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& cache, const Tensor& d_x2,
                             const Tensor& d_residual, const TensorMap& grads) const;
   MoeMlpSpec moe_spec() const;
-  std::string layer_prefix(std::int64_t layer) const;
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const BeamBlockCache& cache);
 
-  // Final norm and lm_head: the logits f32 [T, V] (the loss op: lm_loss_forward with head_spec()).
-  Tensor head_forward(const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
-                      std::shared_ptr<BeamHeadCache>* cache) const;
-  // d_logits -> d_hidden.
-  Tensor head_backward(const TensorMap& w, const BeamHeadCache& cache, const Tensor& d_logits,
-                       const TensorMap& grads) const;
+  // The final norm and the bulk lm_head: logits rounded to bf16 in bf16, then softcapped by the
+  // loss op (lm_loss_forward), which also masks the vocabulary.
   LmHeadSpec head_spec() const;
 
   nlohmann::json hf_fields() const override;
@@ -99,17 +79,11 @@ class BeamModel : public Model {
                   Tensor* logits_out = nullptr) const override;
 
   // --- StagedModel: ops() = embed, per layer attention + (mlp | router, dispatch, experts, combine), head ---
-  std::int64_t num_layers() const override { return config_.num_hidden_layers; }
-  std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
   std::int64_t routed_experts() const override { return config_.n_routed_experts; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
  private:
-  SublayerSplit split_;  // how a layer splits into ops (sublayer_ops, activation_metas)
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
-  BeamConfig config_;
-  std::vector<ParamSpec> specs_;
-  std::vector<OpSpec> ops_;
 };
 
 }  // namespace atl

@@ -59,8 +59,7 @@ MoeMlpSpec flint_moe_spec(const FlintConfig& c) {
 
 }  // namespace
 
-FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
-  config_.validate();
+FlintModel::FlintModel(FlintConfig config) : HiddenStateModel(std::move(config)) {
   const auto& c = config_;
   const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   specs_.push_back(make_param("model.embed_tokens.weight", {c.vocab_size, H}));
@@ -95,34 +94,16 @@ FlintModel::FlintModel(FlintConfig config) : config_(std::move(config)) {
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}, Init::normal, /*island=*/true));
   // The runtime runs each layer as sublayer ops: attention, then the dense MLP or the MoE steps.
-  split_ = SublayerSplit{{"post_attention_layernorm.weight"},
-                         {},
-                         [this](std::int64_t l) { return config_.is_sparse(l); },
-                         [this](std::int64_t) { return config_.shared_expert_intermediate_size > 0; },
-                         {}};  // no mix ops: the input norms run inside attention and router
-  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "hidden", split_);
-}
-
-std::map<std::string, std::vector<TensorMeta>> FlintModel::activation_metas(std::int64_t rows, std::int64_t seq) const {
-  const ActivationShapes shapes =
-      hidden_state_shapes(config_.hidden_size, config_.vocab_size, config_.num_experts_per_tok);
-  return sublayer_activation_metas(shapes, config_.num_hidden_layers, "hidden", split_, rows, seq);
-}
-
-std::string FlintModel::layer_prefix(std::int64_t layer) const { return "model.layers." + std::to_string(layer) + "."; }
-
-Tensor FlintModel::embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& /*ctx*/,
-                              std::shared_ptr<TokenIdsCache>* cache) const {
-  return token_embedding_forward(w.at("model.embed_tokens.weight"), input_ids, cache);
-}
-
-void FlintModel::embed_backward(const TensorMap& /*w*/, const TokenIdsCache& cache, const Tensor& d_hidden,
-                               const TensorMap& grads) const {
-  token_embedding_backward(cache, d_hidden, grads.at("model.embed_tokens.weight"));
+  split_into_ops(SublayerSplit{{"post_attention_layernorm.weight"},
+                                {},
+                                [this](std::int64_t l) { return config_.is_sparse(l); },
+                                [this](std::int64_t) { return config_.shared_expert_intermediate_size > 0; },
+                                {}},  // no mix ops: the input norms run inside attention and router
+                 "hidden");
 }
 
 Tensor FlintModel::attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
-                                              const TokenContext& ctx, FlintBlockCache& k) const {
+                                                     const TokenContext& ctx, FlintBlockCache& k) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -138,28 +119,28 @@ Tensor FlintModel::attention_sublayer_forward(std::int64_t layer, const TensorMa
 }
 
 Tensor FlintModel::mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
-                                     const TokenContext& ctx, FlintBlockCache& k) const {
+                                            const TokenContext& ctx, FlintBlockCache& k) const {
   // out = h_mid + mlp(post_attention_layernorm(h_mid)).
   k.h_mid = h_mid;
   k.ln_post = rmsnorm_forward(h_mid, w.at(layer_prefix(layer) + "post_attention_layernorm.weight"),
-                              config_.rms_norm_eps, ctx.precision);
+                                     config_.rms_norm_eps, ctx.precision);
   k.mlp_in = k.ln_post.y;
   return k.mlp_in;
 }
 
 Tensor FlintModel::mlp_output_forward(std::int64_t /*layer*/, const TensorMap& /*w*/, const Tensor& m,
-                                      const TokenContext& ctx, FlintBlockCache& k) const {
+                                             const TokenContext& ctx, FlintBlockCache& k) const {
   return scaled_add(m, 1.0f, k.h_mid, 1.0f, ctx.precision);
 }
 
 MlpOutputGrads<Tensor> FlintModel::mlp_output_backward(std::int64_t /*layer*/, const TensorMap& /*w*/,
-                                                       const FlintBlockCache& /*k*/, const Tensor& d_out,
-                                                       const TokenContext& /*ctx*/, const TensorMap& /*grads*/) const {
+                                                              const FlintBlockCache& /*k*/, const Tensor& d_out,
+                                                              const TokenContext& /*ctx*/, const TensorMap& /*grads*/) const {
   return {d_out, d_out};  // out = h_mid + m
 }
 
 Tensor FlintModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
-                                      const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
+                                             const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
   const std::string p = layer_prefix(layer);
   Tensor gpost = grads.at(p + "post_attention_layernorm.weight");
   Tensor d_h_mid = rmsnorm_backward(d_x2, k.h_mid, w.at(p + "post_attention_layernorm.weight"), k.ln_post.rstd, &gpost);
@@ -168,8 +149,8 @@ Tensor FlintModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, co
 }
 
 Tensor FlintModel::attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
-                                               const Tensor& d_h_mid, const TokenContext& ctx,
-                                               const TensorMap& grads) const {
+                                                      const Tensor& d_h_mid, const TokenContext& ctx,
+                                                      const TensorMap& grads) const {
   const std::string p = layer_prefix(layer);
   auto g = [&](const std::string& name) { return grads.at(p + name); };
   // Attention sublayer: h_mid = h_in + a, so d_a = d_h_mid and d_h_in starts as d_h_mid.
@@ -201,19 +182,6 @@ GqaAttentionSpec FlintModel::attention_spec(std::int64_t layer) const {
   return s;
 }
 
-Tensor FlintModel::head_forward(const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
-                               std::shared_ptr<FlintHeadCache>* cache_out) const {
-  auto cache = std::make_shared<FlintHeadCache>();
-  Tensor logits = lm_head_forward(w, head_spec(), hidden, ctx, *cache);
-  if (cache_out) *cache_out = std::move(cache);
-  return logits;
-}
-
-Tensor FlintModel::head_backward(const TensorMap& w, const FlintHeadCache& cache, const Tensor& d_logits,
-                                const TensorMap& grads) const {
-  return lm_head_backward(w, head_spec(), cache, d_logits, grads);
-}
-
 LmHeadSpec FlintModel::head_spec() const {
   const auto& c = config_;
   // fp32 island: bf16-valued hidden times the fp32 weight, fp32 logits never rounded, no softcap.
@@ -222,7 +190,7 @@ LmHeadSpec FlintModel::head_spec() const {
 }
 
 std::unique_ptr<MicroBatchRun> FlintModel::start(const Batch& micro_batch, Precision precision,
-                                                 float grad_scale) const {
+                                                        float grad_scale) const {
   return std::make_unique<SublayerRun<FlintModel>>(*this, micro_batch, precision, grad_scale);
 }
 

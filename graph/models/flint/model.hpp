@@ -16,6 +16,7 @@
 #include "graph/models/flint/config.hpp"
 #include "graph/models/flint/parallelize.hpp"
 #include "graph/models/gqa_attention.hpp"
+#include "graph/models/hidden_state_model.hpp"
 #include "graph/models/lm_head.hpp"
 #include "graph/models/model.hpp"
 #include "graph/models/moe_mlp.hpp"
@@ -26,34 +27,19 @@
 
 namespace atl {
 
-// Per micro-batch inputs every Flint block reads.
-
 struct FlintBlockCache;  // activations a block's backward needs (defined in model.cpp)
-using FlintHeadCache = LmHeadCache;
 
 // fp32 islands: the sink holders `self_attn._fp32_params` (one unit per layer) and `lm_head`,
 // which is also the head unit and takes the island policy (MODELS.md §2.3, §5.3).
 
-class FlintModel : public Model {
+class FlintModel : public HiddenStateModel<FlintModel, FlintConfig> {
  public:
-  using State = Tensor;  // the hidden state [T, H] between ops
-  using StateGrad = Tensor;
-  using EmbedCache = TokenIdsCache;
-  static constexpr bool kResidualMixOps = false;  // the input norms run inside attention and router
   using BlockCache = FlintBlockCache;
-  using HeadCache = FlintHeadCache;
 
   explicit FlintModel(FlintConfig config);
-  const FlintConfig& config() const { return config_; }
 
   // --- Model ---
   std::string family() const override { return "flint"; }
-  std::string preset() const override { return config_.preset; }
-  const std::vector<ParamSpec>& specs() const override { return specs_; }
-  const std::vector<OpSpec>& ops() const override { return ops_; }
-  std::int64_t vocab_size() const override { return config_.vocab_size; }
-  std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
-  float init_std() const override { return config_.init_std; }
   FamilyShardingRules sharding_rules() const override { return flint_sharding_rules(); }
   std::vector<TensorMeta> pipeline_boundary(std::int64_t /*cut*/, std::int64_t rows, std::int64_t seq,
                                             Precision precision) const override {
@@ -61,10 +47,7 @@ class FlintModel : public Model {
   }
 
   // --- pieces (weights are compute weights: see compute_weights in graph/param.hpp) ---
-  Tensor embed_forward(const TensorMap& w, const Tensor& input_ids, const TokenContext& ctx,
-                       std::shared_ptr<TokenIdsCache>* cache) const;
-  void embed_backward(const TensorMap& w, const TokenIdsCache& cache, const Tensor& d_hidden,
-                      const TensorMap& grads) const;
+  // (The embedding and the head's forward and backward are HiddenStateModel's.)
 
   // A block is two sublayers (two ops of the runtime): the attention sublayer maps the block input
   // to h_mid, the MLP sublayer h_mid to the block output; both keep what backward needs in `cache`.
@@ -84,17 +67,11 @@ class FlintModel : public Model {
   Tensor mlp_input_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& cache, const Tensor& d_x2,
                             const Tensor& d_residual, const TensorMap& grads) const;
   MoeMlpSpec moe_spec() const;
-  std::string layer_prefix(std::int64_t layer) const;
   // Router choices of a sparse block from its cache (undefined tensor for dense blocks).
   static Tensor routing_indices(const FlintBlockCache& cache);
 
-  // Final norm and the fp32 lm_head: the logits f32 [T, V] (the loss op, lm_loss_forward with
-  // head_spec(): vocab mask, no softcap, cross entropy).
-  Tensor head_forward(const TensorMap& w, const Tensor& hidden, const TokenContext& ctx,
-                      std::shared_ptr<FlintHeadCache>* cache) const;
-  // d_logits -> d_hidden.
-  Tensor head_backward(const TensorMap& w, const FlintHeadCache& cache, const Tensor& d_logits,
-                       const TensorMap& grads) const;
+  // The final norm and the fp32 lm_head island: logits never rounded; the loss op
+  // (lm_loss_forward) masks the vocabulary, no softcap, cross entropy.
   LmHeadSpec head_spec() const;
 
   // HF layout (MODELS.md §10.3, state_dict_adapter.cpp): sinks are `self_attn.softmax_offset`,
@@ -108,17 +85,11 @@ class FlintModel : public Model {
                   Tensor* logits_out = nullptr) const override;
 
   // --- StagedModel: ops() = embed, per layer attention + (mlp | router, dispatch, experts, combine), head ---
-  std::int64_t num_layers() const override { return config_.num_hidden_layers; }
-  std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
   std::int64_t routed_experts() const override { return config_.num_experts; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
  private:
-  SublayerSplit split_;  // how a layer splits into ops (sublayer_ops, activation_metas)
   GqaAttentionSpec attention_spec(std::int64_t layer) const;
-  FlintConfig config_;
-  std::vector<ParamSpec> specs_;
-  std::vector<OpSpec> ops_;
 };
 
 }  // namespace atl

@@ -164,8 +164,7 @@ Tensor scale_rows(const Tensor& x, const Tensor& lambda, Precision p) {
 
 }  // namespace
 
-Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config)) {
-  config_.validate();
+Inkling2Model::Inkling2Model(Inkling2Config config) : FamilyModel(std::move(config)) {
   const auto& c = config_;
   const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, W = c.conv_kernel_size;
   const std::int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
@@ -203,12 +202,12 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : config_(std::move(config))
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
   // The attention sublayer reads the depth mixes and attention; the router op the MLP mix and
   // norm before the router; the combine op mlp_sconv and the residual add.
-  split_ = SublayerSplit{{"mlp_query.weight", "mlp_norm.weight"},
-                         {"mlp_sconv.weight"},
-                         [](std::int64_t) { return true; },
-                         [](std::int64_t) { return false; },  // no shared expert (MODELS.md §10.2.7)
-                         {"attn_query.", "attn_norms."}};
-  ops_ = sublayer_ops(specs_, sharding_rules(), config_.num_hidden_layers, "state", split_);
+  split_into_ops(SublayerSplit{{"mlp_query.weight", "mlp_norm.weight"},
+                                {"mlp_sconv.weight"},
+                                [](std::int64_t) { return true; },
+                                [](std::int64_t) { return false; },  // no shared expert (MODELS.md §10.2.7)
+                                {"attn_query.", "attn_norms."}},
+                 "state");
 }
 
 std::map<std::string, std::vector<TensorMeta>> Inkling2Model::activation_metas(std::int64_t rows, std::int64_t seq) const {
@@ -229,7 +228,7 @@ std::map<std::string, std::vector<TensorMeta>> Inkling2Model::activation_metas(s
     out.push_back({"partial", {tokens, config_.hidden_size}, DType::f32});
     return out;
   };
-  return sublayer_activation_metas(a, config_.num_hidden_layers, "state", split_, rows, seq);
+  return sublayer_metas(a, rows, seq);
 }
 
 // ------------------------------------------------------------------------------------------------

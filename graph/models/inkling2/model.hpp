@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "graph/data/batch.hpp"
+#include "graph/models/family_model.hpp"
 #include "graph/models/inkling2/config.hpp"
 #include "graph/models/inkling2/parallelize.hpp"
 #include "graph/models/lm_head.hpp"
@@ -50,7 +51,7 @@ struct Inkling2HeadCache;
 // Islands: attn_query, mlp_query, output_query, q_l2_clip, rel_l2_clip, mlp.gate (MODELS.md §1.6);
 // layers under "layers.", embed_tokens and embed_norm are embedding units, lm_head the (bulk) head.
 
-class Inkling2Model : public Model {
+class Inkling2Model : public FamilyModel<Inkling2Config> {
  public:
   using State = Inkling2ResidualState;
   using StateGrad = Inkling2StateGrad;
@@ -62,16 +63,9 @@ class Inkling2Model : public Model {
   static constexpr bool kResidualMixOps = true;
 
   explicit Inkling2Model(Inkling2Config config);
-  const Inkling2Config& config() const { return config_; }
 
   // --- Model ---
   std::string family() const override { return "inkling2"; }
-  std::string preset() const override { return config_.preset; }
-  const std::vector<ParamSpec>& specs() const override { return specs_; }
-  const std::vector<OpSpec>& ops() const override { return ops_; }
-  std::int64_t vocab_size() const override { return config_.vocab_size; }
-  std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
-  float init_std() const override { return config_.init_std; }
   FamilyShardingRules sharding_rules() const override { return inkling2_sharding_rules(); }
   std::vector<TensorMeta> pipeline_boundary(std::int64_t cut, std::int64_t rows, std::int64_t seq,
                                             Precision precision) const override {
@@ -150,18 +144,11 @@ class Inkling2Model : public Model {
                   Tensor* logits_out = nullptr) const override;
 
   // --- StagedModel: ops() = embed, per layer attention, router, dispatch, experts, combine, head ---
-  std::int64_t num_layers() const override { return config_.num_hidden_layers; }
   std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
   std::int64_t routed_experts() const override { return config_.n_routed_experts; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
 
   static std::string layer_prefix(std::int64_t layer) { return "layers." + std::to_string(layer) + "."; }
-
- private:
-  SublayerSplit split_;  // how a layer splits into ops (sublayer_ops, activation_metas)
-  Inkling2Config config_;
-  std::vector<ParamSpec> specs_;
-  std::vector<OpSpec> ops_;
 };
 
 }  // namespace atl
