@@ -104,6 +104,19 @@ Endpoint resolve(const std::string& host, int port) {
   return out;
 }
 
+std::string ip_text(const Endpoint& e) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* ip = e.family() == AF_INET6
+                       ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(e.get())->sin6_addr)
+                       : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(e.get())->sin_addr);
+  return ::inet_ntop(e.family(), ip, text, sizeof(text)) ? text : "";
+}
+
+bool is_ip_literal(const std::string& host) {
+  unsigned char bytes[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), bytes) == 1 || ::inet_pton(AF_INET6, host.c_str(), bytes) == 1;
+}
+
 std::string path_of(const std::string& parent, const std::string& key) { return parent.empty() ? key : parent + "." + key; }
 
 std::string difference(const json& a, const json& b, const std::string& path) {
@@ -148,13 +161,18 @@ bool wait_unless_stopped(const RendezvousSettings& s, int fd, Clock::time_point 
 std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
                                         RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
-  const Endpoint addr = resolve(s.master_addr, s.master_port);
+  const std::string host = listen_host(s.master_addr, ip_text(resolve(s.master_addr, s.master_port)));
+  if (host != s.master_addr && s.log) {
+    s.log("listening on every interface (" + host + "): the master address '" + s.master_addr +
+          "' is this machine's loopback here, which the other machines cannot reach");
+  }
+  const Endpoint addr = resolve(host, s.master_port);
   Socket listener(::socket(addr.family(), SOCK_STREAM, 0));
   if (listener.fd() < 0) fail("socket");
   const int one = 1;
   ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(listener.fd(), addr.get(), addr.length) != 0) {
-    fail("cannot listen on " + s.master_addr + ":" + std::to_string(s.master_port));
+    fail("cannot listen on " + host + " port " + std::to_string(s.master_port));
   }
   if (::listen(listener.fd(), 64) != 0) fail("listen");
   struct Joined {
@@ -286,6 +304,14 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
 }
 
 }  // namespace
+
+std::string listen_host(const std::string& master_addr, const std::string& resolved_ip) {
+  if (is_ip_literal(master_addr) || master_addr == "localhost") return master_addr;
+  const bool loopback =
+      resolved_ip.rfind("127.", 0) == 0 || resolved_ip == "::1" || resolved_ip.rfind("::ffff:127.", 0) == 0;
+  if (!loopback) return master_addr;
+  return resolved_ip.find(':') != std::string::npos ? "::" : "0.0.0.0";
+}
 
 std::string first_difference(const std::string& left_json, const std::string& right_json) {
   const json a = json::parse(left_json, nullptr, false), b = json::parse(right_json, nullptr, false);

@@ -2,6 +2,7 @@
 // never joined; a node whose node 0 never listens says so; a refused node is told why.
 #include <catch2/catch.hpp>
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "tests/support/free_port.hpp"
@@ -163,4 +165,56 @@ TEST_CASE("rendezvous: a second process claiming a node rank is refused and told
   CHECK(won.result.size() == 3);
   CHECK(node0_result.size() == 3);
   CHECK(node2_result.size() == 3);
+}
+
+TEST_CASE("rendezvous: node 0 listens on every interface when its host name resolves to loopback here",
+          "[comm][rendezvous]") {
+  // The Debian trap: /etc/hosts maps the machine's own name to 127.0.1.1, which no other machine reaches.
+  CHECK(listen_host("node-a", "127.0.1.1") == "0.0.0.0");
+  CHECK(listen_host("node-a", "::1") == "::");
+  CHECK(listen_host("node-a", "::ffff:127.0.0.1") == "::");
+  // A name of a network address, an IP literal, and localhost are taken as given.
+  CHECK(listen_host("node-a", "10.1.2.3") == "node-a");
+  CHECK(listen_host("node-a", "fd00::5") == "node-a");
+  CHECK(listen_host("127.0.1.1", "127.0.1.1") == "127.0.1.1");
+  CHECK(listen_host("::1", "::1") == "::1");
+  CHECK(listen_host("localhost", "127.0.0.1") == "localhost");
+}
+
+TEST_CASE("rendezvous: at a host name that is loopback here, node 0 says it listens on every interface and is reached",
+          "[comm][rendezvous]") {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  bool loopback = false;
+  if (::getaddrinfo(name, nullptr, &hints, &found) == 0 && found) {
+    const sockaddr* a = found->ai_addr;
+    loopback = (a->sa_family == AF_INET && (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127) ||
+               (a->sa_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr));
+    ::freeaddrinfo(found);
+  }
+  if (!loopback || std::string(name) == "localhost") {
+    WARN("this machine's name '" << name << "' is not a loopback name here: the every-interface listen was not tried");
+    return;
+  }
+  const int port = testing::free_port();
+  std::string one_error;
+  std::thread one([&] {
+    RendezvousSettings s = settings_for(1, 2, port, std::chrono::seconds(20));
+    s.master_addr = name;
+    one_error = error_of([&] { rendezvous(s, {{1, WorkerAddress{std::byte{7}}}}); });
+  });
+  RendezvousSettings s = settings_for(0, 2, port, std::chrono::seconds(20));
+  s.master_addr = name;
+  std::vector<std::string> logged;
+  s.log = [&](const std::string& line) { logged.push_back(line); };
+  const std::string zero_error = error_of([&] { rendezvous(s, {{0, WorkerAddress{std::byte{5}}}}); });
+  one.join();
+  CHECK(zero_error.empty());
+  CHECK(one_error.empty());
+  REQUIRE(logged.size() == 1);
+  CHECK_THAT(logged[0], Catch::StartsWith("listening on every interface"));
+  CHECK_THAT(logged[0], Catch::Contains(std::string("'") + name + "'"));
 }
