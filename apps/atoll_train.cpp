@@ -180,8 +180,14 @@ int main(int argc, char** argv) {
       } catch (const atl::RunFinished&) {  // every node finds the data used up at the same step
         launch.control->finish();
         throw;
-      } catch (const std::exception&) {
-        if (start_failed) launch.control->finish();  // every node knows: an agreed end
+      } catch (const std::exception& e) {
+        if (start_failed) {
+          launch.control->finish();  // every node knows: an agreed end
+        } else if (atl::exit_code_for(e) == 2) {
+          // Bad input this node alone met (its copy of the data file changed, say): every node
+          // exits 2 with its message, not 1 for a lost node, which a launcher would restart.
+          launch.control->abort(2, end_message(e, sets));
+        }
         throw;
       }
       launch.control->finish();
