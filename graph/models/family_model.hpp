@@ -1,6 +1,6 @@
 // What the three families' models share: the config, the parameter specs and the sublayer ops
-// they split into, and the Model overrides that only read those. Derived is the family's model;
-// it declares its parameters in its constructor and then calls split_into_ops.
+// they split into, and the Model overrides that only read those. A family's constructor fills
+// specs_ and then calls split_into_ops.
 #pragma once
 #include <cstdint>
 #include <map>

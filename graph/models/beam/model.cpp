@@ -123,7 +123,7 @@ BeamModel::BeamModel(BeamConfig config) : HiddenStateModel(std::move(config)) {
 }
 
 Tensor BeamModel::attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
-                                                    const TokenContext& ctx, BeamBlockCache& k) const {
+                                             const TokenContext& ctx, BeamBlockCache& k) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -142,16 +142,16 @@ Tensor BeamModel::attention_sublayer_forward(std::int64_t layer, const TensorMap
 }
 
 Tensor BeamModel::mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
-                                           const TokenContext& ctx, BeamBlockCache& k) const {
+                                    const TokenContext& ctx, BeamBlockCache& k) const {
   k.h_mid = h_mid;
   k.ln_pre_ff = rmsnorm_forward(h_mid, w.at(layer_prefix(layer) + "pre_feedforward_layernorm.weight"),
-                                       config_.rms_norm_eps, ctx.precision);
+                                config_.rms_norm_eps, ctx.precision);
   k.mlp_in = k.ln_pre_ff.y;
   return k.mlp_in;
 }
 
 Tensor BeamModel::mlp_output_forward(std::int64_t layer, const TensorMap& w, const Tensor& m, const TokenContext& ctx,
-                                            BeamBlockCache& k) const {
+                                     BeamBlockCache& k) const {
   const Precision prec = ctx.precision;
   k.m_lin = m;
   k.ln_post_ff =
@@ -161,8 +161,8 @@ Tensor BeamModel::mlp_output_forward(std::int64_t layer, const TensorMap& w, con
 }
 
 MlpOutputGrads<Tensor> BeamModel::mlp_output_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
-                                                             const Tensor& d_out, const TokenContext& /*ctx*/,
-                                                             const TensorMap& grads) const {
+                                                      const Tensor& d_out, const TokenContext& /*ctx*/,
+                                                      const TensorMap& grads) const {
   // out = cs2 * norm(m) + cr2 * h_mid.
   const std::string p = layer_prefix(layer);
   auto [cs2, cr2] = residual_coefficients(config_.depth_scaled_residual, 2 * layer + 3);
@@ -170,12 +170,12 @@ MlpOutputGrads<Tensor> BeamModel::mlp_output_backward(std::int64_t layer, const 
   out.d_residual = scaled(d_out, cr2);
   Tensor gn = grads.at(p + "post_feedforward_layernorm.weight");
   out.d_m = rmsnorm_backward(scaled(d_out, cs2), k.m_lin, w.at(p + "post_feedforward_layernorm.weight"),
-                                    k.ln_post_ff.rstd, &gn);
+                             k.ln_post_ff.rstd, &gn);
   return out;
 }
 
 Tensor BeamModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
-                                            const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
+                                     const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
   const std::string p = layer_prefix(layer);
   Tensor d_h_mid = d_residual;
   Tensor gpre = grads.at(p + "pre_feedforward_layernorm.weight");
@@ -185,8 +185,8 @@ Tensor BeamModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, con
 }
 
 Tensor BeamModel::attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const BeamBlockCache& k,
-                                                     const Tensor& d_h_mid, const TokenContext& ctx,
-                                                     const TensorMap& grads) const {
+                                              const Tensor& d_h_mid, const TokenContext& ctx,
+                                              const TensorMap& grads) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   auto g = [&](const char* name) { return grads.at(p + name); };
@@ -195,7 +195,7 @@ Tensor BeamModel::attention_sublayer_backward(std::int64_t layer, const TensorMa
   Tensor d_h_in = scaled(d_h_mid, cr1);
   Tensor gpost = g("post_attention_layernorm.weight");
   Tensor d_a = rmsnorm_backward(scaled(d_h_mid, cs1), k.a_lin, w.at(p + "post_attention_layernorm.weight"),
-                                       k.ln_post_attn.rstd, &gpost);
+                                k.ln_post_attn.rstd, &gpost);
   Tensor go = g("self_attn.o_proj.weight");
   Tensor d_gated = project_backward(k.gated, w.at(p + "self_attn.o_proj.weight"), d_a, &go, ctx.precision);
   Tensor gbias = g("self_attn.output_gate_bias");
@@ -234,7 +234,7 @@ LmHeadSpec BeamModel::head_spec() const {
   const auto& c = config_;
   return {"model.norm.weight",   "lm_head.weight",          c.rms_norm_eps,       c.vocab_size,
           c.unpadded_vocab_size, c.final_logit_softcapping, /*round_logits=*/true};  // Beam's head is bulk (MODELS.md
-                                                                                            // §10.4.5)
+                                                                                     // §10.4.5)
 }
 
 std::unique_ptr<MicroBatchRun> BeamModel::start(const Batch& micro_batch, Precision precision, float grad_scale) const {

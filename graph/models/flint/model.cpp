@@ -103,7 +103,7 @@ FlintModel::FlintModel(FlintConfig config) : HiddenStateModel(std::move(config))
 }
 
 Tensor FlintModel::attention_sublayer_forward(std::int64_t layer, const TensorMap& w, const Tensor& hidden,
-                                                     const TokenContext& ctx, FlintBlockCache& k) const {
+                                              const TokenContext& ctx, FlintBlockCache& k) const {
   const auto& c = config_;
   const std::string p = layer_prefix(layer);
   const Precision prec = ctx.precision;
@@ -119,28 +119,28 @@ Tensor FlintModel::attention_sublayer_forward(std::int64_t layer, const TensorMa
 }
 
 Tensor FlintModel::mlp_input_forward(std::int64_t layer, const TensorMap& w, const Tensor& h_mid,
-                                            const TokenContext& ctx, FlintBlockCache& k) const {
+                                     const TokenContext& ctx, FlintBlockCache& k) const {
   // out = h_mid + mlp(post_attention_layernorm(h_mid)).
   k.h_mid = h_mid;
   k.ln_post = rmsnorm_forward(h_mid, w.at(layer_prefix(layer) + "post_attention_layernorm.weight"),
-                                     config_.rms_norm_eps, ctx.precision);
+                              config_.rms_norm_eps, ctx.precision);
   k.mlp_in = k.ln_post.y;
   return k.mlp_in;
 }
 
 Tensor FlintModel::mlp_output_forward(std::int64_t /*layer*/, const TensorMap& /*w*/, const Tensor& m,
-                                             const TokenContext& ctx, FlintBlockCache& k) const {
+                                      const TokenContext& ctx, FlintBlockCache& k) const {
   return scaled_add(m, 1.0f, k.h_mid, 1.0f, ctx.precision);
 }
 
 MlpOutputGrads<Tensor> FlintModel::mlp_output_backward(std::int64_t /*layer*/, const TensorMap& /*w*/,
-                                                              const FlintBlockCache& /*k*/, const Tensor& d_out,
-                                                              const TokenContext& /*ctx*/, const TensorMap& /*grads*/) const {
+                                                       const FlintBlockCache& /*k*/, const Tensor& d_out,
+                                                       const TokenContext& /*ctx*/, const TensorMap& /*grads*/) const {
   return {d_out, d_out};  // out = h_mid + m
 }
 
 Tensor FlintModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
-                                             const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
+                                      const Tensor& d_x2, const Tensor& d_residual, const TensorMap& grads) const {
   const std::string p = layer_prefix(layer);
   Tensor gpost = grads.at(p + "post_attention_layernorm.weight");
   Tensor d_h_mid = rmsnorm_backward(d_x2, k.h_mid, w.at(p + "post_attention_layernorm.weight"), k.ln_post.rstd, &gpost);
@@ -149,8 +149,8 @@ Tensor FlintModel::mlp_input_backward(std::int64_t layer, const TensorMap& w, co
 }
 
 Tensor FlintModel::attention_sublayer_backward(std::int64_t layer, const TensorMap& w, const FlintBlockCache& k,
-                                                      const Tensor& d_h_mid, const TokenContext& ctx,
-                                                      const TensorMap& grads) const {
+                                               const Tensor& d_h_mid, const TokenContext& ctx,
+                                               const TensorMap& grads) const {
   const std::string p = layer_prefix(layer);
   auto g = [&](const std::string& name) { return grads.at(p + name); };
   // Attention sublayer: h_mid = h_in + a, so d_a = d_h_mid and d_h_in starts as d_h_mid.
@@ -190,7 +190,7 @@ LmHeadSpec FlintModel::head_spec() const {
 }
 
 std::unique_ptr<MicroBatchRun> FlintModel::start(const Batch& micro_batch, Precision precision,
-                                                        float grad_scale) const {
+                                                 float grad_scale) const {
   return std::make_unique<SublayerRun<FlintModel>>(*this, micro_batch, precision, grad_scale);
 }
 
