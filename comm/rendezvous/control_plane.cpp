@@ -33,7 +33,7 @@ struct ControlPlane::Impl {
   void lost(int node, const std::string& why) {
     if (reported) return;
     reported = true;
-    if (settings.node_rank == 0) tell_others(node, json{{"lost", node}, {"why", why}});  // which node is gone
+    if (settings.node_rank == 0) relay(node, json{{"lost", node}, {"why", why}});  // which node is gone
     if (settings.on_lost) settings.on_lost(node, why);
   }
 
@@ -44,6 +44,28 @@ struct ControlPlane::Impl {
       try {
         send(peer.fd, message);
       } catch (const std::exception&) {
+      }
+    }
+  }
+
+  // Node 0's last word before the job ends (the callers exit): `message` to every other peer, then
+  // the end of its sending side, read until they close (drain).
+  void relay(int except, const json& message) {
+    tell_others(except, message);
+    for (auto& [node, peer] : peers) ::shutdown(peer.fd, SHUT_WR);
+    drain(Clock::now() + std::chrono::seconds(2));
+  }
+
+  // Closing a socket with unread data sends a reset, which can overtake the last message sent on
+  // it and read as a crash on the other side: after shutting down the sending side, read what is
+  // still coming (heartbeats sent before the peer saw that message) until every peer closes or
+  // `deadline` passes.
+  void drain(Clock::time_point deadline) {
+    for (auto& [node, peer] : peers) {
+      char sink[4096];
+      while (peer.fd >= 0 && framing::wait_for(peer.fd, POLLIN, deadline)) {
+        const ssize_t n = ::recv(peer.fd, sink, sizeof(sink), 0);
+        if (n <= 0) break;  // the peer closed (or the connection is gone)
       }
     }
   }
@@ -93,8 +115,8 @@ struct ControlPlane::Impl {
             if (m.contains("abort") && !reported) {
               reported = true;  // its connection closing next is the abort, not a loss
               const int origin = m.value("node", nodes[i]);
-              if (settings.node_rank == 0) tell_others(nodes[i], m);  // the others hear it through node 0
               peer.finished = true;  // its end follows: no more polling it (on_abort normally exits)
+              if (settings.node_rank == 0) relay(nodes[i], m);  // the others hear it through node 0
               if (settings.on_abort) settings.on_abort(origin, m["abort"].get<int>(), m.value("why", std::string()));
             }
           } catch (const std::exception& e) {
@@ -140,17 +162,7 @@ void ControlPlane::farewell(const nlohmann::json& message) {
     }
     ::shutdown(peer.fd, SHUT_WR);
   }
-  // Closing a socket with unread data sends a reset, which can overtake the goodbye and read as a
-  // crash on the other side: read what is still coming (heartbeats sent before the peer saw the
-  // goodbye) until the peer closes or 2 s pass, then close.
-  const auto deadline = Clock::now() + std::chrono::seconds(2);
-  for (auto& [node, peer] : impl_->peers) {
-    char sink[4096];
-    while (framing::wait_for(peer.fd, POLLIN, deadline)) {
-      const ssize_t n = ::recv(peer.fd, sink, sizeof(sink), 0);
-      if (n <= 0) break;  // the peer closed (or the connection is gone)
-    }
-  }
+  impl_->drain(Clock::now() + std::chrono::seconds(2));
   impl_->close_all();
 }
 

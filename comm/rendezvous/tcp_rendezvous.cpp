@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -112,9 +113,23 @@ std::string ip_text(const Endpoint& e) {
   return ::inet_ntop(e.family(), ip, text, sizeof(text)) ? text : "";
 }
 
+// An address as the resolver reads it without a name lookup (127.1 and ::1%lo included).
 bool is_ip_literal(const std::string& host) {
-  unsigned char bytes[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), bytes) == 1 || ::inet_pton(AF_INET6, host.c_str(), bytes) == 1;
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  const bool literal = ::getaddrinfo(host.c_str(), nullptr, &hints, &found) == 0;
+  if (found) ::freeaddrinfo(found);
+  return literal;
+}
+
+// The names that mean this machine's loopback wherever they are used (RFC 6761, Debian's hosts).
+bool is_loopback_name(std::string host) {
+  for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!host.empty() && host.back() == '.') host.pop_back();
+  const std::string suffix = ".localhost";
+  return host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost" || host == "ip6-loopback" ||
+         (host.size() > suffix.size() && host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0);
 }
 
 std::string path_of(const std::string& parent, const std::string& key) { return parent.empty() ? key : parent + "." + key; }
@@ -169,8 +184,10 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
   const Endpoint addr = resolve(host, s.master_port);
   Socket listener(::socket(addr.family(), SOCK_STREAM, 0));
   if (listener.fd() < 0) fail("socket");
-  const int one = 1;
+  const int one = 1, zero = 0;
   ::setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  // Every interface of IPv6 takes IPv4 peers too, whatever the system's default (bindv6only).
+  if (host == "::") ::setsockopt(listener.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
   if (::bind(listener.fd(), addr.get(), addr.length) != 0) {
     fail("cannot listen on " + host + " port " + std::to_string(s.master_port));
   }
@@ -306,7 +323,7 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
 }  // namespace
 
 std::string listen_host(const std::string& master_addr, const std::string& resolved_ip) {
-  if (is_ip_literal(master_addr) || master_addr == "localhost") return master_addr;
+  if (is_ip_literal(master_addr) || is_loopback_name(master_addr)) return master_addr;
   const bool loopback =
       resolved_ip.rfind("127.", 0) == 0 || resolved_ip == "::1" || resolved_ip.rfind("::ffff:127.", 0) == 0;
   if (!loopback) return master_addr;
