@@ -98,7 +98,8 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
         if (key.empty() || !model.contains(key)) throw CheckpointError(e.what());
         model.erase(key);  // not a model key of this family (e.g. torch_dtype); checked below if it matters
       } catch (const ConfigError& e) {
-        throw CheckpointError(e.what());
+        const bool renamed = e.key() == "model.init_std" && hf.contains("initializer_range");
+        throw CheckpointError(std::string(e.what()) + (renamed ? " (config.json's initializer_range)" : ""));
       }
     }
   }

@@ -183,35 +183,42 @@ TEST_CASE("apps: nodes whose copies of the data file differ, or cannot read thei
 TEST_CASE("apps: a node whose data file changes in place mid-run ends the job: every node exits 2 with its reason",
           "[apps][ucx]") {
   TempDir tmp;
-  for (const char* node : {"d0", "d1"}) {  // each node's own copy, by one relative path
+  // Three nodes, so that node 0 relays node 1's end to node 2 before it exits itself.
+  const std::vector<std::string> dirs = {"d0", "d1", "d2"};
+  for (const std::string& node : dirs) {  // each node's own copy, by one relative path
     fs::create_directories(tmp.path / node);
     std::string text;
-    for (int i = 0; i < 200; ++i) text += "paragraph " + std::to_string(i) + " of the corpus both nodes hold\n\n";
+    for (int i = 0; i < 200; ++i) text += "paragraph " + std::to_string(i) + " of the corpus every node holds\n\n";
     write_file(tmp.path / node / "corpus.txt", text);
   }
   const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
-                               {"topology.mesh.dp_shard=2", "data.source=text:corpus.txt", "train.steps=100000",
-                                "checkpoint.every=0", "train.log_every=1"});
-  auto in = [&](const char* dir, int node, int port) {
-    return "cd " + shell_quote((tmp.path / dir).string()) + " && timeout 120 env " + node_command(node, 2, port, args);
-  };
-  // Once the job trains, node 1's copy grows in place (the same inode).
-  std::thread edit([&] {
-    const fs::path metrics = tmp.path / "run" / "metrics.jsonl";
-    for (int i = 0; i < 600 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    std::ofstream(tmp.path / "d1" / "corpus.txt", std::ios::app) << "an edit while the run reads the file\n";
-  });
+                               {"topology.mesh.dp_shard=3", "train.global_batch=12", "data.source=text:corpus.txt",
+                                "train.steps=100000", "checkpoint.every=0", "train.log_every=1"});
   const int port = free_port();
-  const auto [node0, node1] = run_two_nodes(in("d0", 0, port), in("d1", 1, port), tmp.path / "edited");
-  edit.join();
-  INFO(node0.err << node1.err);
-  CHECK(node1.exit_code == 2);
-  CHECK_THAT(node1.err, Catch::Contains("corpus.txt: the data file was modified in place"));
-  CHECK(node0.exit_code == 2);  // not 1 for a lost node, which a launcher would restart
-  CHECK_THAT(node0.err, Catch::Contains("node 1 ended the job (exit 2): ") &&
-                            Catch::Contains("corpus.txt: the data file was modified in place"));
+  std::vector<Result> results(dirs.size());
+  std::vector<std::thread> nodes;
+  for (std::size_t n = 0; n < dirs.size(); ++n) {
+    nodes.emplace_back([&, n] {
+      results[n] = run_shell("cd " + shell_quote((tmp.path / dirs[n]).string()) + " && timeout 120 env " +
+                                 node_command(static_cast<int>(n), 3, port, args),
+                             tmp.path / ("edited" + std::to_string(n)));
+    });
+  }
+  // Once the job trains, node 1's copy grows in place (the same inode).
+  const fs::path metrics = tmp.path / "run" / "metrics.jsonl";
+  for (int i = 0; i < 600 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::ofstream(tmp.path / "d1" / "corpus.txt", std::ios::app) << "an edit while the run reads the file\n";
+  for (std::thread& t : nodes) t.join();
+  INFO(results[0].err << results[1].err << results[2].err);
+  CHECK(results[1].exit_code == 2);
+  CHECK_THAT(results[1].err, Catch::Contains("corpus.txt: the data file was modified in place"));
+  for (const std::size_t other : {0, 2}) {  // not 1 for a lost node, which a launcher would restart
+    CHECK(results[other].exit_code == 2);
+    CHECK_THAT(results[other].err, Catch::Contains("node 1 ended the job (exit 2): ") &&
+                                       Catch::Contains("corpus.txt: the data file was modified in place"));
+  }
 }
 
 TEST_CASE("apps: node flags or torchrun's nodes without the ucx backend are a config error, not a whole job per node",

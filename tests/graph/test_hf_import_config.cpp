@@ -30,3 +30,19 @@ TEST_CASE("hf import config: config.json alone rebuilds the exporting model, non
     CHECK(ignored.empty());
   }
 }
+
+TEST_CASE("hf import config: a bad initializer_range is named as config.json writes it", "[checkpoint]") {
+  ModelSection section;
+  section.family = "beam";
+  section.overrides = YAML::Load("{family: beam}");
+  nlohmann::json written = make_model(section, "run.yaml")->hf_config();
+  written["initializer_range"] = -1.0;
+  TempDir dir;
+  std::ofstream(dir.path / "config.json") << written.dump(2);
+  try {
+    hf_import_config(dir.path, std::nullopt, nullptr);
+    FAIL("a negative initializer_range was imported");
+  } catch (const std::exception& e) {
+    CHECK_THAT(e.what(), Catch::Contains("init_std") && Catch::Contains("config.json's initializer_range"));
+  }
+}
