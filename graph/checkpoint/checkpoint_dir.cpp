@@ -1,7 +1,5 @@
 #include "graph/checkpoint/checkpoint_dir.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string_view>
@@ -29,6 +27,7 @@ constexpr std::string_view kConfigFile = "config.json";
 constexpr std::string_view kTemporaryPrefix = ".tmp-";
 constexpr std::string_view kExpAvgPrefix = "exp_avg.";
 constexpr std::string_view kExpAvgSqPrefix = "exp_avg_sq.";
+constexpr const char* kInspectHint = "atoll-eval --allow-nonfinite loads it for inspection";
 
 [[noreturn]] void fail(const fs::path& file, const std::string& fault) {
   throw CheckpointError(fmt::format("{}: {}", file.string(), fault));
@@ -48,12 +47,10 @@ std::optional<std::int64_t> parse_step_dir_name(const std::string& name) {
   return step;
 }
 
-std::string process_tag() { return std::to_string(static_cast<long>(::getpid())); }
-
 // Removal that is atomic as far as readers go: rename under a .tmp- name first, so a crash in the
 // middle of remove_all leaves a stale .tmp- directory (cleaned later), never a half checkpoint.
 void retire_directory(const fs::path& root, const fs::path& dir) {
-  fs::path aside = root / fmt::format("{}retired-{}-{}", kTemporaryPrefix, dir.filename().string(), process_tag());
+  fs::path aside = root / fmt::format("{}retired-{}-{}", kTemporaryPrefix, dir.filename().string(), temporary_tag());
   fs::remove_all(aside);
   fs::rename(dir, aside);
   fs::remove_all(aside);
@@ -78,7 +75,7 @@ void check_optimizer_matches(const fs::path& file, const TensorMap& model, const
 }  // namespace
 
 void check_tensor_values(const fs::path& file, const std::string& what, const Tensor& t, bool non_negative,
-                  const char* hint) {
+                         const char* hint) {
   if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) return;
   const Tensor values = t.dtype() == DType::f32 ? t : t.to(DType::f32);
   const float* v = values.data<float>();
@@ -93,10 +90,6 @@ void check_tensor_values(const fs::path& file, const std::string& what, const Te
     }
   }
 }
-
-namespace {
-constexpr const char* kInspectHint = "atoll-eval --allow-nonfinite loads it for inspection";
-}  // namespace
 
 fs::path normalised_directory(const fs::path& dir) {
   fs::path d = dir.lexically_normal();
@@ -115,10 +108,10 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   // Never write what a load would refuse.
   try {
     for (const auto& n : contents.model.names()) {
-      constexpr const char* kSaving = "a checkpoint is never written with values a load would refuse";
-      check_tensor_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kSaving);
-      check_tensor_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kSaving);
-      check_tensor_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true, kSaving);
+      check_tensor_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kNeverSavedHint);
+      check_tensor_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kNeverSavedHint);
+      check_tensor_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true,
+                          kNeverSavedHint);
     }
   } catch (const CheckpointError& e) {
     throw UnsavableState(e.what());
@@ -134,10 +127,9 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
 
   if (!fs::exists(root)) {
     fs::create_directories(root);
-    const fs::path parent = normalised_directory(root).parent_path();
-    fsync_directory(parent.empty() ? fs::path(".") : parent);  // the new root survives a crash
+    fsync_directory(parent_folder(normalised_directory(root)));  // the new root survives a crash
   }
-  const fs::path temporary = root / fmt::format("{}{}-{}", kTemporaryPrefix, name, process_tag());
+  const fs::path temporary = root / fmt::format("{}{}-{}", kTemporaryPrefix, name, temporary_tag());
   fs::remove_all(temporary);
   fs::create_directory(temporary);
   try {
@@ -165,7 +157,7 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   // checkpoint again), the new one takes its name, then the old one goes.
   std::optional<fs::path> replaced;
   if (fs::exists(fs::symlink_status(final_dir))) {
-    replaced = root / fmt::format("{}replaced-{}-{}", kTemporaryPrefix, name, process_tag());
+    replaced = root / fmt::format("{}replaced-{}-{}", kTemporaryPrefix, name, temporary_tag());
     fs::remove_all(*replaced);
     fs::rename(final_dir, *replaced);
   }
@@ -185,10 +177,8 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   // Step 0 is an import (atoll-convert), weights a run starts from, not a step of its timeline:
   // keep never counts or removes it.
   std::vector<fs::path> others;
-  for (const auto& dir : complete_checkpoints(root)) {
-    if (dir.filename() != final_dir.filename() && parse_step_dir_name(dir.filename().string()).value_or(0) > 0) {
-      others.push_back(dir);
-    }
+  for (const auto& dir : checkpoints_after(root, 0)) {
+    if (dir.filename() != final_dir.filename()) others.push_back(dir);
   }
   if (keep > 0) {
     // Ascending by step: the oldest come first; the newest keep-1 stay.

@@ -66,7 +66,9 @@ void require_complete_checkpoint(const std::filesystem::path& dir);
 // CheckpointError("<file>: <what> holds NaN at element i: refused (<hint>)") unless every value of
 // an f32 or bf16 tensor is finite (and >= 0 with non_negative: a second moment); other dtypes pass.
 void check_tensor_values(const std::filesystem::path& file, const std::string& what, const Tensor& t, bool non_negative,
-                  const char* hint);
+                         const char* hint);
+// The hint of a refusal by a writer (a save, an import): what it would write could not be loaded.
+inline constexpr const char* kNeverSavedHint = "a checkpoint is never written with values a load would refuse";
 
 struct CheckpointLoadOptions {
   // Accept NaN / inf in weights and moments (atoll-eval --allow-nonfinite, to inspect a broken run).

@@ -25,7 +25,7 @@ namespace {
 
 DurableFileWriter::DurableFileWriter(std::filesystem::path path) : path_(std::move(path)) {
   const std::string prefix = fmt::format(".{}.tmp-", path_.filename().string());
-  remove_abandoned_temporaries(path_.parent_path().empty() ? std::filesystem::path(".") : path_.parent_path(), prefix);
+  remove_abandoned_temporaries(parent_folder(path_), prefix);
   temporary_ = path_.parent_path() / (prefix + temporary_tag());
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   // The error names the file asked for (the temporary name is ours, not the caller's).
@@ -70,7 +70,7 @@ void DurableFileWriter::commit() {
     errno = saved;
     fail_errno(path_, "cannot rename the temporary file into place");
   }
-  fsync_directory(path_.parent_path().empty() ? std::filesystem::path(".") : path_.parent_path());
+  fsync_directory(parent_folder(path_));
 }
 
 void write_file_durably(const std::filesystem::path& path, std::string_view contents) {
@@ -102,6 +102,10 @@ void remove_abandoned_temporaries(const std::filesystem::path& folder, const std
     if (::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH) gone.push_back(it->path());
   }
   for (const auto& path : gone) std::filesystem::remove_all(path, ec);
+}
+
+std::filesystem::path parent_folder(const std::filesystem::path& path) {
+  return path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
 }
 
 void fsync_directory(const std::filesystem::path& dir) {

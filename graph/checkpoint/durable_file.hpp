@@ -48,6 +48,9 @@ std::string temporary_tag();
 // any other machine's. Errors are ignored: a cleanup.
 void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix);
 
+// The folder that holds `path` ("." for a bare file name): where its renames are made durable.
+std::filesystem::path parent_folder(const std::filesystem::path& path);
+
 // Makes renames and creations inside `dir` durable.
 void fsync_directory(const std::filesystem::path& dir);
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <vector>
 
 #include <fmt/core.h>
@@ -515,9 +516,10 @@ SafetensorsContents read_model_files(const fs::path& dir) {
   if (total_bytes != *declared_total) {
     // A shard the index names no tensor of is never read: say so when it would explain the sum.
     std::string unnamed;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string file = entry.path().filename().string();
-      if (entry.path().extension() == ".safetensors" && !shard_files.count(file)) unnamed.append(", '").append(file).append("'");
+    std::error_code ec;  // (a hint: a folder that cannot be listed leaves it out, not the message)
+    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const std::string file = it->path().filename().string();
+      if (it->path().extension() == ".safetensors" && !shard_files.count(file)) unnamed.append(", '").append(file).append("'");
     }
     fail(index_path, fmt::format("metadata.total_size is {} but the shards hold {} bytes of tensors{}", *declared_total,
                                  total_bytes,

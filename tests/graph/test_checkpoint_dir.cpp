@@ -112,6 +112,7 @@ TEST_CASE("durable file: the temporaries of a writer that died are removed by th
   for (const auto& f : {dead_file, live_file, other, elsewhere}) write_bytes(f, "partial");
   fs::create_directories(dead_folder);
   write_bytes(dead_folder / "model.safetensors", "partial");
+  for (const auto& f : {dead_file, live_file, other, elsewhere, dead_folder}) REQUIRE(fs::exists(f));
   write_file_durably(tmp.path / "run.json", "{}\n");
   CHECK_FALSE(fs::exists(dead_file));
   CHECK(fs::exists(live_file));
