@@ -62,7 +62,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
     native.insert(s.name, (bulk_dtype == DType::bf16 && !s.island) ? t.to(DType::bf16) : t);
   }
   const std::string tmp_prefix = ".tmp-" + out_dir.filename().string() + "-";
-  remove_abandoned_temporaries(out_dir.parent_path().empty() ? fs::path(".") : out_dir.parent_path(), tmp_prefix);
+  remove_abandoned_temporaries(parent_folder(out_dir), tmp_prefix);
   const fs::path tmp = out_dir.parent_path() / (tmp_prefix + temporary_tag());
   std::error_code ec;
   fs::remove_all(tmp, ec);  // (a folder that cannot hold it fails the creation next, named)
@@ -83,35 +83,36 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
     discard();
     throw;
   }
-  fsync_directory(out_dir.parent_path().empty() ? fs::path(".") : out_dir.parent_path());
+  fsync_directory(parent_folder(out_dir));
 }
 
 std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunConfig& config,
                                 const std::filesystem::path& checkpoint_root) {
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   SafetensorsContents files = read_model_files(hf_dir);
-  // Named here by the HF folder and tensor (the save would refuse them too, naming its output).
-  for (const auto& name : files.tensors.names()) {  // (other dtypes are refused below, by dtype)
-    check_tensor_values(hf_dir, "tensor '" + name + "'", files.tensors.at(name), false,
-                 "a checkpoint is never written with values a load would refuse");
+  // Masters are fp32: every tensor widens before the adapter rearranges it (a file may mix F32 and
+  // BF16, even among one layer's experts). Other dtypes and non-finite values are refused here,
+  // named by the HF folder and tensor (the save would refuse the values too, naming its output).
+  TensorMap widened;
+  for (const auto& name : files.tensors.names()) {
+    const Tensor& t = files.tensors.at(name);
+    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
+      throw CheckpointError(fmt::format("{}: tensor '{}' is {}; weights must be F32 or BF16", hf_dir.string(), name,
+                                        t.describe()));
+    }
+    check_tensor_values(hf_dir, "tensor '" + name + "'", t, false, kNeverSavedHint);
+    widened.insert(name, t.dtype() == DType::f32 ? t : t.to(DType::f32));
   }
   TensorMap native;
   try {
-    native = model->from_hf(files.tensors);
+    native = model->from_hf(widened);
   } catch (const std::logic_error& e) {  // invalid_argument and out_of_range: a tensor missing or misshapen
     throw CheckpointError(hf_dir.string() + ": the tensors do not fit the model its config.json describes: " +
                           e.what());
   }
   CheckpointContents contents;
   contents.step = 0;
-  for (const auto& s : model->specs()) {
-    const Tensor& t = native.at(s.name);
-    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
-      throw CheckpointError(fmt::format("{}: tensor for '{}' is {}; weights must be F32 or BF16", hf_dir.string(),
-                                        s.name, t.describe()));
-    }
-    contents.model.insert(s.name, t.dtype() == DType::f32 ? t : t.to(DType::f32));  // masters are fp32
-  }
+  for (const auto& s : model->specs()) contents.model.insert(s.name, native.at(s.name));
   contents.exp_avg = TensorMap::zeros_like(model->specs());
   contents.exp_avg_sq = TensorMap::zeros_like(model->specs());
   contents.trainer_state = {{"step", 0}, {"imported_from", hf_dir.string()}, {"family", model->family()},

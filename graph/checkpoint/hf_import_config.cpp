@@ -23,7 +23,11 @@ namespace {
 const std::set<std::string> kNotModelKeys = {"architectures", "model_type", "atoll_preset"};
 
 // config.json fields whose model key has another name (hf_fields writes them under the HF name).
-std::string model_key(const std::string& hf_key) { return hf_key == "initializer_range" ? "init_std" : hf_key; }
+const std::map<std::string, std::string> kModelKeyOf = {{"initializer_range", "init_std"}};
+std::string model_key(const std::string& hf_key) {
+  const auto it = kModelKeyOf.find(hf_key);
+  return it != kModelKeyOf.end() ? it->second : hf_key;
+}
 
 // Fields the ecosystem writes that change nothing atoll computes (dtype, tokenizer ids, library
 // versions, inference switches): ignored without a note.
@@ -98,8 +102,11 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
         if (key.empty() || !model.contains(key)) throw CheckpointError(e.what());
         model.erase(key);  // not a model key of this family (e.g. torch_dtype); checked below if it matters
       } catch (const ConfigError& e) {
-        const bool renamed = e.key() == "model.init_std" && hf.contains("initializer_range");
-        throw CheckpointError(std::string(e.what()) + (renamed ? " (config.json's initializer_range)" : ""));
+        std::string named_in_file;  // a renamed field is named as the file has it too
+        for (const auto& [hf_key, key] : kModelKeyOf) {
+          if (e.key() == "model." + key && hf.contains(hf_key)) named_in_file = " (config.json's " + hf_key + ")";
+        }
+        throw CheckpointError(e.what() + named_in_file);
       }
     }
   }

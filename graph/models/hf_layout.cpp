@@ -104,15 +104,19 @@ std::pair<Tensor, Tensor> split_last(const Tensor& t, std::int64_t first) {
   return {a, b};
 }
 
+std::string expert_weight_name(const std::string& prefix, std::int64_t expert, const char* weight) {
+  return prefix + "." + std::to_string(expert) + "." + weight + ".weight";
+}
+
 void per_expert_to_hf(const std::string& prefix, const Tensor& gate_and_up, const Tensor& down, TensorMap& hf) {
   const std::int64_t inter = gate_and_up.size(-1) / 2;
   const auto gu = unstack(gate_and_up), dn = unstack(down);
   for (std::size_t e = 0; e < gu.size(); ++e) {
     auto [gate, up] = split_last(gu[e], inter);  // [H, I] each
-    const std::string p = prefix + "." + std::to_string(e) + ".";
-    hf.insert(p + "gate_proj.weight", transpose_last_two(gate));
-    hf.insert(p + "up_proj.weight", transpose_last_two(up));
-    hf.insert(p + "down_proj.weight", transpose_last_two(dn[e]));
+    const auto ex = static_cast<std::int64_t>(e);
+    hf.insert(expert_weight_name(prefix, ex, "gate_proj"), transpose_last_two(gate));
+    hf.insert(expert_weight_name(prefix, ex, "up_proj"), transpose_last_two(up));
+    hf.insert(expert_weight_name(prefix, ex, "down_proj"), transpose_last_two(dn[e]));
   }
 }
 
@@ -121,30 +125,12 @@ std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, const Sh
     throw std::logic_error("per_expert_from_hf: gate_and_up must be [E, H, 2I], got " + shape_string(gate_and_up));
   }
   const std::int64_t experts = gate_and_up[0], h = gate_and_up[1], i = gate_and_up[2] / 2;
-  std::vector<std::string> names;  // every expert's gate, up and down, in that order
-  for (std::int64_t e = 0; e < experts; ++e) {
-    for (const char* w : {"gate_proj", "up_proj", "down_proj"}) names.push_back(prefix + "." + std::to_string(e) + "." + w + ".weight");
-  }
-  std::vector<Tensor> parts;
-  bool one_dtype = true;
-  for (std::size_t n = 0; n < names.size(); ++n) {
-    const bool is_down = n % 3 == 2;
-    const Tensor& t = require_hf_tensor(hf, names[n], is_down ? Shape{h, i} : Shape{i, h});
-    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
-      throw std::invalid_argument("HF state dict: tensor '" + names[n] + "' is " + t.describe() +
-                                  "; expert weights must be F32 or BF16");
-    }
-    one_dtype = one_dtype && (parts.empty() || t.dtype() == parts.front().dtype());
-    parts.push_back(t);
-  }
-  // Experts stored in both F32 and BF16 stack as F32 (bf16 widens exactly).
-  if (!one_dtype) {
-    for (Tensor& t : parts) t = t.dtype() == DType::f32 ? t : t.to(DType::f32);
-  }
   std::vector<Tensor> gu, dn;
-  for (std::size_t n = 0; n < parts.size(); n += 3) {
-    gu.push_back(concat_last(transpose_last_two(parts[n]), transpose_last_two(parts[n + 1])));
-    dn.push_back(transpose_last_two(parts[n + 2]));
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const Tensor& gate = require_hf_tensor(hf, expert_weight_name(prefix, e, "gate_proj"), {i, h});
+    const Tensor& up = require_hf_tensor(hf, expert_weight_name(prefix, e, "up_proj"), {i, h});
+    gu.push_back(concat_last(transpose_last_two(gate), transpose_last_two(up)));
+    dn.push_back(transpose_last_two(require_hf_tensor(hf, expert_weight_name(prefix, e, "down_proj"), {h, i})));
   }
   return {stack(gu), stack(dn)};
 }
@@ -173,23 +159,17 @@ TensorMap per_expert_layout_to_hf(const std::vector<ParamSpec>& specs, const Ten
   return hf;
 }
 
-TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const TensorMap& hf, std::int64_t experts,
-                                    HfName hf_name, const std::string& family) {
+TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const TensorMap& hf, HfName hf_name,
+                                    const std::string& family) {
   TensorMap native;
   std::set<std::string> used;
   Tensor pending_down;
   for (const auto& s : specs) {
     if (ends_with(s.name, kGateUp)) {
       const std::string prefix = experts_prefix(s.name);
-      if (s.shape.empty() || s.shape[0] != experts) {
-        throw std::logic_error("per_expert_layout_from_hf: '" + s.name + "' is " + shape_string(s.shape) + " for " +
-                               std::to_string(experts) + " experts");
-      }
       auto [gate_up, down] = per_expert_from_hf(prefix, s.shape, hf);
-      for (std::int64_t e = 0; e < experts; ++e) {
-        for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
-          used.insert(prefix + "." + std::to_string(e) + "." + w + ".weight");
-        }
+      for (std::int64_t e = 0; e < s.shape[0]; ++e) {
+        for (const char* w : {"gate_proj", "up_proj", "down_proj"}) used.insert(expert_weight_name(prefix, e, w));
       }
       native.insert(s.name, gate_up);
       pending_down = down;

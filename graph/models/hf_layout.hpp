@@ -1,5 +1,6 @@
 // Tensor rearrangements the HF state-dict adapters share. All preserve the dtype (any element
-// type) and copy bytes exactly, so adapters round-trip bitwise.
+// type) and copy bytes exactly, so adapters round-trip bitwise; tensors they stack or join must
+// share one dtype (an import widens every weight to F32 first).
 #pragma once
 #include <string>
 #include <vector>
@@ -28,8 +29,10 @@ std::pair<Tensor, Tensor> split_last(const Tensor& t, std::int64_t first);
 // Linear weights `<prefix>.<e>.gate_proj.weight [I, H]`, `up_proj [I, H]`, `down_proj [H, I]`
 // (MODELS.md §5.8, Flint and Beam). `prefix` is e.g. "model.layers.0.mlp.experts".
 void per_expert_to_hf(const std::string& prefix, const Tensor& gate_and_up, const Tensor& down, TensorMap& hf);
-// Reads the 3E per-expert tensors for a native gate_and_up of shape [E, H, 2I], each checked and
-// named (shape; F32 or BF16: mixed, they stack as F32); returns {gate_and_up, down [E, I, H]}.
+// `<prefix>.<expert>.<weight>.weight`: the HF name of one expert's gate_proj, up_proj or down_proj.
+std::string expert_weight_name(const std::string& prefix, std::int64_t expert, const char* weight);
+// Reads the 3E per-expert tensors for a native gate_and_up of shape [E, H, 2I], each checked
+// against its own shape and named; returns {gate_and_up, down [E, I, H]}.
 std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, const Shape& gate_and_up, const TensorMap& hf);
 
 // The whole adapter of a family whose HF layout differs from the native one only by per-expert
@@ -38,8 +41,8 @@ std::pair<Tensor, Tensor> per_expert_from_hf(const std::string& prefix, const Sh
 // naming them; `family` appears in the message.
 using HfName = std::string (*)(const std::string& native);
 TensorMap per_expert_layout_to_hf(const std::vector<ParamSpec>& specs, const TensorMap& native, HfName hf_name);
-TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const TensorMap& hf, std::int64_t experts,
-                                    HfName hf_name, const std::string& family);
+TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const TensorMap& hf, HfName hf_name,
+                                    const std::string& family);
 
 // A tensor that must exist in an HF map, with the shape expected; the error names both.
 const Tensor& require_hf_tensor(const TensorMap& hf, const std::string& name, const Shape& shape);

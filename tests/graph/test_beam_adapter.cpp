@@ -46,14 +46,7 @@ TEST_CASE("Beam experts: native gate_and_up[e] = concat(gate^T, up^T), gate firs
   const std::vector<float> expect_down = {7, 70, 8, 80, 9, 90};  // [I, H]
   CHECK(std::vector<float>(down.span<float>().begin(), down.span<float>().end()) == expect_down);
 
-  // One tensor in BF16 (these values are exact in it): the experts stack as F32, the same values.
-  TensorMap mixed;
-  for (const auto& n : hf.names()) mixed.insert(n, n == "p.0.up_proj.weight" ? hf.at(n).to(DType::bf16) : hf.at(n));
-  auto [mixed_gu, mixed_down] = per_expert_from_hf("p", {1, 2, 6}, mixed);
-  CHECK(mixed_gu.dtype() == DType::f32);
-  CHECK(std::vector<float>(mixed_gu.span<float>().begin(), mixed_gu.span<float>().end()) == expect_gu);
-
-  // Each tensor is checked and named: its own shape, its dtype.
+  // Each tensor is checked against its own shape and named.
   auto with = [&](const std::string& name, Tensor t) {
     TensorMap out;
     for (const auto& n : hf.names()) out.insert(n, n == name ? t : hf.at(n));
@@ -63,8 +56,6 @@ TEST_CASE("Beam experts: native gate_and_up[e] = concat(gate^T, up^T), gate firs
                     "HF state dict: tensor 'p.0.gate_proj.weight' is f32[1, 3, 2], expected shape [3, 2]");
   CHECK_THROWS_WITH(per_expert_from_hf("p", {1, 2, 6}, with("p.0.down_proj.weight", Tensor::zeros({3, 2}))),
                     "HF state dict: tensor 'p.0.down_proj.weight' is f32[3, 2], expected shape [2, 3]");
-  CHECK_THROWS_WITH(per_expert_from_hf("p", {1, 2, 6}, with("p.0.up_proj.weight", Tensor::zeros({3, 2}, DType::i64))),
-                    "HF state dict: tensor 'p.0.up_proj.weight' is i64[3, 2]; expert weights must be F32 or BF16");
 }
 
 TEST_CASE("Beam from_hf names the missing or misshapen tensor", "[beam][adapter]") {

@@ -50,7 +50,7 @@ TensorMap BeamModel::to_hf(const TensorMap& native) const {
 }
 
 TensorMap BeamModel::from_hf(const TensorMap& hf) const {
-  return per_expert_layout_from_hf(specs_, hf, config_.n_routed_experts, same_name, "Beam");
+  return per_expert_layout_from_hf(specs(), hf, same_name, "Beam");
 }
 
 }  // namespace atl

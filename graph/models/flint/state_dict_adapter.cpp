@@ -66,7 +66,7 @@ TensorMap FlintModel::to_hf(const TensorMap& native) const {
 }
 
 TensorMap FlintModel::from_hf(const TensorMap& hf) const {
-  return per_expert_layout_from_hf(specs_, hf, config_.num_experts, hf_name, "Flint");
+  return per_expert_layout_from_hf(specs(), hf, hf_name, "Flint");
 }
 
 }  // namespace atl
