@@ -18,18 +18,22 @@ std::string trimmed(const std::string& s) {
   return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
 }
 
+// The one word `text` holds (surrounding whitespace ignored); `what` names its source. A blank one
+// would be a token anyone can guess.
+std::string one_token(const std::string& text, const std::string& what) {
+  const std::string token = trimmed(text);
+  if (token.empty()) throw std::invalid_argument(what + " is blank; expected a token (one word)");
+  if (token.find_first_of(" \t\r\n") != std::string::npos) {
+    throw std::invalid_argument(what + " holds more than one word; expected one token");
+  }
+  return token;
+}
+
 }  // namespace
 
 JobToken resolve_job_token(const std::string& token_file, const std::optional<std::string>& env_token) {
   JobToken out;
-  if (env_token && !env_token->empty()) {  // one word, as a file's (a blank one would be a token anyone can guess)
-    const std::string token = trimmed(*env_token);
-    if (token.empty()) throw std::invalid_argument("ATOLL_JOB_TOKEN is blank; expected a token (one word)");
-    if (token.find_first_of(" \t\r\n") != std::string::npos) {
-      throw std::invalid_argument("ATOLL_JOB_TOKEN holds more than one word; expected one token");
-    }
-    out.token = token;
-  }
+  if (env_token && !env_token->empty()) out.token = one_token(*env_token, "ATOLL_JOB_TOKEN");
   if (token_file.empty()) return out;
   struct stat st{};
   if (::stat(token_file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -41,11 +45,7 @@ JobToken resolve_job_token(const std::string& token_file, const std::optional<st
   }
   std::ostringstream text;
   text << in.rdbuf();
-  const std::string token = trimmed(text.str());
-  if (token.empty()) throw std::invalid_argument("the job token file '" + token_file + "' is empty");
-  if (token.find_first_of(" \t\r\n") != std::string::npos) {
-    throw std::invalid_argument("the job token file '" + token_file + "' holds more than one word; expected one token");
-  }
+  const std::string token = one_token(text.str(), "the job token file '" + token_file + "'");
   if (out.token && *out.token != token) {
     throw std::invalid_argument("ATOLL_JOB_TOKEN and the job token file '" + token_file +
                                 "' give different tokens; expected one source, or the same token");

@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 namespace atl {
 
 namespace {
@@ -105,21 +108,27 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int t
     }
     nnodes.offer(*world / *local, "WORLD_SIZE / LOCAL_WORLD_SIZE");
   }
-  addr.offer(env("MASTER_ADDR"), "MASTER_ADDR");
+  // A topology's node 0 names the rendezvous (place_node): the topology is this job's own file,
+  // while MASTER_ADDR and MASTER_PORT (torchrun sets them always) or Slurm's node list describe
+  // whatever launched the process. Only the flags override it.
+  const bool topology = topology_nodes > 0;
+  if (!topology) addr.offer(env("MASTER_ADDR"), "MASTER_ADDR");
   // torchrun's agent on node 0 serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE):
   // atoll's rendezvous takes the next port, the same on every node. (With c10d rendezvous
   // MASTER_PORT is one the OS picked and its successor may be taken: --master-port is surer.)
   std::optional<int> agent_store_port;
   if (auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE"); agent_store && (*agent_store == "True" || *agent_store == "1")) {
     agent_store_port = integer("MASTER_PORT");
-    if (agent_store_port) port.offer(*agent_store_port + 1, "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)");
+    if (agent_store_port && !topology) {
+      port.offer(*agent_store_port + 1, "MASTER_PORT + 1 (torchrun's agent store holds MASTER_PORT)");
+    }
   }
-  port.offer(integer("MASTER_PORT"), "MASTER_PORT");
+  if (!topology) port.offer(integer("MASTER_PORT"), "MASTER_PORT");
   // Slurm: SLURM_NODEID, SLURM_NNODES, the first host of SLURM_JOB_NODELIST.
   node.offer(integer("SLURM_NODEID"), "SLURM_NODEID (Slurm)");
   nnodes.offer(integer("SLURM_NNODES"), "SLURM_NNODES (Slurm)");
   // (Read only when it decides: a list that a flag, MASTER_ADDR or a topology overrides is not parsed.)
-  if (auto list = env("SLURM_JOB_NODELIST"); list && !addr.value && topology_nodes == 0) {
+  if (auto list = env("SLURM_JOB_NODELIST"); list && !addr.value && !topology) {
     addr.offer(first_slurm_host(*list), "SLURM_JOB_NODELIST (Slurm)");
   }
 
@@ -151,12 +160,11 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int t
 }
 
 std::string NodeSpec::source() const {
-  std::string joined;
+  std::vector<std::string> origins;  // each once ("topology.nodes" gives both address and port)
   for (const std::string* from : {&node_rank_from, &nnodes_from, &master_addr_from, &master_port_from}) {
-    if (from->empty() || (from == &master_port_from && *from == master_addr_from)) continue;  // "topology.nodes" once
-    joined.append(joined.empty() ? "" : ", ").append(*from);
+    if (!from->empty() && std::find(origins.begin(), origins.end(), *from) == origins.end()) origins.push_back(*from);
   }
-  return joined;
+  return fmt::format("{}", fmt::join(origins, ", "));
 }
 
 std::vector<int> node_ranks(int world, int nnodes, int node_rank) {
@@ -192,15 +200,13 @@ NodePlacement place_node(const std::vector<NodeEntry>& nodes, int world, const N
     p.all.push_back(std::move(ranks));
   }
   p.spec.nnodes = n;
-  // Node 0's host and port as the topology lists them, unless a flag says otherwise: the topology
-  // is this job's own file, while MASTER_ADDR and MASTER_PORT (torchrun sets them always) or
-  // Slurm's node list describe whatever launched the process.
-  auto flag = [](const std::string& from) { return from.rfind("--", 0) == 0; };
-  if (!flag(given.master_addr_from)) {
+  // Node 0's host and port as the topology lists them, unless a flag gave them (resolve_node_spec
+  // reads no variable for them when there is a topology).
+  if (given.master_addr_from.empty()) {
     p.spec.master_addr = nodes.front().host;
     p.spec.master_addr_from = "topology.nodes";
   }
-  if (!flag(given.master_port_from)) {
+  if (given.master_port_from.empty()) {
     p.spec.master_port = static_cast<int>(nodes.front().port);
     p.spec.master_port_from = "topology.nodes";
     // Under torchrun, its agent store may hold that very port (MASTER_PORT): the next one, as without a topology.

@@ -40,7 +40,8 @@ Environment process_environment();
 // (node rank outside [0, nnodes), a port outside 1..65535, torchrun starting more than one process
 // per node).
 // `topology_nodes`: the length of a topology's node list (0: none), the node count when no flag or
-// variable gives one; with a list, Slurm's node list is not read (the topology names node 0).
+// variable gives one; with a list, node 0's address and port are the list's (place_node) unless
+// flags give them: MASTER_ADDR, MASTER_PORT and Slurm's node list are not read.
 NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int topology_nodes = 0);
 
 // Whether torchrun started this process (its elastic agent's variables are set).

@@ -54,7 +54,7 @@ TEST_CASE("job token: a bad file is an error naming it, one others can read gets
   const std::string missing = (dir.path / "nowhere").string();
   CHECK(error_of(missing, std::nullopt) == "cannot read the job token file '" + missing + "': No such file or directory");
   const std::string empty = write_token(dir, "empty", " \n", 0600);
-  CHECK(error_of(empty, std::nullopt) == "the job token file '" + empty + "' is empty");
+  CHECK(error_of(empty, std::nullopt) == "the job token file '" + empty + "' is blank; expected a token (one word)");
   const std::string two = write_token(dir, "two", "a b\n", 0600);
   CHECK(error_of(two, std::nullopt).find("holds more than one word") != std::string::npos);
   CHECK(error_of(dir.path.string(), std::nullopt) ==

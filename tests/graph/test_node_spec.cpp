@@ -117,7 +117,7 @@ TEST_CASE("node spec: the first host of a Slurm node list, and each node's ranks
 
 TEST_CASE("node spec: a topology's node list places each node, flags win, variables give the node rank only", "[launch]") {
   const std::vector<NodeEntry> nodes = {{"alpha", 29600, 1}, {"beta", 29500, 3}};
-  NodePlacement p = place_node(nodes, 4, resolve_node_spec({}, env_of({})), "beta");
+  NodePlacement p = place_node(nodes, 4, resolve_node_spec({}, env_of({}), 2), "beta");
   CHECK(p.spec.node_rank == 1);  // by host name
   CHECK(p.spec.nnodes == 2);
   CHECK(p.spec.master_addr == "alpha");
@@ -129,7 +129,7 @@ TEST_CASE("node spec: a topology's node list places each node, flags win, variab
   NodeFlags flags;
   flags.node_rank = 0;
   flags.master_port = 4000;
-  p = place_node(nodes, 4, resolve_node_spec(flags, env_of({})), "elsewhere");
+  p = place_node(nodes, 4, resolve_node_spec(flags, env_of({}), 2), "elsewhere");
   CHECK(p.spec.node_rank == 0);
   CHECK(p.spec.master_port == 4000);
   CHECK(p.ranks == std::vector<int>{0});
@@ -139,7 +139,7 @@ TEST_CASE("node spec: a topology's node list places each node, flags win, variab
   const auto torchrun = env_of({{"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "1"},
                                 {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "1234"},
                                 {"SLURM_JOB_NODELIST", "gpu[07-10]"}});
-  p = place_node(nodes, 4, resolve_node_spec({}, torchrun), "elsewhere");
+  p = place_node(nodes, 4, resolve_node_spec({}, torchrun, 2), "elsewhere");
   CHECK(p.spec.node_rank == 1);
   CHECK(p.spec.master_addr == "alpha");
   CHECK(p.spec.master_port == 29600);
@@ -147,23 +147,23 @@ TEST_CASE("node spec: a topology's node list places each node, flags win, variab
   // torchrun's agent store holds MASTER_PORT: a topology naming that port takes the next, as without one.
   const auto agent_store = env_of({{"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"MASTER_PORT", "29600"},
                                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
-  p = place_node(nodes, 4, resolve_node_spec({}, agent_store), "elsewhere");
+  p = place_node(nodes, 4, resolve_node_spec({}, agent_store, 2), "elsewhere");
   CHECK(p.spec.master_port == 29601);
   CHECK_THAT(p.spec.source(), Catch::Contains("topology.nodes + 1 (torchrun's agent store holds its port)"));
   NodeFlags addr_flag;
   addr_flag.master_addr = "10.1.1.1";
-  p = place_node(nodes, 4, resolve_node_spec(addr_flag, torchrun), "elsewhere");
+  p = place_node(nodes, 4, resolve_node_spec(addr_flag, torchrun, 2), "elsewhere");
   CHECK(p.spec.master_addr == "10.1.1.1");
   CHECK(p.spec.master_port == 29600);
 
-  CHECK_THROWS_WITH(place_node(nodes, 8, resolve_node_spec(flags, env_of({})), "alpha"),
+  CHECK_THROWS_WITH(place_node(nodes, 8, resolve_node_spec(flags, env_of({}), 2), "alpha"),
                     Catch::Contains("the nodes' ranks add up to 4, the mesh has 8"));
   auto typo = nodes;  // checked before any rank list is built (10^10 ranks would exhaust memory)
   typo.back().ranks = 10000000000;
-  CHECK_THROWS_WITH(place_node(typo, 4, resolve_node_spec(flags, env_of({})), "alpha"),
+  CHECK_THROWS_WITH(place_node(typo, 4, resolve_node_spec(flags, env_of({}), 2), "alpha"),
                     Catch::Contains("the nodes' ranks add up to 10000000001, the mesh has 4"));
-  CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({})), "gamma"),
+  CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({}), 2), "gamma"),
                     Catch::Contains("no node has this machine's host name 'gamma'"));
-  CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({{"NNODES", "3"}})), "alpha"),
+  CHECK_THROWS_WITH(place_node(nodes, 4, resolve_node_spec({}, env_of({{"NNODES", "3"}}), 2), "alpha"),
                     Catch::Contains("the topology lists 2 nodes, NNODES says 3"));
 }
