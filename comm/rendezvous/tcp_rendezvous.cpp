@@ -176,12 +176,15 @@ bool wait_unless_stopped(const RendezvousSettings& s, int fd, Clock::time_point 
 std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
                                         RendezvousLinks* links) {
   const auto deadline = Clock::now() + s.timeout;
-  const std::string host = listen_host(s.master_addr, ip_text(resolve(s.master_addr, s.master_port)));
-  if (host != s.master_addr && s.log) {
-    s.log("listening on every interface (" + host + "): the master address '" + s.master_addr +
-          "' is this machine's loopback here, which the other machines cannot reach");
+  Endpoint addr = resolve(s.master_addr, s.master_port);
+  const std::string host = listen_host(s.master_addr, ip_text(addr));
+  if (host != s.master_addr) {  // every interface: a literal, no lookup
+    addr = resolve(host, s.master_port);
+    if (s.log) {
+      s.log("listening on every interface (" + host + "): the master address '" + s.master_addr +
+            "' is this machine's loopback here, which the other machines cannot reach");
+    }
   }
-  const Endpoint addr = resolve(host, s.master_port);
   Socket listener(::socket(addr.family(), SOCK_STREAM, 0));
   if (listener.fd() < 0) fail("socket");
   const int one = 1, zero = 0;

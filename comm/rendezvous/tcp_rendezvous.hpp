@@ -66,10 +66,10 @@ std::map<int, WorkerAddress> rendezvous(const RendezvousSettings& settings, cons
 
 // Where node 0 listens, given the master address and what it resolves to here (an IP in text):
 // the master address itself, except for a host name (not an IP literal, not localhost or one of
-// its aliases) that resolves to a loopback address. Debian's /etc/hosts maps a machine's own name to 127.0.1.1,
-// while the other machines reach it by its network address; node 0 then listens on every
-// interface ("0.0.0.0", or "::" for IPv6), as torchrun's store does. The job token still guards
-// every connection.
+// its aliases) that resolves to a loopback address. Debian's /etc/hosts maps a machine's own name
+// to 127.0.1.1, while the other machines reach it by its network address; node 0 then listens on
+// every interface ("0.0.0.0", or "::" for IPv6), as torchrun's store does. The job token still
+// guards every connection.
 std::string listen_host(const std::string& master_addr, const std::string& resolved_ip);
 
 // The first key path whose values differ between two JSON texts ("" when equal): objects by key

@@ -42,6 +42,29 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// A two-node job at `master_addr`, node 1 in a thread: what each node got, and node 0's log.
+struct TwoNodes {
+  std::map<int, WorkerAddress> zero_sees, one_sees;
+  std::string zero_error, one_error;
+  std::vector<std::string> zero_log;
+};
+
+TwoNodes two_nodes_at(const std::string& master_addr) {
+  TwoNodes r;
+  const int port = testing::free_port();
+  std::thread one([&] {
+    RendezvousSettings s = settings_for(1, 2, port, std::chrono::seconds(20));
+    s.master_addr = master_addr;
+    r.one_error = error_of([&] { r.one_sees = rendezvous(s, {{1, WorkerAddress{std::byte{7}}}}); });
+  });
+  RendezvousSettings s = settings_for(0, 2, port, std::chrono::seconds(20));
+  s.master_addr = master_addr;
+  s.log = [&r](const std::string& line) { r.zero_log.push_back(line); };
+  r.zero_error = error_of([&] { r.zero_sees = rendezvous(s, {{0, WorkerAddress{std::byte{5}}}}); });
+  one.join();
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("rendezvous: node 0 names the nodes that never joined, within the timeout", "[comm][rendezvous]") {
@@ -78,51 +101,39 @@ TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its sig
   // A node connected to node 0 and waiting for its address book (node 2 never comes) stops too.
   const int port = testing::free_port();
   std::string node0;
-  std::thread first([&] { node0 = error_of([&] { rendezvous(settings_for(0, 3, port, std::chrono::milliseconds(1500)), {}); }); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (order only: node 0 listens first)
+  std::thread first([&] { node0 = error_of([&] { rendezvous(settings_for(0, 3, port, std::chrono::seconds(3)), {}); }); });
+  const bool listening = testing::wait_until_listening(port, std::chrono::seconds(20));  // node 1 connects at once
   RendezvousSettings s = settings_for(1, 3, port, std::chrono::seconds(60));
   int looks = 0;
   s.stop_requested = [&looks] { return ++looks >= 3 ? 2 : 0; };
   int stopped_by = 0;
-  try {
-    rendezvous(s, {});
-  } catch (const RendezvousStopped& e) {
-    stopped_by = e.signal();
-  }
+  const std::string node1 = error_of([&] {
+    try {
+      rendezvous(s, {});
+    } catch (const RendezvousStopped& e) {
+      stopped_by = e.signal();
+    }
+  });
   first.join();
+  REQUIRE(listening);
+  CHECK(node1.empty());
   CHECK(stopped_by == 2);
+  CHECK(node0.find("2 of 3 nodes joined") != std::string::npos);  // node 1 had joined before it stopped
   CHECK(node0.find("missing: node 2") != std::string::npos);
 }
 
 TEST_CASE("rendezvous: node 0 at an IPv6 address (::1) is reached like an IPv4 one", "[comm][rendezvous]") {
-  // Only where this machine has IPv6 loopback (some containers switch IPv6 off).
-  const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
-  sockaddr_in6 any6{};
-  any6.sin6_family = AF_INET6;
-  any6.sin6_addr = in6addr_loopback;
-  const bool has_ipv6 = probe >= 0 && ::bind(probe, reinterpret_cast<const sockaddr*>(&any6), sizeof(any6)) == 0;
-  if (probe >= 0) ::close(probe);
-  if (!has_ipv6) {
+  if (!testing::has_ipv6_loopback()) {  // (some containers switch IPv6 off)
     WARN("no IPv6 loopback here: the ::1 rendezvous was not tried");
     return;
   }
-  const int port = testing::free_port();
-  std::map<int, WorkerAddress> zero_sees, one_sees;
-  std::string one_error;
-  std::thread one([&] {
-    RendezvousSettings s = settings_for(1, 2, port, std::chrono::seconds(20));
-    s.master_addr = "::1";
-    one_error = error_of([&] { one_sees = rendezvous(s, {{1, WorkerAddress{std::byte{7}}}}); });
-  });
-  RendezvousSettings s = settings_for(0, 2, port, std::chrono::seconds(20));
-  s.master_addr = "::1";
-  const std::string zero_error = error_of([&] { zero_sees = rendezvous(s, {{0, WorkerAddress{std::byte{5}}}}); });
-  one.join();
-  CHECK(zero_error.empty());
-  CHECK(one_error.empty());
+  const TwoNodes r = two_nodes_at("::1");
+  CHECK(r.zero_error.empty());
+  CHECK(r.one_error.empty());
   const std::map<int, WorkerAddress> both = {{0, WorkerAddress{std::byte{5}}}, {1, WorkerAddress{std::byte{7}}}};
-  CHECK(zero_sees == both);
-  CHECK(one_sees == both);
+  CHECK(r.zero_sees == both);
+  CHECK(r.one_sees == both);
+  CHECK(r.zero_log.empty());  // a literal: listened on as given
 }
 
 TEST_CASE("rendezvous: a node whose node 0 never listens stops after its timeout", "[comm][rendezvous]") {
@@ -192,33 +203,21 @@ TEST_CASE("rendezvous: at a host name that is loopback here, node 0 says it list
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  bool loopback = false;
+  char ip[NI_MAXHOST] = {};  // what the name resolves to here, as the rendezvous sees it
   if (::getaddrinfo(name, nullptr, &hints, &found) == 0 && found) {
-    const sockaddr* a = found->ai_addr;
-    loopback = (a->sa_family == AF_INET && (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127) ||
-               (a->sa_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr));
+    ::getnameinfo(found->ai_addr, found->ai_addrlen, ip, sizeof(ip), nullptr, 0, NI_NUMERICHOST);
     ::freeaddrinfo(found);
   }
-  if (!loopback || listen_host(name, "127.0.0.1") == name) {  // (localhost and its aliases listen as named)
-    WARN("this machine's name '" << name << "' is not a loopback name here: the every-interface listen was not tried");
+  if (listen_host(name, ip) == name) {
+    WARN("this machine's name '" << name << "' is not a loopback name here (" << ip
+                                 << "): the every-interface listen was not tried");
     return;
   }
-  const int port = testing::free_port();
-  std::string one_error;
-  std::thread one([&] {
-    RendezvousSettings s = settings_for(1, 2, port, std::chrono::seconds(20));
-    s.master_addr = name;
-    one_error = error_of([&] { rendezvous(s, {{1, WorkerAddress{std::byte{7}}}}); });
-  });
-  RendezvousSettings s = settings_for(0, 2, port, std::chrono::seconds(20));
-  s.master_addr = name;
-  std::vector<std::string> logged;
-  s.log = [&](const std::string& line) { logged.push_back(line); };
-  const std::string zero_error = error_of([&] { rendezvous(s, {{0, WorkerAddress{std::byte{5}}}}); });
-  one.join();
-  CHECK(zero_error.empty());
-  CHECK(one_error.empty());
-  REQUIRE(logged.size() == 1);
-  CHECK_THAT(logged[0], Catch::StartsWith("listening on every interface"));
-  CHECK_THAT(logged[0], Catch::Contains(std::string("'") + name + "'"));
+  const TwoNodes r = two_nodes_at(name);
+  CHECK(r.zero_error.empty());
+  CHECK(r.one_error.empty());
+  CHECK(r.one_sees.size() == 2);
+  REQUIRE(r.zero_log.size() == 1);
+  CHECK_THAT(r.zero_log[0], Catch::StartsWith("listening on every interface"));
+  CHECK_THAT(r.zero_log[0], Catch::Contains(std::string("'") + name + "'"));
 }

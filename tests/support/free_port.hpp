@@ -6,8 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
 
 namespace atl::testing {
 
@@ -27,6 +31,48 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// Whether some socket of this machine listens on TCP `port` (IPv4 or IPv6), as /proc/net/tcp{,6}
+// list them; no connection is made (a rendezvous would count a probe as a silent peer).
+inline bool listening_on(int port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state == "0A" && colon != std::string::npos && std::stoi(local.substr(colon + 1), nullptr, 16) == port) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Waits until `port` is listening (listening_on) or `limit` passes; whether it listens.
+inline bool wait_until_listening(int port, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!listening_on(port)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// Whether this machine has IPv6 loopback (some containers switch IPv6 off).
+inline bool has_ipv6_loopback() {
+  const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (probe < 0) return false;
+  sockaddr_in6 any6{};
+  any6.sin6_family = AF_INET6;
+  any6.sin6_addr = in6addr_loopback;
+  const bool bound = ::bind(probe, reinterpret_cast<const sockaddr*>(&any6), sizeof(any6)) == 0;
+  ::close(probe);
+  return bound;
 }
 
 // A socket listening on 127.0.0.1 (another program's server, in a test) on a port below the
