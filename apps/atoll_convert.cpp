@@ -5,6 +5,8 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "apps/fatal_exit.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
@@ -54,9 +56,8 @@ int main(int argc, char** argv) {
       const auto path = atl::import_hf(hf_dir, atl::hf_import_config(hf_dir, given, &ignored), out_root);
       std::cout << "imported " << hf_dir << " to " << path.string() << "\n";
       if (!ignored.empty()) {
-        std::string keys;
-        for (const auto& key : ignored) keys.append(keys.empty() ? "" : ", ").append(key);
-        std::cout << "note: config.json fields atoll does not use were ignored: " << keys << "\n";
+        std::cout << fmt::format("note: config.json fields atoll does not use were ignored: {}\n",
+                                 fmt::join(ignored, ", "));
       }
     }
     return 0;

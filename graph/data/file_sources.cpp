@@ -21,6 +21,10 @@ namespace {
 
 constexpr std::int64_t kMaxInt = std::numeric_limits<std::int64_t>::max();
 
+std::int64_t mtime_ns(const struct stat& info) {
+  return static_cast<std::int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+}
+
 // Four lanes, each folding in every fourth little-endian 64-bit word with a multiply and a
 // rotation (independent chains: about 6 GB/s on a Zen 3, near memory speed), joined, then the
 // words and bytes left, then murmur3's finalizer. Not cryptographic: it guards against mistakes
@@ -71,7 +75,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   size_ = static_cast<std::size_t>(info.st_size);
   device_ = static_cast<std::uint64_t>(info.st_dev);
   inode_ = static_cast<std::uint64_t>(info.st_ino);
-  mtime_ns_ = static_cast<std::int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+  mtime_ns_ = mtime_ns(info);
   if (size_ > 0) {
     void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (mapped == MAP_FAILED) {
@@ -90,8 +94,7 @@ void MappedFile::check_unchanged() const {
   struct stat now {};
   if (::stat(path_.c_str(), &now) != 0) return;  // gone or renamed away: the mapping still holds the bytes
   if (static_cast<std::uint64_t>(now.st_dev) != device_ || static_cast<std::uint64_t>(now.st_ino) != inode_) return;
-  const std::int64_t mtime_ns = static_cast<std::int64_t>(now.st_mtim.tv_sec) * 1000000000 + now.st_mtim.tv_nsec;
-  if (static_cast<std::size_t>(now.st_size) == size_ && mtime_ns == mtime_ns_) return;
+  if (static_cast<std::size_t>(now.st_size) == size_ && mtime_ns(now) == mtime_ns_) return;
   throw DataError(fmt::format("{}: the data file was modified in place while the run read it ({} bytes, modified "
                               "after it was opened): rows read since may mix old and new bytes; restore it and "
                               "--resume from a checkpoint saved before (to change data, write a new file and rename "
