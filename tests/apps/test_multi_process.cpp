@@ -46,15 +46,22 @@ std::string launch_script() {
 }
 
 // atoll-train over UCX with the job token and `env` (variables that place the node).
-std::string ucx_node_command(const std::string& env, const std::vector<std::string>& args) {
-  return env + " ATOLL_JOB_TOKEN=secret " + shell_quote(app_binary("atoll-train").string()) + joined(args) +
-         " --set topology.backend=ucx";
+std::string ucx_node_command(const std::string& env, const std::vector<std::string>& args,
+                             const std::string& token = "secret") {
+  return env + " ATOLL_JOB_TOKEN=" + shell_quote(token) + " " + shell_quote(app_binary("atoll-train").string()) +
+         joined(args) + " --set topology.backend=ucx";
 }
 
-std::string node_command(int node, int nnodes, int port, const std::vector<std::string>& args) {
+std::string node_command(int node, int nnodes, int port, const std::vector<std::string>& args,
+                         const std::string& token = "secret") {
   return ucx_node_command("NODE_RANK=" + std::to_string(node) + " NNODES=" + std::to_string(nnodes) +
                               " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port),
-                          args);
+                          args, token);
+}
+
+// `command` run in `dir` (a node with its own working directory: its own copy of a relative path).
+std::string in_dir(const fs::path& dir, const std::string& command) {
+  return "cd " + shell_quote(dir.string()) + " && " + command;
 }
 
 // Node 1's command in a thread and node 0's here, at once; their results (node 0's first). Each
@@ -142,6 +149,7 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
                                              tmp.path / "m");
   INFO(first.err << second.err);
   CHECK(first.exit_code == 2);
+  CHECK(second.exit_code == 2);
   CHECK_THAT(first.err, Catch::Contains("the first differing config key is run_dir"));
 }
 
@@ -155,7 +163,7 @@ TEST_CASE("apps: nodes whose copies of the data file differ, or cannot read thei
   const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
                                {"topology.mesh.dp_shard=2", "data.source=text:corpus.txt"});
   auto in = [&](const char* dir, int node, int port) {
-    return "cd " + shell_quote((tmp.path / dir).string()) + " && " + node_command(node, 2, port, args);
+    return in_dir(tmp.path / dir, node_command(node, 2, port, args));
   };
   {
     const int port = free_port();
@@ -199,18 +207,20 @@ TEST_CASE("apps: a node whose data file changes in place mid-run ends the job: e
   std::vector<std::thread> nodes;
   for (std::size_t n = 0; n < dirs.size(); ++n) {
     nodes.emplace_back([&, n] {
-      results[n] = run_shell("cd " + shell_quote((tmp.path / dirs[n]).string()) + " && timeout 120 env " +
-                                 node_command(static_cast<int>(n), 3, port, args),
+      results[n] = run_shell(in_dir(tmp.path / dirs[n], "timeout 120 env " + node_command(static_cast<int>(n), 3, port, args)),
                              tmp.path / ("edited" + std::to_string(n)));
     });
   }
   // Once the job trains, node 1's copy grows in place (the same inode).
   const fs::path metrics = tmp.path / "run" / "metrics.jsonl";
-  for (int i = 0; i < 600 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  bool trained = false;
+  for (int i = 0; i < 600 && !trained; ++i) {
+    trained = fs::exists(metrics) && fs::file_size(metrics) > 0;
+    if (!trained) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::ofstream(tmp.path / "d1" / "corpus.txt", std::ios::app) << "an edit while the run reads the file\n";
   for (std::thread& t : nodes) t.join();
+  CHECK(trained);  // (else the edit came before the job read the file: another failure)
   INFO(results[0].err << results[1].err << results[2].err);
   CHECK(results[1].exit_code == 2);
   CHECK_THAT(results[1].err, Catch::Contains("corpus.txt: the data file was modified in place"));
@@ -271,9 +281,7 @@ TEST_CASE("apps: nodes that cannot split the mesh evenly, or a blank job token, 
   CHECK(uneven.exit_code == 2);
   CHECK_THAT(uneven.err, Catch::Contains("topology.mesh: 3 nodes cannot split a 4-rank mesh evenly (the node count "
                                          "from NNODES); topology.nodes gives each node its own number of ranks"));
-  std::string blank = node_command(0, 2, free_port(), args);
-  blank.replace(blank.find("ATOLL_JOB_TOKEN=secret"), 22, "ATOLL_JOB_TOKEN=' '");
-  const Result no_token = run_shell(blank, tmp.path / "blank");
+  const Result no_token = run_shell(node_command(0, 2, free_port(), args, " "), tmp.path / "blank");
   CHECK(no_token.exit_code == 2);
   CHECK_THAT(no_token.err, Catch::Contains("topology.job_token_file: ATOLL_JOB_TOKEN is blank"));
   CHECK_FALSE(fs::exists(tmp.path / "run"));
@@ -305,9 +313,12 @@ TEST_CASE("apps: SIGINT to a node waiting at the rendezvous stops it at once wit
   TempDir tmp;
   const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
                                {"topology.mesh.dp_shard=2", "topology.rendezvous_timeout_s=120"});
-  // Node 1 never comes; without the stop node 0 would wait 120 s and exit 1.
+  // Node 1 never comes; without the stop node 0 would wait 120 s and exit 1. SIGINT is sent once
+  // atoll-train catches it (SigCgt bit 2): a background command of sh starts with it ignored.
   const Result node0 = run_shell("{ " + node_command(0, 2, free_port(), args) +
-                                     " & pid=$!; sleep 1; kill -INT $pid; wait $pid; }",
+                                     " & pid=$!; for i in $(seq 400); do c=$(awk '/^SigCgt/{print $2}' /proc/$pid/status);"
+                                     " [ $((0x${c:-0} & 2)) -ne 0 ] && break; sleep 0.05; done;"
+                                     " kill -INT $pid; wait $pid; }",
                                  tmp.path / "n0");
   INFO(node0.err);
   CHECK(node0.exit_code == 130);
@@ -343,9 +354,7 @@ TEST_CASE("apps: a connection with a wrong job token is refused and the job goes
   REQUIRE(refused_sent);
   CHECK_THAT(reply, Catch::Contains(R"("refused":"with a wrong job token")") && !Catch::Contains("secret"));
   // A node of this job started with another token: refused at once, exit 2, naming the token.
-  std::string wrong_token = node_command(1, 2, port, args);
-  wrong_token.replace(wrong_token.find("ATOLL_JOB_TOKEN=secret"), 22, "ATOLL_JOB_TOKEN=other!");
-  const Result misconfigured = run_shell(wrong_token, tmp.path / "wrong");
+  const Result misconfigured = run_shell(node_command(1, 2, port, args, "other!"), tmp.path / "wrong");
   CHECK(misconfigured.exit_code == 2);
   CHECK_THAT(misconfigured.err, Catch::Contains("refused this node's connection with a wrong job token (every node "
                                                 "needs the same ATOLL_JOB_TOKEN"));
@@ -687,7 +696,7 @@ TEST_CASE("apps: node 0 alone reads the checkpoint to resume from, a node with n
   auto job = [&](int steps, bool resume, const std::string& phase) {
     const int port = free_port();
     auto in = [&](const char* dir, int node) {
-      return "cd " + shell_quote((tmp.path / dir).string()) + " && " + node_command(node, 2, port, args(steps, resume));
+      return in_dir(tmp.path / dir, node_command(node, 2, port, args(steps, resume)));
     };
     return run_two_nodes(in("a", 0), in("b", 1), tmp.path / phase);
   };
