@@ -314,12 +314,16 @@ TEST_CASE("apps: SIGINT to a node waiting at the rendezvous stops it at once wit
   const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
                                {"topology.mesh.dp_shard=2", "topology.rendezvous_timeout_s=120"});
   // Node 1 never comes; without the stop node 0 would wait 120 s and exit 1. SIGINT is sent once
-  // atoll-train catches it (SigCgt bit 2): a background command of sh starts with it ignored.
-  const Result node0 = run_shell("{ " + node_command(0, 2, free_port(), args) +
-                                     " & pid=$!; for i in $(seq 400); do c=$(awk '/^SigCgt/{print $2}' /proc/$pid/status);"
-                                     " [ $((0x${c:-0} & 2)) -ne 0 ] && break; sleep 0.05; done;"
-                                     " kill -INT $pid; wait $pid; }",
-                                 tmp.path / "n0");
+  // atoll-train catches it (SigCgt bit 2): a background command of sh starts with it ignored. The
+  // name must be atoll-train too: between fork and exec the child is sh, which catches SIGINT
+  // under `sh -c` and dies of it (exit 130, nothing printed).
+  const Result node0 = run_shell(
+      "{ " + node_command(0, 2, free_port(), args) +
+          " & pid=$!; for i in $(seq 400); do"
+          " set -- $(awk '/^Name:/{n=$2} /^SigCgt:/{print n, $2}' /proc/$pid/status);"
+          " [ \"$1\" = atoll-train ] && [ $((0x${2:-0} & 2)) -ne 0 ] && break; sleep 0.05; done;"
+          " kill -INT $pid; wait $pid; }",
+      tmp.path / "n0");
   INFO(node0.err);
   CHECK(node0.exit_code == 130);
   CHECK_THAT(node0.err, Catch::Contains("atoll-train: stopped by SIGINT while waiting for the other nodes at the "
