@@ -301,10 +301,12 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     } catch (const std::exception& e) {  // the stop still ends as a stop (and keeps its exit code)
       saved += std::string("; the trace was not written: ") + e.what();
     }
-    // (A process the signal did not reach stops with the job, by the job's signal and exit code.)
+    // (A process the signal did not reach stops with the job, by the job's signal and exit code. One
+    // whose own copy landed mid-step, after another's request began the stop, was reached.)
+    const bool reached = stop_signal != 0 || (options.stop_requested && options.stop_requested() != 0);
     throw RunStopped(signal, fmt::format("stopped by {}{} after step {} of {}: {}", stop_signal_name(signal),
-                                         stop_signal == 0 ? " (sent to another process of the job)" : "", done,
-                                         t.steps, saved));
+                                         reached ? "" : " (sent to another process of the job)", done, t.steps,
+                                         saved));
   };
   std::int64_t last_step = first_step - 1;
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
