@@ -1,11 +1,13 @@
-// Loopback addresses and a free TCP port on 127.0.0.1 (the kernel's pick) for tests that start
-// rendezvous or whole jobs.
+// Loopback addresses and free TCP ports on 127.0.0.1 for tests that start rendezvous or whole
+// jobs.
 #pragma once
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -23,7 +25,44 @@ inline sockaddr_in loopback(int port) {
   return addr;
 }
 
+// The lowest port of the kernel's ephemeral range: bind(0) and connect() take theirs from
+// [this, ...), so a port below it is never handed out behind a test's back.
+inline int ephemeral_port_low() {
+  int low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
+  return low;
+}
+
+// The candidates below the ephemeral range a test tries, in a per-process order: [10000, low).
+// Empty (span 0) when the range starts too low to leave room.
+struct PortCandidates {
+  int low = 10000, span = 0;
+  unsigned start = 0;
+  PortCandidates() {
+    span = std::max(0, ephemeral_port_low() - 1 - low);
+    if (span < 100) span = 0;
+    static std::atomic<unsigned> calls{0};
+    start = static_cast<unsigned>(::getpid()) * 7919u + 104729u * calls++;
+  }
+  int at(unsigned attempt) const {
+    return low + static_cast<int>((start + 31u * attempt) % static_cast<unsigned>(span));
+  }
+};
+
+// A TCP port on 127.0.0.1 that was free when checked, below the ephemeral range: the UCX
+// listeners and connections of the jobs a test starts (bind(0) and connect(), between this check
+// and node 0's bind) cannot take it. The kernel's own pick where no such port turns up.
 inline int free_port() {
+  const PortCandidates candidates;
+  for (unsigned attempt = 0; candidates.span > 0 && attempt < 200; ++attempt) {
+    const int port = candidates.at(attempt);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in addr = loopback(port);
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (bound) return port;
+  }
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr = loopback(0);
   ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
@@ -84,13 +123,9 @@ struct HeldPort {
 };
 
 inline HeldPort listen_below_free_successor() {
-  int ephemeral_low = 32768;
-  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
-  const int low = 10000, span = ephemeral_low - 1 - low;
-  if (span < 100) return {};
-  for (unsigned attempt = 0; attempt < 200; ++attempt) {
-    const int port = low + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u + 31u * attempt) %
-                                            static_cast<unsigned>(span));
+  const PortCandidates candidates;
+  for (unsigned attempt = 0; candidates.span > 0 && attempt < 200; ++attempt) {
+    const int port = candidates.at(attempt);
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return {};
     sockaddr_in addr = loopback(port);
