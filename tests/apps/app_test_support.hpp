@@ -3,11 +3,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -107,6 +109,14 @@ inline std::string last_line(const std::string& text) {
     if (!line.empty()) last = line;
   }
   return last;
+}
+
+// The lines of a file another process is appending to that are whole (end in a newline): what a
+// test waiting for a run's progress counts (a line seen half-written is not parsed).
+inline std::size_t complete_lines(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return static_cast<std::size_t>(
+      std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n'));
 }
 
 inline std::vector<nlohmann::json> read_metrics(const fs::path& path) {

@@ -186,21 +186,14 @@ pid_t spawn_train(const std::vector<std::string>& args, const fs::path& scratch)
   return pid;
 }
 
-std::size_t metric_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::size_t n = 0;
-  for (std::string line; std::getline(in, line);) n += !line.empty();
-  return n;
-}
-
 // A run started in the background, once it has logged two steps: `signal` to it, then its exit
 // status (waited for).
 int signal_mid_run(const std::vector<std::string>& args, const fs::path& run_dir, const fs::path& cwd, int signal) {
   const pid_t pid = spawn_train(args, cwd);
-  for (int i = 0; i < 600 && metric_lines(run_dir / "metrics.jsonl") < 2; ++i) {
+  for (int i = 0; i < 600 && complete_lines(run_dir / "metrics.jsonl") < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  REQUIRE(metric_lines(run_dir / "metrics.jsonl") >= 2);
+  REQUIRE(complete_lines(run_dir / "metrics.jsonl") >= 2);
   REQUIRE(kill(pid, signal) == 0);
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
@@ -231,7 +224,7 @@ TEST_CASE("failures: SIGTERM finishes the step, saves, exits 143, and --resume r
   CHECK(WEXITSTATUS(status) == 143);
   CHECK(err.find("stopped by SIGTERM after step") != std::string::npos);
   CHECK(err.find("--resume") != std::string::npos);
-  const std::size_t done = metric_lines(stopped / "metrics.jsonl");
+  const std::size_t done = complete_lines(stopped / "metrics.jsonl");
   REQUIRE(done < 24);  // it really stopped early
   char name[32];
   std::snprintf(name, sizeof name, "step-%08zu", done);
@@ -256,7 +249,7 @@ TEST_CASE("failures: SIGTERM finishes the step, saves, exits 143, and --resume r
   INFO(ref_err);
   REQUIRE(WIFEXITED(ref_status));
   CHECK(WEXITSTATUS(ref_status) == 143);  // (not 0: the 2000 steps did not all run)
-  const std::size_t ref_done = metric_lines(reference / "metrics.jsonl");
+  const std::size_t ref_done = complete_lines(reference / "metrics.jsonl");
   CHECK(ref_done < 2000);
   CHECK_THAT(ref_err, Catch::Contains("atoll-train: stopped by SIGTERM after step " + std::to_string(ref_done) + " of") &&
                           !Catch::Contains("another process"));

@@ -379,7 +379,7 @@ namespace {
 bool signal_a_node(const fs::path& run_dir, std::size_t after, const char* signal) {
   const fs::path metrics = run_dir / "metrics.jsonl";
   for (int poll = 0; poll < 6000; ++poll) {
-    if (fs::exists(metrics) && read_metrics(metrics).size() >= after) {
+    if (complete_lines(metrics) >= after) {
       // Appended piecewise: chained `+` on temporaries trips a false -Wrestrict in GCC 12.
       std::string pattern = "^";
       pattern.append(app_binary("atoll-train").string()).append(" .*run_dir=").append(run_dir.string()).append(" ");
@@ -532,7 +532,7 @@ TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restar
   TempDir tmp;
   const auto args = [&](const fs::path& run_dir) {
     return joined({source_path("configs/beam-tiny.yaml").string(), "--set", "run_dir=" + run_dir.string(), "--set",
-                   "topology.mesh.dp_shard=4", "--set", "train.steps=300", "--set", "checkpoint.every=20"});
+                   "topology.mesh.dp_shard=4", "--set", "train.steps=120", "--set", "checkpoint.every=20"});
   };
   const Result reference =
       run_shell(shell_quote(app_binary("atoll-train").string()) + args(tmp.path / "ref"), tmp.path / "ref_out");
@@ -554,25 +554,25 @@ TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restar
   CHECK(resumed.err.find("launch: restart 1 of 1 from the latest complete checkpoint") != std::string::npos);
   const auto a = read_metrics(tmp.path / "ref" / "metrics.jsonl");
   const auto b = read_metrics(tmp.path / "restart" / "metrics.jsonl");
-  REQUIRE(a.size() == 300);
-  REQUIRE(b.size() == 300);
+  REQUIRE(a.size() == 120);
+  REQUIRE(b.size() == 120);
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
 
-  // A job begun from another run's checkpoint (step 260 of ref) and killed before its first save:
+  // A job begun from another run's checkpoint (step 80 of ref) and killed before its first save:
   // the restart begins from that checkpoint again (run.json's began_from), not from a fresh
   // model, and ends as the reference does.
   const fs::path other = tmp.path / "other";
   const Result from_other = launch_and_kill_a_node(
       "--nnodes 2 --max-restarts 1 --" + args(other) + " --set checkpoint.every=1000 --resume " +
-          shell_quote((tmp.path / "ref" / "checkpoints" / "step-00000260").string()),
+          shell_quote((tmp.path / "ref" / "checkpoints" / "step-00000080").string()),
       other, 5, tmp.path / "other_out");
   INFO(from_other.out << from_other.err);  // both: the start lines name where each attempt began
   REQUIRE(from_other.exit_code == 0);
   CHECK(from_other.err.find("launch: restart 1 of 1 from the latest complete checkpoint") != std::string::npos);
   const auto c = read_metrics(other / "metrics.jsonl");
   REQUIRE(c.size() == 40);
-  CHECK(c.front().at("step").get<std::int64_t>() == 261);
-  for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i].at("loss").get<double>() == a[i + 260].at("loss").get<double>());
+  CHECK(c.front().at("step").get<std::int64_t>() == 81);
+  for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i].at("loss").get<double>() == a[i + 80].at("loss").get<double>());
 }
 
 TEST_CASE("apps: nodes placed by Slurm's variables (a --master-port flag, a job token file) train together",
@@ -644,7 +644,7 @@ TEST_CASE("apps: SIGINT to one node stops every node after the same step with ex
   const fs::path run_dir = tmp.path / "run";
   auto args = train_args("configs/beam-tiny.yaml", run_dir, {"topology.mesh.dp_shard=4"});
   for (std::string& a : args) {
-    if (a == "train.steps=10") a = "train.steps=300";
+    if (a == "train.steps=10") a = "train.steps=120";
   }
   Result node1;
   std::thread second([&] { node1 = run_shell(node_command(1, 2, port, args), tmp.path / "n1"); });
@@ -662,10 +662,10 @@ TEST_CASE("apps: SIGINT to one node stops every node after the same step with ex
   const std::string elsewhere = "stopped by SIGINT (sent to another process of the job) after step";
   CHECK((node0.err.find(elsewhere) != std::string::npos) != (node1.err.find(elsewhere) != std::string::npos));
   const auto stopped = read_metrics(run_dir / "metrics.jsonl");
-  REQUIRE(stopped.size() < 300);
+  REQUIRE(stopped.size() < 120);
   const std::int64_t last = stopped.back().at("step").get<std::int64_t>();
-  CHECK(node0.err.find("after step " + std::to_string(last) + " of 300") != std::string::npos);
-  CHECK(node1.err.find("after step " + std::to_string(last) + " of 300") != std::string::npos);
+  CHECK(node0.err.find("after step " + std::to_string(last) + " of 120") != std::string::npos);
+  CHECK(node1.err.find("after step " + std::to_string(last) + " of 120") != std::string::npos);
   // Resumed (both nodes), the run ends with the uninterrupted run's losses.
   auto resumed = args;
   resumed.push_back("--resume");
@@ -674,12 +674,12 @@ TEST_CASE("apps: SIGINT to one node stops every node after the same step with ex
   INFO(again.err);
   REQUIRE(again.exit_code == 0);
   const Result reference = run_app("atoll-train", train_args("configs/beam-tiny.yaml", tmp.path / "ref",
-                                                             {"topology.mesh.dp_shard=4", "train.steps=300"}),
+                                                             {"topology.mesh.dp_shard=4", "train.steps=120"}),
                                    tmp.path / "ref_out");
   REQUIRE(reference.exit_code == 0);
   const auto a = read_metrics(run_dir / "metrics.jsonl"), b = read_metrics(tmp.path / "ref" / "metrics.jsonl");
-  REQUIRE(a.size() == 300);
-  REQUIRE(b.size() == 300);
+  REQUIRE(a.size() == 120);
+  REQUIRE(b.size() == 120);
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].at("loss").get<double>() == b[i].at("loss").get<double>());
 }
 

@@ -101,7 +101,8 @@ TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its sig
   // A node connected to node 0 and waiting for its address book (node 2 never comes) stops too.
   const int port = testing::free_port();
   std::string node0;
-  std::thread first([&] { node0 = error_of([&] { rendezvous(settings_for(0, 3, port, std::chrono::seconds(3)), {}); }); });
+  // (Node 0 waits out its timeout: long enough that node 1 joins and stops well before it on a slow machine.)
+  std::thread first([&] { node0 = error_of([&] { rendezvous(settings_for(0, 3, port, std::chrono::seconds(8)), {}); }); });
   const bool listening = testing::wait_until_listening(port, std::chrono::seconds(20));  // node 1 connects at once
   RendezvousSettings s = settings_for(1, 3, port, std::chrono::seconds(60));
   int looks = 0;

@@ -489,7 +489,7 @@ TEST_CASE("sim comm: without delays a completing post fires synchronously", "[co
 
 TEST_CASE("sim comm: a delayed collective completes on the timer thread, after posting returned, in issue order",
           "[comm][sim]") {
-  constexpr auto kDelay = 150ms;
+  constexpr auto kDelay = 1000ms;
   SimOptions options;
   options.delay[CollectiveKind::all_reduce] = kDelay;
   SimWorld world(2, options);

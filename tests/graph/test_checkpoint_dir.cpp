@@ -447,10 +447,14 @@ TEST_CASE("checkpoint dir: a save process killed at arbitrary points leaves a lo
       }
     }
     // Wait until this round's child has finished at least one save, then kill it a little later.
-    for (int i = 0; i < 5000 && !(latest_checkpoint(root) && *latest_checkpoint(root) >= root / checkpoint_dir_name(first));
-         ++i) {
+    // (A deadlock watchdog, not a timing claim: a slow disk may take seconds over ten fsyncs.)
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    auto saved_once = [&] { return latest_checkpoint(root) && *latest_checkpoint(root) >= root / checkpoint_dir_name(first); };
+    while (!saved_once() && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    if (!saved_once()) ::kill(child, SIGKILL);  // (not left running when the check below fails)
+    REQUIRE(saved_once());
     std::this_thread::sleep_for(std::chrono::milliseconds(3 + 7 * round));
     ::kill(child, SIGKILL);
     int status = 0;
