@@ -17,6 +17,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -69,6 +70,7 @@ struct UcxWorld::Impl {
   std::map<int, ucp_worker_h> workers;
   std::map<std::pair<int, int>, ucp_ep_h> endpoints;  // (local rank, remote rank)
   int in_flight = 0;
+  bool closing = false;  // shutdown() is closing the endpoints: nothing more is posted
   bool peer_errors = true;  // endpoints use UCX's peer error handling
   // Staging slots of reductions (kChunkFloats each), reused across operations: a step does not
   // page-fault fresh buffers, and a reused slot is often still in cache when its chunk is summed.
@@ -246,6 +248,8 @@ struct UcxWorld::Impl {
     std::shared_ptr<Operation> op;
     const char* what;  // "send" or "receive", for a failure's message
     int peer;          // a send's remote rank; -1 for a receive (not bound to an endpoint)
+    std::size_t bytes = 0;  // a receive's expected message size
+    std::uint64_t tag = 0;
   };
 
   static void part_done(const std::shared_ptr<Operation>& op) {
@@ -257,8 +261,24 @@ struct UcxWorld::Impl {
   // Both processes alive (the data network failed, the control connections did not), nothing
   // would stop the job: the on_transfer_failure action does, once its grace has passed.
   void transfer_failed(const char* what, ucs_status_t status, int peer) {
-    if (ending) return;                      // this world's shutdown cancels what is in flight
     if (peer >= 0 && is_gone(peer)) return;  // it finished the job: its end, not a failure
+    failed(std::string("a ") + what + " failed (" + ucs_status_string(status) + "); a peer process is gone", peer);
+  }
+
+  // A receive whose message was not the size the collective expects: the processes disagree about
+  // the collective (different builds or plans). Its operation never completes (its buffer would
+  // hold stale bytes), so the failure action ends the job, naming the mismatch.
+  void size_mismatch(const Request& r, const std::string& got) {
+    char tag[24];
+    std::snprintf(tag, sizeof tag, "%#018llx", static_cast<unsigned long long>(r.tag));
+    failed("a receive of " + std::to_string(r.bytes) + " bytes (tag " + tag + ") got " + got +
+               ": the processes disagree about a collective (different atoll builds or job plans)",
+           -1);
+  }
+
+  // Says `message` (the first failure only) and arms the on_transfer_failure action.
+  void failed(const std::string& message, int peer) {
+    if (ending) return;  // this world's shutdown cancels what is in flight
     bool first = false;  // said once
     {
       std::lock_guard<std::mutex> lock(gone_mutex);
@@ -266,8 +286,7 @@ struct UcxWorld::Impl {
       failed_peers.insert(peer);
     }
     if (first) {
-      std::fprintf(stderr, "%satoll ucx: a %s failed (%s); a peer process is gone\n", message_prefix.c_str(), what,
-                   ucs_status_string(status));
+      std::fprintf(stderr, "%satoll ucx: %s\n", message_prefix.c_str(), message.c_str());
       std::fflush(stderr);
     }
     if (stuck && !stuck_armed.exchange(true)) {
@@ -286,30 +305,40 @@ struct UcxWorld::Impl {
     }
   }
 
+  // A transfer's end: its part of the operation done, or its failure reported. `received`: a
+  // receive's message size (nullopt for a send).
+  void transfer_ended(const Request& r, ucs_status_t status, std::optional<std::size_t> received) {
+    if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+      size_mismatch(r, "a longer message");
+    } else if (status != UCS_OK) {
+      transfer_failed(r.what, status, r.peer);
+    } else if (received && *received != r.bytes) {
+      size_mismatch(r, std::to_string(*received));
+    } else {
+      part_done(r.op);
+    }
+  }
+
   // A transfer's completion (UCX's callback, once it did not complete at once).
-  static void transfer_done(void* request, ucs_status_t status, void* user) {
+  static void transfer_done(void* request, ucs_status_t status, void* user, std::optional<std::size_t> received) {
     auto* r = static_cast<Request*>(user);
     r->impl->in_flight -= 1;
-    if (status == UCS_OK) {
-      part_done(r->op);
-    } else {
-      r->impl->transfer_failed(r->what, status, r->peer);
-    }
+    r->impl->transfer_ended(*r, status, received);
     delete r;
     ucp_request_free(request);
   }
-  static void send_done(void* request, ucs_status_t status, void* user) { transfer_done(request, status, user); }
-  static void recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
-    transfer_done(request, status, user);
+  static void send_done(void* request, ucs_status_t status, void* user) {
+    transfer_done(request, status, user, std::nullopt);
+  }
+  static void recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+    transfer_done(request, status, user, info ? std::optional<std::size_t>(info->length) : std::nullopt);
   }
 
-  // An immediately completed transfer returns nullptr and runs no callback.
-  void settle(ucs_status_ptr_t status, Request* r) {
-    if (status == nullptr) {
-      part_done(r->op);
-      delete r;
-    } else if (UCS_PTR_IS_ERR(status)) {
-      transfer_failed(r->what, UCS_PTR_STATUS(status), r->peer);
+  // An immediately completed transfer returns nullptr and runs no callback (a receive's size is
+  // then in `received`).
+  void settle(ucs_status_ptr_t status, Request* r, std::optional<std::size_t> received = std::nullopt) {
+    if (status == nullptr || UCS_PTR_IS_ERR(status)) {
+      transfer_ended(*r, UCS_PTR_STATUS(status), received);
       delete r;
     } else {
       in_flight += 1;
@@ -323,17 +352,24 @@ struct UcxWorld::Impl {
     return param;
   }
 
+  // (Nothing is posted once shutdown() began closing: a completion it progressed may start the
+  // next transfer of an operation, on an endpoint already closed.)
   void send(int from, int to, const void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
-    auto* r = new Request{this, std::move(op), "send", to};
+    if (closing) return;
+    auto* r = new Request{this, std::move(op), "send", to, bytes, tag};
     ucp_request_param_t param = callback_param(r);
     param.cb.send = &send_done;
     settle(ucp_tag_send_nbx(endpoints.at({from, to}), data, bytes, tag, &param), r);
   }
 
   void recv(int at, void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
-    auto* r = new Request{this, std::move(op), "receive", -1};
+    if (closing) return;
+    auto* r = new Request{this, std::move(op), "receive", -1, bytes, tag};
     ucp_request_param_t param = callback_param(r);
     param.cb.recv = &recv_done;
+    // Completed through the callback always, which receives the message's size (UCX 1.13 leaves
+    // recv_info unset when a receive completes at once).
+    param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     settle(ucp_tag_recv_nbx(workers.at(at), data, bytes, tag, ~std::uint64_t{0}, &param), r);
   }
 
@@ -350,7 +386,33 @@ struct UcxWorld::Impl {
     thread.join();
   }
 
+  // Ends every transfer this process still owes its peers, then closes. A completed send only
+  // means its buffer may be reused: UCX may still hold the message (over tcp, the unsent part of
+  // a socket write), and a forced close would drop it while a peer still waits for it. So a world
+  // ending without a failure first flushes each worker (at most kFlushLimit: a peer that stopped
+  // reading must not hold up this end).
+  static constexpr auto kFlushLimit = std::chrono::seconds(2);
+  void flush_workers() {
+    const auto deadline = std::chrono::steady_clock::now() + kFlushLimit;
+    for (auto& [rank, worker] : workers) {
+      ucp_request_param_t param{};
+      const ucs_status_ptr_t req = ucp_worker_flush_nbx(worker, &param);
+      if (req == nullptr || UCS_PTR_IS_ERR(req)) continue;
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
+        for (auto& [other, w] : workers) ucp_worker_progress(w);
+      }
+      ucp_request_free(req);
+    }
+  }
+
   void shutdown() {
+    bool clean = false;
+    {
+      std::lock_guard<std::mutex> lock(gone_mutex);
+      clean = failed_peers.empty();
+    }
+    if (clean) flush_workers();
+    closing = true;
     for (auto& [key, ep] : endpoints) {
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;

@@ -453,3 +453,26 @@ TEST_CASE("ucx: a transfer that fails with this process alive runs the on_transf
   REQUIRE(ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
   CHECK_FALSE(*sent);  // the failed send never completes: only the action ends the wait
 }
+
+TEST_CASE("ucx: a message of another size than its receive expects fails the receive, never completes it",
+          "[comm][ucx]") {
+  // Processes that disagree about a collective (different builds or plans): a shorter message
+  // would leave the rest of the buffer stale, a longer one is truncated. Either way the receive
+  // does not complete, and the failure action ends the job.
+  for (const std::int64_t sent_floats : {4, 16}) {
+    INFO("sent " << sent_floats << " floats to a receive of 8");
+    UcxWorld world(2, {0, 1});
+    world.connect(world.local_addresses());
+    auto fired = std::make_shared<std::promise<void>>();
+    std::future<void> ran = fired->get_future();
+    world.on_transfer_failure(std::chrono::milliseconds(10), [fired] { fired->set_value(); });
+    const Group pair{"pair", {0, 1}};
+    std::unique_ptr<Communicator> sender = world.communicator(pair, 0), receiver = world.communicator(pair, 1);
+    auto received = std::make_shared<std::atomic<bool>>(false);
+    receiver->recv(Tensor::full({8}, -1.0f), 0, "t", [received] { *received = true; });
+    sender->send(Tensor::full({sent_floats}, 1.0f), 1, "t", [] {});
+    // A deadlock watchdog, not a timing claim.
+    REQUIRE(ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    CHECK_FALSE(*received);
+  }
+}
