@@ -30,8 +30,9 @@ SimOptions sim_options(const RunConfig& config) {
 }
 
 // The backend factory: the config's backend for the whole mesh (only sim is built).
-std::shared_ptr<CommBackend> make_comm_backend(const RunConfig& config, int world) {
-  return std::make_shared<SimBackend>(world, sim_options(config));
+std::shared_ptr<CommBackend> make_comm_backend(const RunConfig& config, int world, bool keep_records) {
+  return std::make_shared<SimBackend>(
+      world, sim_options(config), std::make_shared<CollectiveRecorder>(CollectiveRecorder::Clock::now(), keep_records));
 }
 
 // CAF's scheduler, sized for a process whose heavy work runs elsewhere: kernels run on detached
@@ -96,6 +97,7 @@ struct ActorEngine::Impl {
   }
 
   std::shared_ptr<CollectiveRecorder> recorder;
+  std::shared_ptr<CollectiveTap> traffic;  // this process's ranks' records, taken every step
   std::shared_ptr<SpanTracer> tracer;
   std::shared_ptr<CommBackend> backend;  // outlives the actor system (declared first, destroyed last)
   std::unique_ptr<caf::actor_system_config> system_config;
@@ -212,13 +214,14 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
   const int threads_per_rank = config.compute.threads > 0
                                    ? static_cast<int>(config.compute.threads)
                                    : cpu::default_compute_threads(static_cast<int>(im.ranks.size()));
-  im.backend = process.backend ? process.backend : make_comm_backend(config, world);
+  im.backend = process.backend ? process.backend : make_comm_backend(config, world, in.keep_collective_records);
   if (im.backend->world_size() != world) {
     throw std::invalid_argument("actor runtime: the " + im.backend->name() + " backend serves " +
                                 std::to_string(im.backend->world_size()) + " ranks, the mesh has " +
                                 std::to_string(world));
   }
   im.recorder = im.backend->recorder();
+  im.traffic = im.recorder->tap(im.ranks);
   im.tracer = std::make_shared<SpanTracer>(im.recorder->epoch(), in.trace);
   im.system_config = scheduler_config();
   im.system = std::make_unique<caf::actor_system>(*im.system_config);
@@ -326,16 +329,14 @@ std::vector<RowRange> ActorEngine::rows_read(std::int64_t global_rows) const {
 StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   auto& im = *impl_;
   im.check_usable();
-  const std::size_t records_before = im.recorder->size();
+  im.traffic->take();  // (what came between steps: a checkpoint's export)
   im.recorder->set_step(++im.steps);
   StepResult result =
       Impl::TrainerLine(im).ask<StepResult>(step_atom::value, ProcessStep{rows, record_routing, im.stop_signal});
-  const auto records = im.recorder->records();
-  for (std::size_t i = records_before; i < records.size(); ++i) {
-    const auto& rec = records[i];
+  for (const CollectiveRecord& rec : im.traffic->take()) {
     // Traffic of this process's ranks (the world report is bookkeeping; another engine on the
     // same sim backend records its own ranks): the experts ops' exchanges, and parameters.
-    if (rec.axis == "world" || !std::binary_search(im.ranks.begin(), im.ranks.end(), rec.rank)) continue;
+    if (rec.axis == "world") continue;
     if (rec.axis == kExpertAxis) {
       if (rec.tag.ends_with(":dispatch")) result.bytes_dispatch += rec.bytes;
       if (rec.tag.ends_with(":combine")) result.bytes_combine += rec.bytes;

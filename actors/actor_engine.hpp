@@ -51,6 +51,8 @@ class ActorEngine : public TrainingEngine {
   // Mean wall time of a unit gather requested through the trainer and every rank's stage
   // (request, all-gather through the comm actors, params back, reshard), between steps. For bench/.
   double gather_round_trip_us(std::size_t unit, int iterations);
+  // Every collective's record so far, when the backend's recorder keeps them (tests; an engine
+  // making its own backend: EngineInputs::keep_collective_records), else none.
   std::vector<CollectiveRecord> collective_records() const;
   std::vector<Span> spans() const;  // empty unless EngineInputs::trace
 

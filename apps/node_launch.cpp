@@ -117,7 +117,10 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
                       "a multi-node ucx job needs a job token: ATOLL_JOB_TOKEN (scripts/launch generates one) or "
                       "a file named here");
   }
-  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, nullptr, config.topology.ucx_peer_errors);
+  // (No history of collectives: the engine counts each step's traffic from its tap.)
+  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks,
+                                          std::make_shared<CollectiveRecorder>(CollectiveRecorder::Clock::now(), false),
+                                          config.topology.ucx_peer_errors);
   world->set_message_prefix(node_prefix(spec.node_rank));
   nlohmann::json job = to_json(config);
   // Nodes may name the same config, and the same token, by different paths.

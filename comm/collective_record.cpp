@@ -1,5 +1,6 @@
 #include "comm/collective_record.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace atl {
@@ -30,7 +31,31 @@ Completion CollectiveRecorder::finishing(std::shared_ptr<CollectiveRecorder> rec
 
 void CollectiveRecorder::append(CollectiveRecord record) {
   std::lock_guard lock(mutex_);
-  records_.push_back(std::move(record));
+  std::erase_if(taps_, [&](const std::weak_ptr<CollectiveTap>& weak) {
+    const auto tap = weak.lock();
+    if (tap) tap->offer(record);
+    return !tap;
+  });
+  if (keep_history_) records_.push_back(std::move(record));
+}
+
+std::shared_ptr<CollectiveTap> CollectiveRecorder::tap(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::shared_ptr<CollectiveTap> tap(new CollectiveTap(std::move(ranks)));
+  std::lock_guard lock(mutex_);
+  taps_.push_back(tap);
+  return tap;
+}
+
+void CollectiveTap::offer(const CollectiveRecord& record) {
+  if (!std::binary_search(ranks_.begin(), ranks_.end(), record.rank)) return;
+  std::lock_guard lock(mutex_);
+  records_.push_back(record);
+}
+
+std::vector<CollectiveRecord> CollectiveTap::take() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(records_, {});
 }
 
 std::vector<CollectiveRecord> CollectiveRecorder::records() const {

@@ -1,6 +1,8 @@
 // One record per rank per finished collective, for traces and tests. A CollectiveRecorder is
 // shared by every communicator of a job (and by other tracing, through its epoch) and is safe to
-// use from any thread.
+// use from any thread. It keeps every record (records()) only when made to: a long run appends
+// hundreds per step. Consumers that only need the records as they come (an engine's per-step
+// traffic) take them from a tap.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -31,12 +33,28 @@ struct CollectiveRecord {
   std::int64_t step = -1;  // the recorder's current step when this rank posted
 };
 
+// The records of some ranks, appended since they were last taken.
+class CollectiveTap {
+ public:
+  std::vector<CollectiveRecord> take();
+
+ private:
+  friend class CollectiveRecorder;
+  explicit CollectiveTap(std::vector<int> ranks) : ranks_(std::move(ranks)) {}
+  void offer(const CollectiveRecord& record);
+  const std::vector<int> ranks_;  // sorted
+  std::mutex mutex_;
+  std::vector<CollectiveRecord> records_;
+};
+
 class CollectiveRecorder {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Pass another tracer's epoch to put both on one time axis.
-  explicit CollectiveRecorder(Clock::time_point epoch = Clock::now()) : epoch_(epoch) {}
+  // Pass another tracer's epoch to put both on one time axis. `keep_history`: whether records()
+  // holds every record appended (tests, traces), or none.
+  explicit CollectiveRecorder(Clock::time_point epoch = Clock::now(), bool keep_history = true)
+      : epoch_(epoch), keep_history_(keep_history) {}
 
   Clock::time_point epoch() const { return epoch_; }
   double to_us(Clock::time_point t) const {
@@ -55,16 +73,20 @@ class CollectiveRecorder {
   static Completion finishing(std::shared_ptr<CollectiveRecorder> recorder, CollectiveRecord record, Completion done);
 
   void append(CollectiveRecord record);
-  std::vector<CollectiveRecord> records() const;  // a snapshot, in append order
+  std::vector<CollectiveRecord> records() const;  // a snapshot, in append order (empty without history)
+  // From now on, every record of these ranks is also offered to the tap, until it is dropped.
+  std::shared_ptr<CollectiveTap> tap(std::vector<int> ranks);
   std::vector<CollectiveRecord> snapshot() const { return records(); }
   std::size_t size() const;
   void clear();
 
  private:
   const Clock::time_point epoch_;
+  const bool keep_history_;
   std::atomic<std::int64_t> step_{-1};
   mutable std::mutex mutex_;
   std::vector<CollectiveRecord> records_;
+  std::vector<std::weak_ptr<CollectiveTap>> taps_;
 };
 
 }  // namespace atl

@@ -96,6 +96,9 @@ struct EngineInputs {
   // Record trace spans for chrome_trace() (--trace). Off by default: every step adds a span per
   // op, gather and reduction of every rank, which a long run would hold in memory to the end.
   bool trace = false;
+  // Keep every collective's record for the engine's collective_records() (tests): a long run
+  // would hold hundreds per step to the end. The per-step traffic counts need none.
+  bool keep_collective_records = false;
 };
 // Builds the engine a config asks for; throws ConfigError when it cannot run the config.
 using EngineFactory = std::function<std::unique_ptr<TrainingEngine>(EngineInputs)>;

@@ -51,7 +51,8 @@ inline RunOutput run_engine(const RunConfig& config, const EngineFactory& factor
                                      .model = model,
                                      .initial_master = TensorMap::initialized(model->specs(), config.train.seed,
                                                                               model->init_std()),
-                                     .optimizer = optimizer_settings(config.train)});
+                                     .optimizer = optimizer_settings(config.train),
+                                     .keep_collective_records = true});
   DataConfig data;
   data.synthetic_min_doc = 5;
   data.synthetic_max_doc = 40;

@@ -83,6 +83,40 @@ TEST_CASE("Collectives carry one dtype: islands gather fp32, bulk units bf16, re
   CHECK(bulk_gathers > 0);
 }
 
+TEST_CASE("Without kept records an engine holds no history of collectives, and counts each step's traffic alike",
+          "[actors][record]") {
+  const RunConfig config = make_config("beam-tiny-moe", Precision::bf16, {2, 1}, 2, 1);
+  const std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  auto run = [&](bool keep) {
+    auto engine = make_actor_engine(EngineInputs{.config = config,
+                                                 .model = model,
+                                                 .initial_master = TensorMap::initialized(model->specs(), 7, 0.02f),
+                                                 .optimizer = optimizer_settings(config.train),
+                                                 .keep_collective_records = keep});
+    auto source = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 99);
+    std::vector<StepResult> steps;
+    for (int s = 0; s < 3; ++s) {
+      steps.push_back(engine->step(source->next(config.train.global_batch, config.train.seq_len)));
+      if (s == 0) engine->state();  // a checkpoint's export between steps is no step's traffic
+    }
+    const std::size_t kept = dynamic_cast<ActorEngine&>(*engine).collective_records().size();
+    return std::pair{steps, kept};
+  };
+  const auto [kept_steps, kept] = run(true);
+  const auto [plain_steps, none] = run(false);
+  CHECK(kept > 0);
+  CHECK(none == 0);
+  for (std::size_t s = 0; s < 3; ++s) {
+    INFO("step " << s + 1);
+    CHECK(plain_steps[s].bytes_gathered > 0);
+    CHECK(plain_steps[s].bytes_reduced > 0);
+    CHECK(plain_steps[s].bytes_gathered == kept_steps[s].bytes_gathered);
+    CHECK(plain_steps[s].bytes_reduced == kept_steps[s].bytes_reduced);
+    CHECK(plain_steps[s].bytes_gathered == plain_steps[0].bytes_gathered);  // every step moves the same bytes
+    CHECK(plain_steps[s].bytes_reduced == plain_steps[0].bytes_reduced);
+  }
+}
+
 TEST_CASE("Per step, bulk units gather once forward and again backward only when resharded, islands once",
           "[actors][record]") {
   for (std::int64_t per_rank : {1, 2}) {

@@ -582,6 +582,42 @@ TEST_CASE("sim comm: a delayed recv posted first completes after its send, with 
   CHECK(recv_ended >= send_posted);
 }
 
+TEST_CASE("collective records: a tap gets its ranks' records until taken, and without history none are kept",
+          "[comm][sim]") {
+  auto recorder = std::make_shared<CollectiveRecorder>(CollectiveRecorder::Clock::now(), false);
+  SimWorld world(4, {}, recorder);
+  auto mine = recorder->tap({2, 0});
+  auto dropped = recorder->tap({1});
+  dropped.reset();  // a consumer that went away holds nothing up
+  const Group group{"dp", {0, 1, 2, 3}};
+  auto comms = communicators(world, group);
+  auto round = [&](const std::string& tag) {
+    run_members(4, 3, [&](int m, std::mt19937&) {
+      Fired fired;
+      Tensor io = Tensor::full({2}, 1.0f);
+      comms[m]->all_reduce(io, tag, fired.tick());
+      fired.wait_for(1);
+    });
+  };
+  round("first");
+  auto taken = mine->take();
+  REQUIRE(taken.size() == 2);
+  std::vector<int> ranks;
+  for (const auto& r : taken) {
+    ranks.push_back(r.rank);
+    CHECK(r.tag == "first");
+  }
+  std::sort(ranks.begin(), ranks.end());
+  CHECK(ranks == std::vector<int>{0, 2});
+  CHECK(mine->take().empty());  // taken once
+  round("second");
+  taken = mine->take();
+  REQUIRE(taken.size() == 2);
+  CHECK(taken[0].tag == "second");
+  CHECK(recorder->records().empty());  // no history kept
+  CHECK(recorder->size() == 0);
+}
+
 TEST_CASE("sim comm: one record per rank per collective", "[comm][sim]") {
   auto recorder = std::make_shared<CollectiveRecorder>();
   recorder->set_step(7);
