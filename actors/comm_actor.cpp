@@ -70,11 +70,14 @@ comm_actor::behavior_type comm_behavior(comm_pointer self, std::map<std::string,
           issue_ready(self);
         } catch (const std::exception& e) {
           // A collective the backend refuses (a mismatch between ranks is a bug) fails every
-          // request this actor holds rather than leaving them unanswered.
+          // request this actor holds rather than leaving them unanswered, and ends the actor: the
+          // stream has a gap no later number can pass (a request arriving after this would wait
+          // forever), and the trainer fails the step with this error.
           const caf::error error = caf::make_error(caf::sec::runtime_error, e.what());
           for (auto& [seq, pending] : self->state.pending) pending.deliver(error);
           self->state.pending.clear();
           self->state.waiting.clear();
+          self->quit(error);
         }
         return rp;
       },

@@ -44,7 +44,9 @@ struct UnitState {
 
 using unit_pointer = unit_actor::stateful_pointer<UnitState>;
 
-// A failed collective fails everyone waiting on this unit.
+// A failed collective fails everyone waiting on this unit, and the unit: a collective it never
+// posted leaves a gap in its rank's stream that later ones would wait behind, and a stage that
+// asks nothing of this unit would never hear of it. The trainer fails the step with the error.
 void fail(unit_pointer self, const caf::error& error) {
   auto& st = self->state;
   for (auto& rp : st.waiting_params) rp.deliver(error);
@@ -52,6 +54,7 @@ void fail(unit_pointer self, const caf::error& error) {
   for (auto& rp : st.waiting_reduced) rp.deliver(error);
   st.waiting_reduced.clear();
   st.failure = error;
+  self->quit(error);
 }
 
 // The gathered params as full tensors: into the last released ones when nobody holds them any more

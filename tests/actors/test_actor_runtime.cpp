@@ -3,12 +3,16 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <future>
+#include <stdexcept>
 #include <bit>
 #include <cmath>
 #include <map>
 #include <tuple>
 
 #include "actors/actor_engine.hpp"
+#include "comm/sim/sim_backend.hpp"
 #include "graph/plan/step_program.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/models/beam/model_config.hpp"
@@ -312,5 +316,88 @@ TEST_CASE("A global batch without targets is not applied on either engine: weigh
     CHECK(bitwise_equal(after.master, before.master));
     CHECK(bitwise_equal(after.exp_avg, before.exp_avg));
     CHECK(bitwise_equal(after.exp_avg_sq, before.exp_avg_sq));
+  }
+}
+
+namespace {
+
+// The sim backend, except that rank `failing`'s communicators refuse their `nth` all-gather (counted
+// over the rank's groups) by throwing: a backend that cannot post (out of memory, a bug).
+class RefusingBackend : public CommBackend {
+ public:
+  RefusingBackend(int world, int failing, int nth) : sim_(world), failing_(failing), nth_(nth) {}
+  std::string name() const override { return "refusing sim"; }
+  int world_size() const override { return sim_.world_size(); }
+  std::shared_ptr<CollectiveRecorder> recorder() const override { return sim_.recorder(); }
+  std::unique_ptr<Communicator> communicator(const Group& group, int rank) override {
+    auto inner = sim_.communicator(group, rank);
+    if (rank != failing_) return inner;
+    return std::make_unique<Refusing>(std::move(inner), gathers_, nth_);
+  }
+
+ private:
+  class Refusing : public Communicator {
+   public:
+    Refusing(std::unique_ptr<Communicator> inner, std::shared_ptr<std::atomic<int>> gathers, int nth)
+        : inner_(std::move(inner)), gathers_(std::move(gathers)), nth_(nth) {}
+    int rank() const override { return inner_->rank(); }
+    const Group& group() const override { return inner_->group(); }
+    void all_gather(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
+      if (++*gathers_ == nth_) throw std::runtime_error("injected: the backend cannot post " + tag);
+      inner_->all_gather(send, recv, tag, std::move(done));
+    }
+    void reduce_scatter(const Tensor& send, const Tensor& recv, const std::string& tag, Completion done) override {
+      inner_->reduce_scatter(send, recv, tag, std::move(done));
+    }
+    void all_reduce(const Tensor& inout, const std::string& tag, Completion done) override {
+      inner_->all_reduce(inout, tag, std::move(done));
+    }
+    void broadcast(const Tensor& inout, int root, const std::string& tag, Completion done) override {
+      inner_->broadcast(inout, root, tag, std::move(done));
+    }
+    void all_to_all_v(const Tensor& send, const std::vector<std::int64_t>& send_counts, const Tensor& recv,
+                      const std::vector<std::int64_t>& recv_counts, const std::string& tag, Completion done) override {
+      inner_->all_to_all_v(send, send_counts, recv, recv_counts, tag, std::move(done));
+    }
+    void send(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
+      inner_->send(tensor, peer, tag, std::move(done));
+    }
+    void recv(const Tensor& tensor, int peer, const std::string& tag, Completion done) override {
+      inner_->recv(tensor, peer, tag, std::move(done));
+    }
+
+   private:
+    std::unique_ptr<Communicator> inner_;
+    std::shared_ptr<std::atomic<int>> gathers_;
+    int nth_;
+  };
+
+  SimBackend sim_;
+  int failing_, nth_;
+  std::shared_ptr<std::atomic<int>> gathers_ = std::make_shared<std::atomic<int>>(0);
+};
+
+}  // namespace
+
+TEST_CASE("A collective the backend refuses to post ends the step with its error instead of hanging",
+          "[actors]") {
+  const RunConfig config = make_config("beam-tiny-moe", Precision::fp32, {2, 1}, 2, 1);
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  // The first gathers of a step (islands, then the first block's units) and one well inside it.
+  for (const int nth : {1, 2, 5}) {
+    INFO("rank 1's all-gather #" << nth << " refused");
+    auto engine = std::make_unique<ActorEngine>(
+        EngineInputs{.config = config,
+                     .model = model,
+                     .initial_master = TensorMap::initialized(model->specs(), 7, 0.02f),
+                     .optimizer = optimizer_settings(config.train)},
+        ProcessOptions{{0, 1}, std::make_shared<RefusingBackend>(2, 1, nth)});
+    auto data = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 3);
+    const Batch batch = data->next(2, 32);
+    auto stepped = std::async(std::launch::async, [&] { engine->step(batch); });
+    // A deadlock watchdog, not a timing claim.
+    REQUIRE(stepped.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    CHECK_THROWS_WITH(stepped.get(), Catch::Contains("injected: the backend cannot post"));
+    engine.reset();  // shuts down without waiting on the collective rank 0 posted alone
   }
 }
