@@ -28,10 +28,11 @@ struct UnitState {
   const UnitPlan* unit = nullptr;
   std::string actor_name;
   Tensor master, exp_avg, exp_avg_sq, grad_shard;
-  // Buffers kept from step to step (no allocation per gather or reduction): the shard in the
-  // param dtype, the gathered buffer, the reduced gradient shard.
-  Tensor gather_send, gather_recv, reduce_recv;
-  std::shared_ptr<const TensorMap> spare;  // the last released params: reused when nobody holds them
+  // Shard-sized buffers kept from step to step: the shard in the param dtype, the reduced gradient
+  // shard. Whole-unit buffers (the gathered bytes, the params unpacked from them) live only while
+  // the unit is gathered: kept, every rank would hold the whole model after a step, which is what
+  // sharding exists to avoid (the host allocator's cache hands their blocks out again).
+  Tensor gather_send, reduce_recv;
   GatherState gather = GatherState::sharded;
   std::shared_ptr<const TensorMap> full;
   std::vector<caf::typed_response_promise<GatheredParams>> waiting_params;
@@ -57,19 +58,6 @@ void fail(unit_pointer self, const caf::error& error) {
   self->quit(error);
 }
 
-// The gathered params as full tensors: into the last released ones when nobody holds them any more
-// (the stage drops its map when its compute ends), else into fresh tensors.
-std::shared_ptr<const TensorMap> unpack(UnitState& st, const Tensor& gathered) {
-  std::shared_ptr<const TensorMap> spare = std::move(st.spare);
-  bool reusable = spare != nullptr;
-  if (reusable) {
-    for (const auto& name : spare->names()) reusable = reusable && spare->at(name).storage().use_count() == 1;
-  }
-  if (!reusable) return std::make_shared<const TensorMap>(unpack_gathered(*st.unit, gathered, st.unit->shard_count));
-  unpack_gathered_into(*st.unit, gathered, st.unit->shard_count, *spare);
-  return spare;
-}
-
 void start_gather(unit_pointer self, const CollectiveNode& node) {
   auto& st = self->state;
   const UnitPlan& u = *st.unit;
@@ -79,9 +67,8 @@ void start_gather(unit_pointer self, const CollectiveNode& node) {
                                                                    collective_op_name(node.op)));
   }
   st.gather = GatherState::gathering;
-  if (!st.gather_recv.defined()) {  // reused: a gather starts only when the last one completed
-    st.gather_recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
-    st.gather_send = u.policy.param_dtype == DType::f32 ? Tensor() : Tensor::empty({u.shard_numel}, u.policy.param_dtype);
+  if (u.policy.param_dtype != DType::f32 && !st.gather_send.defined()) {
+    st.gather_send = Tensor::empty({u.shard_numel}, u.policy.param_dtype);
   }
   // The shard travels in the param dtype: bf16 for bulk units in bf16 runs, fp32 for islands.
   Tensor send = st.master;
@@ -89,14 +76,14 @@ void start_gather(unit_pointer self, const CollectiveNode& node) {
     st.master.convert_into(st.gather_send);
     send = st.gather_send;
   }
-  const Tensor recv = st.gather_recv;
+  const Tensor recv = Tensor::empty({u.shard_count * u.shard_numel}, u.policy.param_dtype);
   const double start = st.setup.tracer->now_us();
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
                 CollectiveRequest{node.seq, node.axis, CollectiveKind::all_gather, send, recv, u.name, {}, {}})
       .then(
           [=](done_atom) {
             auto& s = self->state;
-            s.full = unpack(s, recv);
+            s.full = std::make_shared<const TensorMap>(unpack_gathered(*s.unit, recv, s.unit->shard_count));
             s.gather = GatherState::gathered;
             s.setup.tracer->add({s.setup.rank, s.actor_name, "gather", "gather", start, s.setup.tracer->now_us()});
             for (auto& rp : s.waiting_params) rp.deliver(GatheredParams{s.full});
@@ -221,8 +208,7 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
           return fail(self, caf::make_error(caf::sec::runtime_error, s.actor_name + ": released during a gather"));
         }
         s.gather = GatherState::sharded;
-        // The stage may still hold the tensors until its compute ends; unpack checks before reuse.
-        s.spare = std::move(s.full);
+        s.full.reset();  // (freed once the stage drops them too, when its compute ends)
       },
       [=](grads_atom, const UnitGrads& msg) {
         auto& s = self->state;

@@ -79,11 +79,10 @@ template <class T> float widen(T v) {
   else return v;
 }
 
-// Writes every param of the gathered buffer into out's tensor of that name (created when absent).
+// Every param of the gathered buffer, as a full f32 tensor inserted into `out`.
 template <class T> void unpack_gathered_as(const UnitPlan& unit, const T* gathered, int count, TensorMap& out) {
   for (const auto& p : unit.params) {
-    if (!out.contains(p.name)) out.insert(p.name, Tensor::empty(p.shape));
-    const Tensor& t = out.at(p.name);
+    Tensor t = Tensor::empty(p.shape);
     float* dst = t.data<float>();
     for (int i = 0; i < count; ++i) {
       const T* src = gathered + static_cast<std::int64_t>(i) * unit.shard_numel + p.shard_offset;
@@ -91,6 +90,7 @@ template <class T> void unpack_gathered_as(const UnitPlan& unit, const T* gather
         for (std::int64_t k = 0; k < n; ++k) dst[at + k] = widen(src[from + k]);
       });
     }
+    out.insert(p.name, std::move(t));
   }
 }
 
@@ -145,12 +145,6 @@ TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int coun
   TensorMap out;
   unpack_checked(unit, gathered, count, out, "unpack_gathered");
   return out;
-}
-
-void unpack_gathered_into(const UnitPlan& unit, const Tensor& gathered, int count, const TensorMap& out) {
-  for (const auto& p : unit.params) full_tensor(unit, p, out, "unpack_gathered_into");
-  TensorMap view = out;  // shares the tensors
-  unpack_checked(unit, gathered, count, view, "unpack_gathered_into");
 }
 
 Tensor pack_for_reduce_scatter(const UnitPlan& unit, const TensorMap& full_grads, int count) {

@@ -26,9 +26,6 @@ Tensor init_shard(const UnitPlan& unit, const std::vector<ParamSpec>& specs, std
 // Full f32 params from an all-gathered buffer (f32 or bf16 [count * shard_numel], member i's shard
 // at i * shard_numel); bf16 values are widened exactly; padding is dropped.
 TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int count);
-// The same into the tensors of `out` (from an earlier unpack of this unit, reused), overwriting
-// every element.
-void unpack_gathered_into(const UnitPlan& unit, const Tensor& gathered, int count, const TensorMap& out);
 
 // The reduce-scatter input for full (unsharded) f32 grads: f32 [count * shard_numel], block i =
 // what member i will own (the concatenation of pack_shard for i = 0 .. count-1).
