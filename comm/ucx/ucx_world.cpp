@@ -334,11 +334,10 @@ struct UcxWorld::Impl {
     transfer_done(request, status, user, info ? std::optional<std::size_t>(info->length) : std::nullopt);
   }
 
-  // An immediately completed transfer returns nullptr and runs no callback (a receive's size is
-  // then in `received`).
-  void settle(ucs_status_ptr_t status, Request* r, std::optional<std::size_t> received = std::nullopt) {
+  // An immediately completed transfer (sends only) returns nullptr and runs no callback.
+  void settle(ucs_status_ptr_t status, Request* r) {
     if (status == nullptr || UCS_PTR_IS_ERR(status)) {
-      transfer_ended(*r, UCS_PTR_STATUS(status), received);
+      transfer_ended(*r, UCS_PTR_STATUS(status), std::nullopt);
       delete r;
     } else {
       in_flight += 1;
@@ -389,20 +388,27 @@ struct UcxWorld::Impl {
   // Ends every transfer this process still owes its peers, then closes. A completed send only
   // means its buffer may be reused: UCX may still hold the message (over tcp, the unsent part of
   // a socket write), and a forced close would drop it while a peer still waits for it. So a world
-  // ending without a failure first flushes each worker (at most kFlushLimit: a peer that stopped
-  // reading must not hold up this end).
+  // ending without a failure first flushes its endpoints to the peers still in the job (one that
+  // said goodbye needs nothing more), together, for at most kFlushLimit: a peer that stopped
+  // reading must not hold up this end. (A flush still running then ends with the forced close.)
   static constexpr auto kFlushLimit = std::chrono::seconds(2);
-  void flush_workers() {
-    const auto deadline = std::chrono::steady_clock::now() + kFlushLimit;
-    for (auto& [rank, worker] : workers) {
+  void flush_endpoints() {
+    std::vector<ucs_status_ptr_t> flushing;
+    for (auto& [key, ep] : endpoints) {
+      if (is_gone(key.second)) continue;
       ucp_request_param_t param{};
-      const ucs_status_ptr_t req = ucp_worker_flush_nbx(worker, &param);
-      if (req == nullptr || UCS_PTR_IS_ERR(req)) continue;
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
-        for (auto& [other, w] : workers) ucp_worker_progress(w);
-      }
-      ucp_request_free(req);
+      const ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &param);
+      if (req != nullptr && !UCS_PTR_IS_ERR(req)) flushing.push_back(req);
     }
+    const auto deadline = std::chrono::steady_clock::now() + kFlushLimit;
+    auto running = [&] {
+      return std::any_of(flushing.begin(), flushing.end(),
+                         [](ucs_status_ptr_t req) { return ucp_request_check_status(req) == UCS_INPROGRESS; });
+    };
+    while (running() && std::chrono::steady_clock::now() < deadline) {
+      for (auto& [rank, worker] : workers) ucp_worker_progress(worker);
+    }
+    for (ucs_status_ptr_t req : flushing) ucp_request_free(req);
   }
 
   void shutdown() {
@@ -411,7 +417,7 @@ struct UcxWorld::Impl {
       std::lock_guard<std::mutex> lock(gone_mutex);
       clean = failed_peers.empty();
     }
-    if (clean) flush_workers();
+    if (clean) flush_endpoints();
     closing = true;
     for (auto& [key, ep] : endpoints) {
       ucp_request_param_t param{};
