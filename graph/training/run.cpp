@@ -303,7 +303,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     }
     // (A process the signal did not reach stops with the job, by the job's signal and exit code. One
     // whose own copy landed mid-step, after another's request began the stop, was reached.)
-    const bool reached = stop_signal != 0 || (options.stop_requested && options.stop_requested() != 0);
+    const int own = stop_signal != 0 ? stop_signal : options.stop_requested ? options.stop_requested() : 0;
+    const bool reached = own == signal;
     throw RunStopped(signal, fmt::format("stopped by {}{} after step {} of {}: {}", stop_signal_name(signal),
                                          reached ? "" : " (sent to another process of the job)", done, t.steps,
                                          saved));
