@@ -31,8 +31,9 @@ SimOptions sim_options(const RunConfig& config) {
 
 // The backend factory: the config's backend for the whole mesh (only sim is built).
 std::shared_ptr<CommBackend> make_comm_backend(const RunConfig& config, int world, bool keep_records) {
-  return std::make_shared<SimBackend>(
-      world, sim_options(config), std::make_shared<CollectiveRecorder>(CollectiveRecorder::Clock::now(), keep_records));
+  return std::make_shared<SimBackend>(world, sim_options(config),
+                                      keep_records ? std::make_shared<CollectiveRecorder>()
+                                                   : CollectiveRecorder::without_history());
 }
 
 // CAF's scheduler, sized for a process whose heavy work runs elsewhere: kernels run on detached
@@ -334,8 +335,8 @@ StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   StepResult result =
       Impl::TrainerLine(im).ask<StepResult>(step_atom::value, ProcessStep{rows, record_routing, im.stop_signal});
   for (const CollectiveRecord& rec : im.traffic->take()) {
-    // Traffic of this process's ranks (the world report is bookkeeping; another engine on the
-    // same sim backend records its own ranks): the experts ops' exchanges, and parameters.
+    // Traffic of this process's ranks (the tap's), but the world report's bookkeeping: the experts
+    // ops' exchanges, and parameters.
     if (rec.axis == "world") continue;
     if (rec.axis == kExpertAxis) {
       if (rec.tag.ends_with(":dispatch")) result.bytes_dispatch += rec.bytes;

@@ -118,8 +118,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
                       "a file named here");
   }
   // (No history of collectives: the engine counts each step's traffic from its tap.)
-  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks,
-                                          std::make_shared<CollectiveRecorder>(CollectiveRecorder::Clock::now(), false),
+  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, CollectiveRecorder::without_history(),
                                           config.topology.ucx_peer_errors);
   world->set_message_prefix(node_prefix(spec.node_rank));
   nlohmann::json job = to_json(config);

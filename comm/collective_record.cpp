@@ -63,14 +63,5 @@ std::vector<CollectiveRecord> CollectiveRecorder::records() const {
   return records_;
 }
 
-std::size_t CollectiveRecorder::size() const {
-  std::lock_guard lock(mutex_);
-  return records_.size();
-}
-
-void CollectiveRecorder::clear() {
-  std::lock_guard lock(mutex_);
-  records_.clear();
-}
 
 }  // namespace atl

@@ -55,6 +55,10 @@ class CollectiveRecorder {
   // holds every record appended (tests, traces), or none.
   explicit CollectiveRecorder(Clock::time_point epoch = Clock::now(), bool keep_history = true)
       : epoch_(epoch), keep_history_(keep_history) {}
+  // A recorder that keeps no history (a run: its engine takes each step's records from a tap).
+  static std::shared_ptr<CollectiveRecorder> without_history() {
+    return std::make_shared<CollectiveRecorder>(Clock::now(), false);
+  }
 
   Clock::time_point epoch() const { return epoch_; }
   double to_us(Clock::time_point t) const {
@@ -76,9 +80,6 @@ class CollectiveRecorder {
   std::vector<CollectiveRecord> records() const;  // a snapshot, in append order (empty without history)
   // From now on, every record of these ranks is also offered to the tap, until it is dropped.
   std::shared_ptr<CollectiveTap> tap(std::vector<int> ranks);
-  std::vector<CollectiveRecord> snapshot() const { return records(); }
-  std::size_t size() const;
-  void clear();
 
  private:
   const Clock::time_point epoch_;
