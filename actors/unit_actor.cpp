@@ -40,7 +40,6 @@ struct UnitState {
   bool reduced = false;
   double sum_squares = 0;
   std::vector<caf::typed_response_promise<double>> waiting_reduced;
-  caf::error failure;  // a collective of this unit failed; later requests get this error
 };
 
 using unit_pointer = unit_actor::stateful_pointer<UnitState>;
@@ -54,7 +53,6 @@ void fail(unit_pointer self, const caf::error& error) {
   st.waiting_params.clear();
   for (auto& rp : st.waiting_reduced) rp.deliver(error);
   st.waiting_reduced.clear();
-  st.failure = error;
   self->quit(error);
 }
 
@@ -191,7 +189,6 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
       },
       [=](params_atom) -> caf::result<GatheredParams> {
         auto& s = self->state;
-        if (s.failure) return s.failure;
         if (s.gather == GatherState::gathered) return GatheredParams{s.full};
         if (s.gather == GatherState::sharded) {
           return caf::make_error(caf::sec::runtime_error, s.actor_name + ": params asked before a gather");
@@ -226,7 +223,6 @@ unit_actor::behavior_type unit_behavior(unit_pointer self, UnitActorSetup setup)
       },
       [=](reduced_atom) -> caf::result<double> {
         auto& s = self->state;
-        if (s.failure) return s.failure;
         if (s.reduced) return s.sum_squares;
         auto rp = self->make_response_promise<double>();
         s.waiting_reduced.push_back(rp);

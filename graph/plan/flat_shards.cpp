@@ -124,26 +124,21 @@ Tensor init_shard(const UnitPlan& unit, const std::vector<ParamSpec>& specs, std
   return shard;
 }
 
-namespace {
-
-void unpack_checked(const UnitPlan& unit, const Tensor& gathered, int count, TensorMap& out, const char* fn) {
-  check_count(unit, count, fn);
+TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int count) {
+  check_count(unit, count, "unpack_gathered");
   const std::int64_t expected = static_cast<std::int64_t>(count) * unit.shard_numel;
   if ((gathered.dtype() != DType::f32 && gathered.dtype() != DType::bf16) || gathered.device() != Device::cpu ||
       gathered.numel() != expected) {
-    throw std::invalid_argument(fmt::format("{}: unit '{}': expected a cpu f32 or bf16 buffer of {} "
+    throw std::invalid_argument(fmt::format("unpack_gathered: unit '{}': expected a cpu f32 or bf16 buffer of {} "
                                             "elements ({} shards of {}), got {}",
-                                            fn, unit.name, expected, count, unit.shard_numel, gathered.describe()));
+                                            unit.name, expected, count, unit.shard_numel, gathered.describe()));
   }
-  if (gathered.dtype() == DType::bf16) return unpack_gathered_as(unit, gathered.data<bf16>(), count, out);
-  unpack_gathered_as(unit, gathered.data<float>(), count, out);
-}
-
-}  // namespace
-
-TensorMap unpack_gathered(const UnitPlan& unit, const Tensor& gathered, int count) {
   TensorMap out;
-  unpack_checked(unit, gathered, count, out, "unpack_gathered");
+  if (gathered.dtype() == DType::bf16) {
+    unpack_gathered_as(unit, gathered.data<bf16>(), count, out);
+  } else {
+    unpack_gathered_as(unit, gathered.data<float>(), count, out);
+  }
   return out;
 }
 
