@@ -246,10 +246,10 @@ struct UcxWorld::Impl {
   struct Request {
     Impl* impl;
     std::shared_ptr<Operation> op;
-    const char* what;  // "send" or "receive", for a failure's message
-    int peer;          // a send's remote rank; -1 for a receive (not bound to an endpoint)
-    std::size_t bytes = 0;  // a receive's expected message size
+    int peer;  // a send's remote rank; -1 for a receive (not bound to an endpoint)
+    std::size_t bytes = 0;  // the message's size (a receive checks what arrives against it)
     std::uint64_t tag = 0;
+    const char* what() const { return peer >= 0 ? "send" : "receive"; }
   };
 
   static void part_done(const std::shared_ptr<Operation>& op) {
@@ -311,7 +311,7 @@ struct UcxWorld::Impl {
     if (status == UCS_ERR_MESSAGE_TRUNCATED) {
       size_mismatch(r, "a longer message");
     } else if (status != UCS_OK) {
-      transfer_failed(r.what, status, r.peer);
+      transfer_failed(r.what(), status, r.peer);
     } else if (received && *received != r.bytes) {
       size_mismatch(r, std::to_string(*received));
     } else {
@@ -355,7 +355,7 @@ struct UcxWorld::Impl {
   // next transfer of an operation, on an endpoint already closed.)
   void send(int from, int to, const void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
     if (closing) return;
-    auto* r = new Request{this, std::move(op), "send", to, bytes, tag};
+    auto* r = new Request{this, std::move(op), to, bytes, tag};
     ucp_request_param_t param = callback_param(r);
     param.cb.send = &send_done;
     settle(ucp_tag_send_nbx(endpoints.at({from, to}), data, bytes, tag, &param), r);
@@ -363,7 +363,7 @@ struct UcxWorld::Impl {
 
   void recv(int at, void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
     if (closing) return;
-    auto* r = new Request{this, std::move(op), "receive", -1, bytes, tag};
+    auto* r = new Request{this, std::move(op), -1, bytes, tag};
     ucp_request_param_t param = callback_param(r);
     param.cb.recv = &recv_done;
     // Completed through the callback always, which receives the message's size (UCX 1.13 leaves
@@ -412,12 +412,8 @@ struct UcxWorld::Impl {
   }
 
   void shutdown() {
-    bool clean = false;
-    {
-      std::lock_guard<std::mutex> lock(gone_mutex);
-      clean = failed_peers.empty();
-    }
-    if (clean) flush_endpoints();
+    // (A failure its peer's goodbye explains is that peer's end: the others still get their flush.)
+    if (!failure_unexplained()) flush_endpoints();
     closing = true;
     for (auto& [key, ep] : endpoints) {
       ucp_request_param_t param{};
