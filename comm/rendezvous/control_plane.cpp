@@ -33,12 +33,14 @@ struct ControlPlane::Impl {
   void lost(int node, const std::string& why) {
     if (reported) return;
     reported = true;
-    if (settings.node_rank == 0) relay(node, json{{"lost", node}, {"why", why}});  // which node is gone
+    if (settings.node_rank == 0) last_word(node, json{{"lost", node}, {"why", why}});  // which node is gone
     if (settings.on_lost) settings.on_lost(node, why);
   }
 
-  // Node 0 passes `message` on to every peer still in the job but `except` (best effort).
-  void tell_others(int except, const json& message) {
+  // This node's last word before it ends (its farewell, or node 0 passing on a loss or an abort):
+  // `message` to every peer still in the job but `except` (best effort), then the end of its
+  // sending side, read until they close (drain).
+  void last_word(int except, const json& message) {
     for (auto& [other, peer] : peers) {
       if (other == except || peer.finished) continue;
       try {
@@ -46,12 +48,6 @@ struct ControlPlane::Impl {
       } catch (const std::exception&) {
       }
     }
-  }
-
-  // Node 0's last word before the job ends (the callers exit): `message` to every other peer, then
-  // the end of its sending side, read until they close (drain).
-  void relay(int except, const json& message) {
-    tell_others(except, message);
     for (auto& [node, peer] : peers) ::shutdown(peer.fd, SHUT_WR);
     drain(Clock::now() + std::chrono::seconds(2));
   }
@@ -116,7 +112,7 @@ struct ControlPlane::Impl {
               reported = true;  // its connection closing next is the abort, not a loss
               const int origin = m.value("node", nodes[i]);
               peer.finished = true;  // its end follows: no more polling it (on_abort normally exits)
-              if (settings.node_rank == 0) relay(nodes[i], m);  // the others hear it through node 0
+              if (settings.node_rank == 0) last_word(nodes[i], m);  // the others hear it through node 0
               if (settings.on_abort) settings.on_abort(origin, m["abort"].get<int>(), m.value("why", std::string()));
             }
           } catch (const std::exception& e) {
@@ -154,15 +150,7 @@ void ControlPlane::farewell(const nlohmann::json& message) {
   if (impl_->settings.on_ending) impl_->settings.on_ending();  // before the peers can react
   impl_->stopping = true;
   impl_->thread.join();
-  for (auto& [node, peer] : impl_->peers) {
-    if (peer.finished) continue;
-    try {
-      impl_->send(peer.fd, message);
-    } catch (const std::exception&) {
-    }
-    ::shutdown(peer.fd, SHUT_WR);
-  }
-  impl_->drain(Clock::now() + std::chrono::seconds(2));
+  impl_->last_word(-1, message);
   impl_->close_all();
 }
 

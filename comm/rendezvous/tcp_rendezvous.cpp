@@ -127,9 +127,8 @@ bool is_ip_literal(const std::string& host) {
 bool is_loopback_name(std::string host) {
   for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (!host.empty() && host.back() == '.') host.pop_back();
-  const std::string suffix = ".localhost";
   return host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost" || host == "ip6-loopback" ||
-         (host.size() > suffix.size() && host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0);
+         (host.size() > std::string_view(".localhost").size() && host.ends_with(".localhost"));
 }
 
 std::string path_of(const std::string& parent, const std::string& key) { return parent.empty() ? key : parent + "." + key; }

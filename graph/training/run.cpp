@@ -286,6 +286,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     out << "trace written to " << options.trace_path << "\n";
   };
   int stop_signal = 0;  // the signal this process was asked to stop by
+  auto requested = [&] { return options.stop_requested ? options.stop_requested() : 0; };  // (a signal, or 0)
   // A stop request (SIGTERM, SIGINT) ends the run between steps, saving the last finished one.
   auto stop_after = [&](std::int64_t done, int signal) {
     std::string saved = "no checkpoint (checkpoint.every is 0)";
@@ -303,7 +304,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     }
     // (A process the signal did not reach stops with the job, by the job's signal and exit code. One
     // whose own copy landed mid-step, after another's request began the stop, was reached.)
-    const int own = stop_signal != 0 ? stop_signal : options.stop_requested ? options.stop_requested() : 0;
+    const int own = stop_signal != 0 ? stop_signal : requested();
     const bool reached = own == signal;
     throw RunStopped(signal, fmt::format("stopped by {}{} after step {} of {}: {}", stop_signal_name(signal),
                                          reached ? "" : " (sent to another process of the job)", done, t.steps,
@@ -311,7 +312,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   };
   std::int64_t last_step = first_step - 1;
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
-    if (const int signal = options.stop_requested ? options.stop_requested() : 0; signal != 0 && stop_signal == 0) {
+    if (const int signal = requested(); signal != 0 && stop_signal == 0) {
       // An engine whose processes agree on the stop carries the request through the next step
       // (every process stops after the same step); otherwise stop here.
       stop_signal = signal;  // (first: stop_after names a stop this process was not sent as another's)
