@@ -18,6 +18,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/source_tree.hpp"
+
 namespace atl::testing {
 
 namespace fs = std::filesystem;
@@ -25,14 +27,7 @@ namespace fs = std::filesystem;
 // No Catch macro here or in what the multi-process tests call on helper threads (app_binary,
 // source_path, run_shell): Catch's assertions are not thread-safe, and two threads asserting at
 // once once corrupted the test process's heap.
-inline std::string required_env(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) throw std::runtime_error(std::string("environment variable ") + name + " is not set (ctest sets it)");
-  return value;
-}
-
 inline fs::path app_binary(const std::string& name) { return fs::path(required_env("ATOLL_BINARY_DIR")) / "apps" / name; }
-inline fs::path source_path(const std::string& relative) { return fs::path(required_env("ATOLL_SOURCE_DIR")) / relative; }
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
 struct TempDir {

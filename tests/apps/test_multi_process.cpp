@@ -215,7 +215,7 @@ TEST_CASE("apps: a node whose data file changes in place mid-run ends the job: e
   const fs::path metrics = tmp.path / "run" / "metrics.jsonl";
   bool trained = false;
   for (int i = 0; i < 600 && !trained; ++i) {
-    trained = fs::exists(metrics) && fs::file_size(metrics) > 0;
+    trained = complete_lines(metrics) >= 1;
     if (!trained) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::ofstream(tmp.path / "d1" / "corpus.txt", std::ios::app) << "an edit while the run reads the file\n";
@@ -314,7 +314,7 @@ TEST_CASE("apps: SIGINT to a node waiting at the rendezvous stops it at once wit
   const auto args = train_args("configs/beam-tiny.yaml", tmp.path / "run",
                                {"topology.mesh.dp_shard=2", "topology.rendezvous_timeout_s=120"});
   // Node 1 never comes; without the stop node 0 would wait 120 s and exit 1. SIGINT is sent once
-  // atoll-train catches it (SigCgt bit 2): a background command of sh starts with it ignored. The
+  // atoll-train catches it (SigCgt mask 0x2): a background command of sh starts with it ignored. The
   // name must be atoll-train too: between fork and exec the child is sh, which catches SIGINT
   // under `sh -c` and dies of it (exit 130, nothing printed).
   const Result node0 = run_shell(

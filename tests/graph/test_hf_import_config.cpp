@@ -32,6 +32,7 @@ TEST_CASE("hf import config: config.json alone rebuilds the exporting model, non
     INFO(family);
     const nlohmann::json written = model_with(family, "init_std: 0.013, rms_norm_eps: 2.0e-6")->hf_config();
     REQUIRE(written.at("initializer_range").dump() == "0.013");
+    REQUIRE(written.at("rms_norm_eps") != model_with(family, "")->hf_config().at("rms_norm_eps"));
     TempDir dir;
     write_bytes(dir.path / "config.json", written.dump(2));
 

@@ -2,13 +2,13 @@
 // process stops after the same step, and each says whether the signal reached it.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
 #include "graph/config.hpp"
 #include "graph/training/run.hpp"
 #include "tests/graph/checkpoint_test_support.hpp"
+#include "tests/support/source_tree.hpp"
 
 using namespace atl;
 
@@ -46,9 +46,7 @@ class JobStopEngine : public TrainingEngine {
 // this process's own copy (`own_copy`) lands during that step, or never.
 std::string stop_message(bool own_copy) {
   checkpoint_testing::TempDir tmp;
-  const char* source = std::getenv("ATOLL_SOURCE_DIR");
-  REQUIRE(source != nullptr);
-  const RunConfig config = load_run_config(std::string(source) + "/configs/beam-tiny.yaml",
+  const RunConfig config = load_run_config(testing::source_path("configs/beam-tiny.yaml").string(),
                                            {"run_dir=" + (tmp.path / "run").string(), "train.steps=8",
                                             "checkpoint.every=0", "topology.engine=reference"});
   int own = 0;
