@@ -225,7 +225,7 @@ struct UcxWorld::Impl {
         if (stopping && tasks.empty()) return;
         batch.swap(tasks);
       }
-      for (auto& task : batch) task();
+      for (auto& task : batch) guarded([&] { task(); });
       bool progressed = false;
       for (auto& [rank, worker] : workers) {
         while (ucp_worker_progress(worker) != 0) progressed = true;
@@ -239,6 +239,20 @@ struct UcxWorld::Impl {
         sleep_until_event(in_flight > 0 ? kSleepLimitMs : -1);
         idle_polls = 0;
       }
+    }
+  }
+
+  // Runs f on the progress thread; what it throws (a bug, or memory running out) is reported as a
+  // failure of this world, which ends the job through the failure action, instead of terminating
+  // the process with no word from atoll. Its operation never completes.
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      failed(std::string("the progress thread failed: ") + e.what(), -1);
+    } catch (...) {
+      failed("the progress thread failed (an unknown exception)", -1);
     }
   }
 
@@ -323,7 +337,7 @@ struct UcxWorld::Impl {
   static void transfer_done(void* request, ucs_status_t status, void* user, std::optional<std::size_t> received) {
     auto* r = static_cast<Request*>(user);
     r->impl->in_flight -= 1;
-    r->impl->transfer_ended(*r, status, received);
+    r->impl->guarded([&] { r->impl->transfer_ended(*r, status, received); });  // never through UCX's frames
     delete r;
     ucp_request_free(request);
   }
@@ -653,11 +667,10 @@ class UcxCommunicator final : public Communicator {
     const int size = group_.size();
     const std::uint64_t op = next_op();
     const std::size_t element = element_size(send.dtype());
-    int transfers = 0;
-    for (int j = 0; j < size; ++j) {
-      if (j == me_) continue;
-      transfers += (send_counts[j] > 0) + (recv_counts[j] > 0);  // empty blocks travel on neither side
-    }
+    // One message each way per peer, empty blocks too: a peer that sends where none is expected
+    // (or nothing where a block is) then fails the receive's size check instead of leaving a
+    // message unmatched, or this member waiting, with nothing said.
+    const int transfers = 2 * (size - 1);
     auto operation = start(CollectiveKind::all_to_all_v, send, tag, std::move(done), transfers + 1);
     operation->keep = {send, recv};
     world_->post([=, world = world_, ranks = group_.ranks, rank = rank_, me = me_, id = id_] {
@@ -668,10 +681,9 @@ class UcxCommunicator final : public Communicator {
         const std::size_t sb = static_cast<std::size_t>(send_counts[j]) * element;
         const std::size_t rb = static_cast<std::size_t>(recv_counts[j]) * element;
         if (j != me) {
-          if (sb > 0) world->send(rank, ranks[j], in + in_at * static_cast<std::int64_t>(element), sb,
-                                   make_tag(id, op, me), operation);
-          if (rb > 0) world->recv(rank, out + out_at * static_cast<std::int64_t>(element), rb, make_tag(id, op, j),
-                                   operation);
+          world->send(rank, ranks[j], in + in_at * static_cast<std::int64_t>(element), sb, make_tag(id, op, me),
+                      operation);
+          world->recv(rank, out + out_at * static_cast<std::int64_t>(element), rb, make_tag(id, op, j), operation);
         }
         in_at += send_counts[j];
         out_at += recv_counts[j];

@@ -57,6 +57,24 @@ struct Backends {
   }
 };
 
+// Members 0 and 1 of a group in one connected world whose on_transfer_failure action, after a
+// 10 ms grace, is noted.
+struct WatchedPair {
+  UcxWorld world{2, {0, 1}};
+  std::shared_ptr<std::promise<void>> fired = std::make_shared<std::promise<void>>();
+  std::future<void> ran = fired->get_future();
+  std::unique_ptr<Communicator> member0, member1;
+  WatchedPair() {
+    world.connect(world.local_addresses());
+    world.on_transfer_failure(std::chrono::milliseconds(10), [fired = fired] { fired->set_value(); });
+    const Group pair{"pair", {0, 1}};
+    member0 = world.communicator(pair, 0);
+    member1 = world.communicator(pair, 1);
+  }
+  // Whether the action ran (a deadlock watchdog, not a timing claim).
+  bool failure_action_ran() { return ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready; }
+};
+
 }  // namespace
 
 TEST_CASE("ucx: every collective over UCX equals the sim backend bit for bit", "[comm][ucx]") {
@@ -454,6 +472,31 @@ TEST_CASE("ucx: a transfer that fails with this process alive runs the on_transf
   CHECK_FALSE(*sent);  // the failed send never completes: only the action ends the wait
 }
 
+TEST_CASE("ucx: all_to_all_v members that disagree about an empty block fail the exchange, never complete it",
+          "[comm][ucx]") {
+  // Empty blocks travel as empty messages, so the receive's size check sees a disagreement either
+  // way: a block where member 0 expects none (it would complete, the block left unmatched), and
+  // none where member 0 expects one (it would wait with nothing said).
+  struct Case {
+    const char* what;
+    std::vector<std::int64_t> recv_counts_0, send_counts_1;
+  };
+  for (const Case& c : {Case{"a block where none is expected", {1, 0}, {1, 1}},
+                        Case{"no block where one is expected", {1, 1}, {0, 1}}}) {
+    INFO(c.what);
+    WatchedPair w;
+    Communicator &member0 = *w.member0, &member1 = *w.member1;
+    auto done0 = std::make_shared<std::atomic<bool>>(false);
+    const auto total = [](const std::vector<std::int64_t>& counts) { return counts[0] + counts[1]; };
+    member0.all_to_all_v(Tensor::full({2}, 1.0f), {1, 1}, Tensor::full({total(c.recv_counts_0)}, -1.0f),
+                         c.recv_counts_0, "a2a", [done0] { *done0 = true; });
+    member1.all_to_all_v(Tensor::full({total(c.send_counts_1)}, 2.0f), c.send_counts_1, Tensor::full({2}, -1.0f),
+                         {1, 1}, "a2a", [] {});
+    REQUIRE(w.failure_action_ran());
+    CHECK_FALSE(*done0);
+  }
+}
+
 TEST_CASE("ucx: a message of another size than its receive expects fails the receive, never completes it",
           "[comm][ucx]") {
   // Processes that disagree about a collective (different builds or plans): a shorter message
@@ -461,18 +504,11 @@ TEST_CASE("ucx: a message of another size than its receive expects fails the rec
   // does not complete, and the failure action ends the job.
   for (const std::int64_t sent_floats : {4, 16}) {
     INFO("sent " << sent_floats << " floats to a receive of 8");
-    UcxWorld world(2, {0, 1});
-    world.connect(world.local_addresses());
-    auto fired = std::make_shared<std::promise<void>>();
-    std::future<void> ran = fired->get_future();
-    world.on_transfer_failure(std::chrono::milliseconds(10), [fired] { fired->set_value(); });
-    const Group pair{"pair", {0, 1}};
-    std::unique_ptr<Communicator> sender = world.communicator(pair, 0), receiver = world.communicator(pair, 1);
+    WatchedPair w;
     auto received = std::make_shared<std::atomic<bool>>(false);
-    receiver->recv(Tensor::full({8}, -1.0f), 0, "t", [received] { *received = true; });
-    sender->send(Tensor::full({sent_floats}, 1.0f), 1, "t", [] {});
-    // A deadlock watchdog, not a timing claim.
-    REQUIRE(ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    w.member1->recv(Tensor::full({8}, -1.0f), 0, "t", [received] { *received = true; });
+    w.member0->send(Tensor::full({sent_floats}, 1.0f), 1, "t", [] {});
+    REQUIRE(w.failure_action_ran());
     CHECK_FALSE(*received);
   }
 }
