@@ -89,6 +89,7 @@ struct ActorEngine::Impl {
   std::shared_ptr<const Model> model;
   std::vector<int> ranks;  // this process's ranks, increasing
   std::shared_ptr<const StepProgram> program;
+  std::int64_t rows_per_step = 0;  // this process's rows of a global batch: its blocks' micro-batches
   // A failed step or export leaves the ranks' collective streams with numbers nobody will post
   // (every later collective would wait forever): the engine refuses further work instead.
   std::string broken;
@@ -210,6 +211,8 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
                                   std::to_string(world) + "-rank mesh; got rank " + std::to_string(im.ranks[i]));
     }
   }
+  im.rows_per_step = static_cast<std::int64_t>(im.program->micro_batches) * config.train.micro_batch *
+                     static_cast<std::int64_t>(mesh.dp_indices(im.ranks).size());
   // compute.threads, or by default the machine's threads shared by this process's ranks (the
   // ranks are the parallelism; results do not depend on the thread count).
   const int threads_per_rank = config.compute.threads > 0
@@ -231,10 +234,16 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
   try {
     spawn_actors(in, plan, mesh, threads_per_rank);
   } catch (const std::exception& e) {
+    // (Read before abandon_after_failure hands the backend over to the leak.)
+    const std::string hint = im.backend->name() == "sim"
+                                 ? " (sim runs every rank's actors and threads in this process: use fewer ranks, or "
+                                   "more memory and threads)"
+                                 : "";
     im.abandon_after_failure();
-    throw std::runtime_error("building the actor runtime for " + std::to_string(world) + " ranks failed: " + e.what() +
-                             " (sim runs every rank's actors and threads in this process: use fewer ranks, or more "
-                             "memory and threads)");
+    const std::string ranks = static_cast<int>(im.ranks.size()) == world
+                                  ? std::to_string(world)
+                                  : std::to_string(im.ranks.size()) + " of " + std::to_string(world);
+    throw std::runtime_error("building the actor runtime for " + ranks + " ranks failed: " + e.what() + hint);
   }
 }
 
@@ -330,6 +339,11 @@ std::vector<RowRange> ActorEngine::rows_read(std::int64_t global_rows) const {
 StepResult ActorEngine::step(const Batch& rows, bool record_routing) {
   auto& im = *impl_;
   im.check_usable();
+  // Refused before any rank numbers a collective: the engine stays usable, as the reference does.
+  if (rows.rows() != im.rows_per_step) {
+    throw std::invalid_argument("actor runtime: a step takes this process's " + std::to_string(im.rows_per_step) +
+                                " rows of the global batch (rows_read), got " + std::to_string(rows.rows()));
+  }
   im.traffic->take();  // (what came between steps: a checkpoint's export)
   im.recorder->set_step(++im.steps);
   StepResult result =

@@ -64,9 +64,20 @@ comm_actor::behavior_type comm_behavior(comm_pointer self, std::map<std::string,
   return {
       [=](collect_atom, CollectiveRequest req) -> caf::result<done_atom> {
         auto rp = self->make_response_promise<done_atom>();
-        self->state.pending.emplace(req.seq, rp);
-        self->state.waiting.emplace(req.seq, std::move(req));
+        auto& st = self->state;
+        // A number already issued or held is a numbering bug; kept quiet, its request would never
+        // be issued nor answered.
+        const bool repeated = req.seq < st.next_seq || st.pending.count(req.seq) > 0;
+        if (!repeated) {
+          st.pending.emplace(req.seq, rp);
+          st.waiting.emplace(req.seq, std::move(req));
+        }
         try {
+          if (repeated) {
+            throw std::logic_error("comm actor: collective #" + std::to_string(req.seq) + " (" + req.tag +
+                                   ") was asked for twice (this rank's stream is at #" +
+                                   std::to_string(st.next_seq) + ")");
+          }
           issue_ready(self);
         } catch (const std::exception& e) {
           // A collective the backend refuses (a mismatch between ranks is a bug) fails every
@@ -74,6 +85,7 @@ comm_actor::behavior_type comm_behavior(comm_pointer self, std::map<std::string,
           // stream has a gap no later number can pass (a request arriving after this would wait
           // forever), and the trainer fails the step with this error.
           const caf::error error = caf::make_error(caf::sec::runtime_error, e.what());
+          if (repeated) rp.deliver(error);
           for (auto& [seq, pending] : self->state.pending) pending.deliver(error);
           self->state.pending.clear();
           self->state.waiting.clear();

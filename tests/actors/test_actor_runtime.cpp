@@ -232,20 +232,45 @@ std::unique_ptr<TrainingEngine> fresh_actor_engine(const RunConfig& config, std:
                                         .optimizer = optimizer_settings(config.train)});
 }
 
+// beam-tiny-moe fp32 over dp_shard 2 (a step: one row per rank), a fresh engine, synthetic data.
+struct TwoRanks {
+  RunConfig config = make_config("beam-tiny-moe", Precision::fp32, {2, 1}, 2, 1);
+  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  std::unique_ptr<TrainingEngine> engine = fresh_actor_engine(config, model);
+  std::unique_ptr<DataSource> data = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 3);
+};
+
 }  // namespace
 
 TEST_CASE("A step that fails on a rank ends with the error instead of hanging, and the engine shuts down",
           "[actors]") {
-  const RunConfig config = make_config("beam-tiny-moe", Precision::fp32, {2, 1}, 2, 1);
-  std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
-  auto engine = fresh_actor_engine(config, model);
-  auto data = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 3);
+  auto [config, model, engine, data] = TwoRanks{};
   Batch bad = data->next(2, 32);
   bad.positions = bad.positions.clone();
   bad.positions.data<std::int64_t>()[32 + 5] = 17;  // rank 1's row: a position that neither continues nor restarts
   CHECK_THROWS_WITH(engine->step(bad), Catch::Contains("rank 1") && Catch::Contains("row 0"));
   // The engine must still shut down without waiting on anything (a hang here fails by timeout).
   engine.reset();
+}
+
+TEST_CASE("A batch of the wrong size is refused before any rank starts, and the engine stays usable",
+          "[actors]") {
+  // A step takes 2 rows. 3 rows do not split over the ranks; 4 split into two micro-batches each,
+  // which the step program does not run.
+  auto [config, model, engine, data] = TwoRanks{};
+  for (std::int64_t rows : {3, 4}) {
+    INFO(rows << " rows");
+    CHECK_THROWS_AS(engine->step(data->next(rows, 32)), std::invalid_argument);
+  }
+  // The next good step is the engine's first, as on an engine that never saw the bad batches.
+  const Batch good = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 5)->next(2, 32);
+  const StepResult r = engine->step(good);
+  auto untouched = fresh_actor_engine(config, model);
+  const StepResult expected = untouched->step(good);
+  CHECK(r.step == 1);
+  CHECK(r.loss == expected.loss);
+  CHECK(r.grad_norm == expected.grad_norm);
+  CHECK(bitwise_equal(engine->state().master, untouched->state().master));
 }
 
 TEST_CASE("The router load per MoE layer is the busiest expert's valid tokens over the mean, over every rank",
