@@ -247,6 +247,9 @@ DataConfig read_data(ConfigReader reader) {
   data.synthetic_max_doc = reader.get_positive("synthetic_max_doc", data.synthetic_max_doc);
   reader.check(data.synthetic_max_doc >= data.synthetic_min_doc, "synthetic_max_doc",
                fmt::format("an integer >= data.synthetic_min_doc ({})", data.synthetic_min_doc));
+  // Every target predicts the next token of its own document: one-token documents only hold none.
+  reader.check(data.synthetic_max_doc >= 2, "synthetic_max_doc",
+               "an integer >= 2 (one-token documents hold no target: nothing to train on)");
   if (auto eos = reader.optional<std::int64_t>("eos_id")) {
     reader.check(*eos >= 0, "eos_id", "a non-negative token id");
     data.eos_id = *eos;
@@ -346,13 +349,22 @@ RunConfig read_run_config(const YAML::Node& root, const std::string& source_name
 RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& sets) {
   check_config_text(yaml_text, source_name);
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(yaml_text);
+    documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::ParserException& e) {
     throw ConfigError(source_name, "",
                       fmt::format("line {}, column {}: YAML syntax error: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
   }
+  // A second document ('---') would be ignored silently: what it sets would not take effect.
+  for (std::size_t i = 1; i < documents.size(); ++i) {
+    if (documents[i].IsNull()) continue;  // a trailing '---' holds nothing
+    throw ConfigError(source_name, "",
+                      fmt::format("line {}: a second YAML document (after '---'); expected one document: a config is "
+                                  "one mapping of keys",
+                                  documents[i].Mark().line + 1));
+  }
+  YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   check_no_duplicate_keys(root, source_name);
   if (!root.IsMap()) {
@@ -375,9 +387,11 @@ std::optional<std::string> problem_naming_set(const ConfigError& e, const std::v
   const std::string what = e.what();
   if (!given || what.find(" (given by --set ") != std::string::npos) return std::nullopt;
   const std::size_t prefix = e.file().size() + 2 + (e.key().empty() ? 0 : e.key().size() + 2);
-  const bool empty = given->back() == '=';  // the empty string, not "absent": that is key=~
+  // The empty string, not "absent": that is key=null (key=~ too, but an unquoted ~ is the shell's
+  // home directory).
+  const bool empty = given->back() == '=';
   return what.substr(prefix) + " (given by --set " + *given +
-         (empty ? "; '" + *given + "~' leaves the key unset" : "") + ")";
+         (empty ? "; '" + *given + "null' leaves the key unset" : "") + ")";
 }
 
 }  // namespace

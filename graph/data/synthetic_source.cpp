@@ -22,8 +22,9 @@ SyntheticSource::SyntheticSource(std::uint64_t seed, std::int64_t vocab, Synthet
   if (options.min_doc < 1) {
     throw DataError(fmt::format("synthetic data: synthetic_min_doc: expected a positive integer, got {}", options.min_doc));
   }
-  if (options.max_doc < options.min_doc) {
-    throw DataError(fmt::format("synthetic data: synthetic_max_doc: expected an integer >= synthetic_min_doc ({}), got {}",
+  if (options.max_doc < std::max<std::int64_t>(options.min_doc, 2)) {
+    throw DataError(fmt::format("synthetic data: synthetic_max_doc: expected an integer >= synthetic_min_doc ({}) and "
+                                ">= 2 (one-token documents hold no target), got {}",
                                 options.min_doc, options.max_doc));
   }
   const std::int64_t b = options.branching;

@@ -260,6 +260,8 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
        "topology.nodes: a setting of multi-process jobs (topology.backend: ucx); topology.backend is sim"},
       {"token_file_with_sim", std::string(kMinimal) + "topology: {job_token_file: /tmp/t}\n",
        "topology.job_token_file: a setting of multi-process jobs"},
+      {"one_token_documents", std::string(kMinimal) + "data: {synthetic_min_doc: 1, synthetic_max_doc: 1}\n",
+       "data.synthetic_max_doc: expected an integer >= 2 (one-token documents hold no target"},
       {"peer_errors_with_sim", std::string(kMinimal) + "topology: {ucx_peer_errors: false}\n",
        "topology.ucx_peer_errors: a setting of multi-process jobs"},
   };
@@ -277,6 +279,9 @@ TEST_CASE("config: missing files and YAML syntax errors name the file (and the l
   std::string broken = dir.write("broken.yaml", "run_dir: x\nmodel:\n  family: [beam\ntrain: {}\n");
   std::string message = config_error(broken);
   CHECK_THAT(message, Catch::Contains(broken) && Catch::Contains("YAML syntax error") && Catch::Contains("line "));
+  std::string two = dir.write("two.yaml", std::string(kMinimal) + "---\ntrain: {steps: 5}\n");
+  CHECK_THAT(config_error(two), Catch::Contains(two) && Catch::Contains("a second YAML document (after '---')"));
+  CHECK_NOTHROW(load_run_config(dir.write("trailing.yaml", std::string(kMinimal) + "---\n")));
   std::string list = dir.write("list.yaml", "- a\n- b\n");
   CHECK_THAT(config_error(list), Catch::Contains(list) && Catch::Contains("top level"));
 }
@@ -339,11 +344,12 @@ TEST_CASE("config: an error about a value a --set gave names that --set", "[conf
   };
   CHECK(error_of({"train.lr=-1"}) == file + ": train.lr: expected a positive number, got -1 (given by --set train.lr=-1)");
   CHECK(error_of({"train.warmup=3", "train.warmup="}) ==
-        file + ": train.warmup: expected an integer, got '' (given by --set train.warmup=; 'train.warmup=~' leaves the "
-               "key unset)");
+        file + ": train.warmup: expected an integer, got '' (given by --set train.warmup=; 'train.warmup=null' leaves "
+               "the key unset)");
   CHECK(error_of({"topology={mesh: {dp_shard: 0}}"}) ==
         file + ": topology.mesh.dp_shard: expected a positive integer, got 0 (given by --set topology={mesh: {dp_shard: "
                "0}})");
+  CHECK(error_of({"train.warmup=null"}) == "no error");
   CHECK(error_of({"train.warmup=~"}) == "no error");
   // 'key: value' with a space is YAML's mapping: the message shows it and says how to write a string.
   CHECK(error_of({"data.source=text: corpus.txt"}) ==
