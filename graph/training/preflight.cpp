@@ -85,8 +85,8 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
   const double in_flight = reference ? threads : ranks;
   if (reference) {
     // fp32 master, gradient, two moments, the initial copy, and one gradient per micro-batch in flight.
-    e.parts.push_back({"parameters, gradients and AdamW state (model size)", 20.0 * params});
-    e.parts.push_back({"per-thread gradients (model size x compute.threads)", 4.0 * params * threads});
+    e.parts.push_back({"parameters, gradients and AdamW state (model size)", 20.0 * params, "model"});
+    e.parts.push_back({"per-thread gradients (model size x compute.threads)", 4.0 * params * threads, "compute.threads"});
   } else {
     // The sim holds every rank: the plan's per-rank estimate (shards, state, gathered units with
     // their padding: a tensor with fewer dim-0 rows than ranks pads to one row per rank) plus the
@@ -97,10 +97,12 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
     // A fresh model is generated shard by shard, but a checkpoint (and a resume, which cuts shards
     // from full tensors) holds the whole fp32 master and both moments in the process.
     e.parts.push_back({"the full model state a checkpoint gathers (master and two moments, model size x 3)",
-                       12.0 * params});
+                       12.0 * params, "model"});
     e.parts.push_back({"per-rank shards, gathers and unsharded gradients (this process's ranks x the plan's per-rank "
                        "estimate, atoll-plan prints it)",
-                       ranks * (static_cast<double>(m.total_bytes()) + 4.0 * static_cast<double>(m.peak_gathered_bytes))});
+                       ranks * (static_cast<double>(m.total_bytes()) + 4.0 * static_cast<double>(m.peak_gathered_bytes)),
+                       // the sim's part grows with the mesh, unless there is one rank: then it is the model
+                       config.topology.mesh.world_size() > 1 ? "topology.mesh" : "model"});
   }
   const nlohmann::json hf = model.hf_config();
   const double H = field(hf, "hidden_size"), L = field(hf, "num_hidden_layers"), V = field(hf, "vocab_size");
@@ -115,10 +117,13 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
                                  config, Mesh(config.topology.mesh, config.source_file)));
   e.parts.push_back({"activations (train.micro_batch x train.seq_len tokens per micro-batch, model.hidden_size, "
                      "model.num_hidden_layers, model.vocab_size; train.schedule)",
-                     per_token * tokens * in_flight * alive});
+                     per_token * tokens * in_flight * alive,
+                     // the larger factor of a micro-batch's tokens
+                     config.train.micro_batch > config.train.seq_len ? "train.micro_batch" : "train.seq_len"});
   // The global batch itself (ids, positions, masks, targets).
   e.parts.push_back({"the global batch (train.global_batch x train.seq_len)",
-                     32.0 * static_cast<double>(config.train.global_batch) * static_cast<double>(config.train.seq_len)});
+                     32.0 * static_cast<double>(config.train.global_batch) * static_cast<double>(config.train.seq_len),
+                     "train.global_batch"});
   return e;
 }
 
@@ -138,11 +143,7 @@ void check_memory_preflight(const RunConfig& config, const Model& model, int ran
   if (!room || e.total() <= *room) return;
   const auto biggest = std::max_element(e.parts.begin(), e.parts.end(),
                                         [](const MemoryPart& a, const MemoryPart& b) { return a.bytes < b.bytes; });
-  const bool activations = biggest->what.rfind("activations", 0) == 0;
-  // The sim's per-rank part grows with the mesh, unless there is one rank: then it is the model.
-  const bool per_rank = biggest->what.rfind("per-rank", 0) == 0 && config.topology.mesh.world_size() > 1;
-  const std::string key = activations ? "train.seq_len" : per_rank ? "topology.mesh" : "model";
-  throw ConfigError(config.source_file, key,
+  throw ConfigError(config.source_file, biggest->key,
                     fmt::format("the run needs about {:.1f} GiB, this machine has {:.1f} GiB available; the largest "
                                 "part is {} at {:.1f} GiB (ATOLL_SKIP_MEMORY_CHECK=1 skips this estimate)",
                                 gib(e.total()), gib(*room), biggest->what, gib(biggest->bytes)));

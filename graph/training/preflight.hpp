@@ -18,6 +18,7 @@ namespace atl {
 struct MemoryPart {
   std::string what;  // with the keys that drive it
   double bytes = 0;
+  std::string key;  // the config key a refusal names when this part is the largest
 };
 
 struct RunMemoryEstimate {
