@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <vector>
@@ -247,12 +248,16 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
   if (trainer_state.contains("imported_from")) return;
   const nlohmann::json& saved = trainer_state.at("config");
   nlohmann::json now = to_json(config);
-  auto refuse = [&](const nlohmann::json& a, const nlohmann::json& b, const std::string& key) {
+  // `unset(section, key)`: what a side without the key had (the data's: no such key).
+  using Unset = std::function<std::string(const nlohmann::json&, const std::string&)>;
+  auto refuse = [&](const nlohmann::json& a, const nlohmann::json& b, const std::string& key,
+                    const Unset& unset = [](const nlohmann::json&, const std::string&) { return "no such key"; }) {
     const ConfigChange c = first_change(a, b, key);
-    auto shown = [](const nlohmann::json* v) { return v ? v->dump() : std::string("no such key"); };
+    const std::string leaf = c.key.substr(c.key.rfind('.') + 1);
+    auto shown = [&](const nlohmann::json* v, const nlohmann::json& side) { return v ? v->dump() : unset(side, leaf); };
     throw ConfigError(config.source_file, c.key,
-                      "--resume continues the run saved in " + dir.string() + ", which had " + shown(c.was) +
-                          "; this config has " + shown(c.now));
+                      "--resume continues the run saved in " + dir.string() + ", which had " + shown(c.was, a) +
+                          "; this config has " + shown(c.now, b));
   };
   auto same = [&](const char* section, const char* key) {
     const nlohmann::json& a = saved_value(saved, section, key, dir);
@@ -269,7 +274,14 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
     if (was != model.hf_config()) {  // (also when the saved section names no model: nullopt)
       const nlohmann::json a = effective_model_section(saved_model, config.source_file);
       const nlohmann::json b = effective_model_section(now.at("model"), config.source_file);
-      refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model");
+      // A key an effective section leaves out has its preset's value.
+      auto preset_value = [&](const nlohmann::json& section, const std::string& key) {
+        const std::optional<nlohmann::json> preset = resolved_model(
+            {{"family", section.value("family", "")}, {"preset", section.value("preset", "")}}, config.source_file);
+        return preset && preset->contains(key) ? preset->at(key).dump() + " (the preset's)"
+                                               : std::string("the preset's value");
+      };
+      refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model", preset_value);
     }
   }
   same("train", "seed");

@@ -637,12 +637,13 @@ TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or
   auto args = train_args(run);
   add_sets(args, {"train.steps=2", "checkpoint.every=2"});
   must_run("atoll-train", args, tmp.path);
-  for (const auto& [change, key] : std::vector<std::pair<std::string, std::string>>{
-           {"train.seed=99", "train.seed"},
-           {"data.synthetic_branching=3", "data.synthetic_branching"},
-           {"model.hidden_size=32", "model.hidden_size"},
-           {"model.init_std=0.03", "model.init_std"},
-           {"model.router_weights_fp32=true", "model.router_weights_fp32"}}) {
+  // (A model key the saved run left at its preset's value shows that value.)
+  for (const auto& [change, key, values] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"train.seed=99", "train.seed", "which had 1234; this config has 99"},
+           {"data.synthetic_branching=3", "data.synthetic_branching", "; this config has 3"},
+           {"model.hidden_size=32", "model.hidden_size", "which had 64 (the preset's); this config has 32"},
+           {"model.init_std=0.03", "model.init_std", "which had the preset's value; this config has 0.03"},
+           {"model.router_weights_fp32=true", "model.router_weights_fp32", "; this config has true"}}) {
     auto resume = train_args(tmp.path / "other");
     for (const std::string& s : {std::string("train.steps=4"), change}) {
       resume.push_back("--set");
@@ -654,6 +655,7 @@ TEST_CASE("apps: --resume refuses a config that changes the run's model, seed or
     INFO(change << ": " << r.err);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Catch::Contains(": " + key + ": --resume continues the run saved in"));
+    CHECK_THAT(r.err, Catch::Contains(values));
   }
   // The same model in other words (a key set to the preset's own value) is no change: resumed.
   int n = 0;
