@@ -374,7 +374,13 @@ StartingPoint read_starting_point(const RunConfig& config, const RunOptions& opt
     return start;
   }
   if (!config.checkpoint.load.empty()) {
-    const CheckpointContents c = load_checkpoint(config.checkpoint.load);
+    const CheckpointContents c = [&] {
+      try {
+        return load_checkpoint(config.checkpoint.load);
+      } catch (const CheckpointError& e) {  // named by the config's key: the path alone may say little
+        throw CheckpointError(config.source_file + ": checkpoint.load: " + e.what());
+      }
+    }();
     start.state.master = model_weights_from(model, c, config.checkpoint.load);
     start.description = "weights from " + config.checkpoint.load;
     start.model_changes = model_config_changes(model, c);

@@ -603,6 +603,19 @@ TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, 
   CHECK_FALSE(fs::exists(tmp.path / "flint"));
 }
 
+TEST_CASE("apps: a checkpoint.load that is no checkpoint is refused naming the config and the key",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  auto args = train_args(tmp.path / "run");
+  add_sets(args, {"train.steps=1", "checkpoint.load=" + (tmp.path / "nowhere").string()});
+  const Result r = run_app("atoll-train", args, tmp.path);
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("beam-tiny.yaml: checkpoint.load: " + (tmp.path / "nowhere").string() +
+                                    ": not a checkpoint directory"));
+  CHECK_FALSE(fs::exists(tmp.path / "run" / "metrics.jsonl"));
+}
+
 TEST_CASE("apps: atoll-eval refuses a checkpoint under other model settings, and checkpoint.load names them",
           "[apps][checkpoint]") {
   TempDir tmp;
