@@ -4,9 +4,11 @@
 // Exit codes: 0 done, 2 bad input (a checkpoint with NaN/inf weights too, unless
 // --allow-nonfinite; one whose model settings differ from the config's, unless
 // --allow-model-change), 3 the loss is not finite, 1 other failures.
-#include <limits>
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -18,6 +20,27 @@
 #include "graph/eval/evaluate.hpp"
 #include "graph/training/output_path.hpp"
 #include "kernels/cpu/cpu_features.hpp"
+
+namespace {
+
+// The logits must not replace an input: the --tokens file, or any file of the checkpoint (its
+// model file replaced, every later load would fail).
+void check_dump_replaces_no_input(const std::string& dump, const std::string& tokens, const std::string& checkpoint,
+                                  const std::string& config_file) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::weakly_canonical(dump), ck = fs::weakly_canonical(checkpoint);
+  if (out == fs::weakly_canonical(tokens)) {
+    throw atl::ConfigError(config_file, "--dump-logits", "'" + dump + "' is the --tokens file; expected another file");
+  }
+  const auto [end, at] = std::mismatch(ck.begin(), ck.end(), out.begin(), out.end());
+  if (end == ck.end()) {
+    throw atl::ConfigError(config_file, "--dump-logits",
+                           "'" + dump + "' is inside the --checkpoint directory " + checkpoint +
+                               "; expected a file outside it");
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   atl::exit_on_escaped_exception("atoll-eval");
@@ -49,7 +72,10 @@ int main(int argc, char** argv) {
   }
   try {
     const atl::RunConfig config = atl::load_run_config(config_path, sets);
-    if (!dump_logits.empty()) atl::check_output_path(dump_logits, true, config.source_file, "--dump-logits");
+    if (!dump_logits.empty()) {
+      atl::check_output_path(dump_logits, true, config.source_file, "--dump-logits");
+      check_dump_replaces_no_input(dump_logits, tokens, checkpoint, config.source_file);
+    }
     atl::cpu::cpu_features();  // a bad ATOLL_CPU_ISA is refused here, not in a kernel
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
     const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint, allow_nonfinite, allow_model_change);

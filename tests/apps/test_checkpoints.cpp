@@ -335,6 +335,20 @@ TEST_CASE("apps: atoll-eval --dump-logits writes fp32 logits that Python's safet
              tmp.path);
     const auto read_back = atl::read_safetensors(logits).tensors;
     REQUIRE(read_back.at("logits").shape() == atl::Shape{2, 8, 256});
+    // An output that would replace an input is refused, the input intact.
+    const fs::path step2 = run / "checkpoints" / "step-00000002";
+    const std::string model_file = read_file(step2 / "model.safetensors"),
+                      tokens_file = read_file(tmp.path / "tokens.safetensors");
+    for (const fs::path& input : {step2 / "model.safetensors", tmp.path / "tokens.safetensors"}) {
+      const Result r = run_app("atoll-eval", {source_path(config).string(), "--checkpoint", step2.string(), "--tokens",
+                                              (tmp.path / "tokens.safetensors").string(), "--dump-logits", input.string()},
+                               tmp.path);
+      INFO(r.err);
+      CHECK(r.exit_code == 2);
+      CHECK_THAT(r.err, Catch::Contains("--dump-logits: '" + input.string() + "' is"));
+    }
+    CHECK(read_file(step2 / "model.safetensors") == model_file);
+    CHECK(read_file(tmp.path / "tokens.safetensors") == tokens_file);
     // The usable vocabulary (250) is finite, the padded columns -inf: here, and below in Python.
     const float* z = read_back.at("logits").data<float>();
     for (std::int64_t i = 0; i < 2 * 8 * 256; ++i) {
