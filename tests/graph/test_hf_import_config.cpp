@@ -52,6 +52,16 @@ TEST_CASE("hf import config: a bad initializer_range is named as config.json wri
                     Catch::Contains("init_std") && Catch::Contains("config.json's initializer_range"));
 }
 
+TEST_CASE("hf import config: a field of the wrong JSON type says what type was expected", "[checkpoint]") {
+  nlohmann::json written = model_with("beam", "")->hf_config();
+  written["hidden_size"] = "64";
+  TempDir dir;
+  write_bytes(dir.path / "config.json", written.dump(2));
+  CHECK_THROWS_WITH(hf_import_config(dir.path, std::nullopt, nullptr),
+                    Catch::Contains("config.json: hidden_size: expected a JSON number (the model built from it has 64), "
+                                    "got the string \"64\""));
+}
+
 TEST_CASE("hf import: F32 and BF16 experts of one layer import as the F32 masters of their values, other dtypes "
           "are refused by their HF names",
           "[checkpoint]") {
