@@ -29,11 +29,35 @@ LossSum Model::forward_backward(const TensorMap& w, const Batch& batch, Precisio
   return {run->loss_sum(), run->targets()};
 }
 
+namespace {
+
+// Sizes past this many elements (a parameter's, or the model's) are refused: well beyond what
+// atoll can train, and far enough below 2^63 that the plan's byte counts cannot overflow.
+constexpr std::int64_t kMaxModelElements = std::int64_t{1} << 40;
+
+std::shared_ptr<const Model> with_sane_size(std::shared_ptr<const Model> model, const std::string& file) {
+  std::int64_t total = 0;
+  for (const ParamSpec& s : model->specs()) {
+    std::int64_t n = 1;
+    bool too_large = false;
+    for (std::int64_t d : s.shape) too_large = too_large || __builtin_mul_overflow(n, d, &n) || n > kMaxModelElements;
+    too_large = too_large || __builtin_add_overflow(total, n, &total) || total > kMaxModelElements;
+    if (too_large) {
+      throw ConfigError(file, "model",
+                        "sizes too large: " + s.name + " of shape " + shape_string(s.shape) +
+                            " takes the model past 2^40 parameters; expected smaller model sizes");
+    }
+  }
+  return model;
+}
+
+}  // namespace
+
 std::shared_ptr<const Model> make_model(const ModelSection& section, const std::string& file) {
-  if (section.family == "beam") return std::make_shared<const BeamModel>(beam_config_from(section, file));
-  if (section.family == "flint") return std::make_shared<const FlintModel>(flint_config_from(section, file));
+  if (section.family == "beam") return with_sane_size(std::make_shared<const BeamModel>(beam_config_from(section, file)), file);
+  if (section.family == "flint") return with_sane_size(std::make_shared<const FlintModel>(flint_config_from(section, file)), file);
   if (section.family == "inkling2") {
-    return std::make_shared<const Inkling2Model>(inkling2_config_from(section, file));
+    return with_sane_size(std::make_shared<const Inkling2Model>(inkling2_config_from(section, file)), file);
   }
   throw ConfigError(file, "model.family",
                     "'" + section.family + "' is not built yet (this build trains: beam, flint, inkling2)");

@@ -331,6 +331,20 @@ TEST_CASE("config: the shipped example configs load", "[config]") {
   CHECK(loaded >= 4);  // beam-tiny, beam-small, flint-tiny, inkling2-tiny
 }
 
+TEST_CASE("config: model sizes whose element counts would overflow are refused, naming the parameter", "[config]") {
+  ConfigDir dir;
+  const std::string file = dir.write("base.yaml", kMinimal);
+  for (const std::string& family : model_families()) {
+    for (const char* set : {"model.hidden_size=4611686018427387904", "model.vocab_size=68719476736"}) {
+      INFO(family << " " << set);
+      const RunConfig config = load_run_config(file, {"model.family=" + family, "model.preset=null", set});
+      CHECK_THROWS_WITH(make_model(config.model, config.source_file),
+                        Catch::StartsWith(file + ": model: sizes too large: ") &&
+                            Catch::Contains("takes the model past 2^40 parameters"));
+    }
+  }
+}
+
 TEST_CASE("config: an error about a value a --set gave names that --set", "[config]") {
   ConfigDir dir;
   const std::string file = dir.write("base.yaml", kMinimal);
