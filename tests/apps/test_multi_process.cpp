@@ -455,11 +455,24 @@ TEST_CASE("scripts/launch: a restart after the start resumes the latest checkpoi
   std::string lines = read_file(signals);
   CHECK((lines == "0 TERM\n1 TERM\n" || lines == "1 TERM\n0 TERM\n"));
   CHECK_THAT(stop.err, !Catch::Contains("restart"));
-  for (const char* bad : {" --nnodes", " --nnodes 2 --port", " --nnodes 2 --max-restarts"}) {
+  for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
+           {" --nnodes", "--nnodes: expected a value"},
+           {" --nnodes 2 --port", "--port: expected a value"},
+           {" --nnodes 2 --max-restarts", "--max-restarts: expected a value"},
+           {" --nnodes 0 -- cfg.yaml", "--nnodes: expected a positive integer, got '0'"},
+           {" -- cfg.yaml", "--nnodes is required"},
+           {" --nnodes 2 --port 70000 -- cfg.yaml", "--port: expected a port in [1, 65535], got '70000'"},
+           {" --nnodes 2 --max-restarts -1 -- cfg.yaml", "--max-restarts: expected a non-negative integer, got '-1'"},
+           {" --nnodes 2 cfg.yaml", "unknown argument 'cfg.yaml' (atoll-train's arguments go after --)"},
+           {" --nnodes 2 --", "no CONFIG after --"}}) {
+    INFO(bad);
     const Result usage = run_shell(launch + bad, tmp.path / "usage");
     CHECK(usage.exit_code == 2);
-    CHECK_THAT(usage.err, Catch::Contains("usage: scripts/launch"));
+    CHECK_THAT(usage.err, Catch::Contains("scripts/launch: " + why + "\nusage: scripts/launch"));
   }
+  const Result help = run_shell(launch + " --help", tmp.path / "usage");
+  CHECK(help.exit_code == 0);
+  CHECK_THAT(help.out, Catch::StartsWith("usage: scripts/launch --nnodes N"));
 }
 
 TEST_CASE("scripts/launch: bad input (2) and non-finite training (3) end the job without a restart", "[apps][launch]") {
