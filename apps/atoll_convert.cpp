@@ -36,6 +36,11 @@ int main(int argc, char** argv) {
                   "a run config whose model section states the model (default: the HF directory's config.json); "
                   "config.json must agree with it");
   imp->add_option("--set", sets, "override a config key (repeatable)");
+  // (CLI11 would say only "A subcommand is required".)
+  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "export" && std::string(argv[1]) != "import") {
+    std::cerr << "atoll-convert: '" << argv[1] << "' is not a subcommand; expected export or import (--help)\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -617,6 +617,14 @@ TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, 
   CHECK_FALSE(fs::exists(tmp.path / "flint"));
 }
 
+TEST_CASE("apps: atoll-convert names a subcommand it does not have", "[apps][checkpoint]") {
+  TempDir tmp;
+  const Result r = run_app("atoll-convert", {"exprot", "a", "b"}, tmp.path);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("'exprot' is not a subcommand; expected export or import"));
+  CHECK(run_app("atoll-convert", {"--help"}, tmp.path).exit_code == 0);
+}
+
 TEST_CASE("apps: a checkpoint.load that is no checkpoint is refused naming the config and the key",
           "[apps][checkpoint]") {
   TempDir tmp;
