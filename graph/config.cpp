@@ -387,8 +387,8 @@ std::optional<std::string> problem_naming_set(const ConfigError& e, const std::v
   const std::string what = e.what();
   if (!given || what.find(" (given by --set ") != std::string::npos) return std::nullopt;
   const std::size_t prefix = e.file().size() + 2 + (e.key().empty() ? 0 : e.key().size() + 2);
-  // The empty string, not "absent": that is key=null (key=~ too, but an unquoted ~ is the shell's
-  // home directory).
+  // The empty string, not "absent": that is key=null (key=~ too, but the shell turns an unquoted
+  // run_dir=~ into the home directory).
   const bool empty = given->back() == '=';
   return what.substr(prefix) + " (given by --set " + *given +
          (empty ? "; '" + *given + "null' leaves the key unset" : "") + ")";

@@ -351,7 +351,7 @@ struct UcxWorld::Impl {
   // An immediately completed transfer (sends only) returns nullptr and runs no callback.
   void settle(ucs_status_ptr_t status, Request* r) {
     if (status == nullptr || UCS_PTR_IS_ERR(status)) {
-      transfer_ended(*r, UCS_PTR_STATUS(status), std::nullopt);
+      guarded([&] { transfer_ended(*r, UCS_PTR_STATUS(status), std::nullopt); });  // the rest still posts
       delete r;
     } else {
       in_flight += 1;

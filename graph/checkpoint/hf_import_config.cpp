@@ -122,9 +122,10 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
     // "64" for 64: the value's form is wrong, not its size (a setting the model writes itself).
     if (it != mine.end() && !expected->is_null() && value.type_name() != std::string(expected->type_name()) &&
         !(value.is_number() && expected->is_number())) {
-      throw CheckpointError(fmt::format("{}: {}: expected a JSON {} (the model {} has {}), got the {} {}", file.string(),
-                                        key, expected->type_name(), given ? "the run config describes" : "built from it",
-                                        expected->dump(), value.type_name(), value.dump()));
+      throw CheckpointError(fmt::format("{}: {}: expected a JSON {} (the model {} has {}), got {}", file.string(), key,
+                                        expected->type_name(), given ? "the run config describes" : "built from it",
+                                        expected->dump(),
+                                        value.is_null() ? "null" : std::string("the ") + value.type_name() + " " + value.dump()));
     }
     if (expected && !same_config_value(value, *expected)) {
       throw CheckpointError(fmt::format("{}: {}: {} in the file, but the model {} has {}", file.string(), key,

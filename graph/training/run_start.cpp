@@ -278,8 +278,8 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
       auto preset_value = [&](const nlohmann::json& section, const std::string& key) {
         const std::optional<nlohmann::json> preset = resolved_model(
             {{"family", section.value("family", "")}, {"preset", section.value("preset", "")}}, config.source_file);
-        return preset && preset->contains(key) ? preset->at(key).dump() + " (the preset's)"
-                                               : std::string("the preset's value");
+        const std::string whose = section.value("preset", "").empty() ? "the family's default" : "the preset's";
+        return preset && preset->contains(key) ? preset->at(key).dump() + " (" + whose + ")" : whose + " value";
       };
       refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model", preset_value);
     }

@@ -62,7 +62,8 @@ TEST_CASE("comm actor: a collective number asked for twice fails instead of wait
     CHECK(again.find("collective #1 (t1) was asked for twice") != std::string::npos);
     CHECK(again.find("stream is at #0") != std::string::npos);
     std::string held;
-    self->receive([&](done_atom) { held = "done"; }, [&](caf::error& e) { held = self->system().render(e); });
+    self->receive([&](done_atom) { held = "done"; }, [&](caf::error& e) { held = self->system().render(e); },
+                  caf::after(std::chrono::seconds(120)) >> [&] { held = "no answer"; });  // a hang detector
     CHECK(held.find("was asked for twice") != std::string::npos);
   }
 }

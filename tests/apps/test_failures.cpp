@@ -623,7 +623,7 @@ TEST_CASE("failures: runs that cannot fit in memory are refused before they allo
       {{"train.seq_len=100000000"}, "train.seq_len: the run needs about"},
       {{"train.seq_len=4294967297"}, "train.seq_len: the run needs about"},
       {{"model.hidden_size=100000000"}, "model: the run needs about"},
-      {{"train.global_batch=400000000"}, "train.global_batch: the run needs about"},
+      {{"train.global_batch=40000000000"}, "train.global_batch: the run needs about"},  // ~37 TB
       {{"train.global_batch=1000000", "train.micro_batch=1000000"}, "train.micro_batch: the run needs about"},
       {{"topology.mesh.dp_shard=2000", "train.global_batch=2000", "train.micro_batch=1"},
        "topology.mesh: the run needs about"},

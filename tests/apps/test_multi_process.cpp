@@ -462,6 +462,8 @@ TEST_CASE("scripts/launch: a restart after the start resumes the latest checkpoi
            {" --nnodes 0 -- cfg.yaml", "--nnodes: expected a positive integer, got '0'"},
            {" -- cfg.yaml", "--nnodes is required"},
            {" --nnodes 2 --port 70000 -- cfg.yaml", "--port: expected a port in [1, 65535], got '70000'"},
+           {" --nnodes 2 --port 18446744073709551617 -- cfg.yaml", "--port: expected a port in [1, 65535], got '18446744073709551617'"},
+           {" --nnodes 2 --max-restarts 08 -- cfg.yaml", "--max-restarts: expected a non-negative integer, got '08'"},
            {" --nnodes 2 --max-restarts -1 -- cfg.yaml", "--max-restarts: expected a non-negative integer, got '-1'"},
            {" --nnodes 2 cfg.yaml", "unknown argument 'cfg.yaml' (atoll-train's arguments go after --)"},
            {" --nnodes 2 --", "no CONFIG after --"}}) {
