@@ -342,7 +342,8 @@ TEST_CASE("apps: each family's fp32 logits equal an independent float64 NumPy re
     INFO(config);
     TempDir tmp;
     auto args = train_args(tmp.path / "run", config);
-    add_sets(args, {"precision=fp32", "train.steps=30", "checkpoint.every=30"});
+    // An eps far from the default: a norm that ignores rms_norm_eps (MODELS.md §10.1.2) shows.
+    add_sets(args, {"precision=fp32", "train.steps=30", "checkpoint.every=30", "model.rms_norm_eps=0.01"});
     must_run("atoll-train", args, tmp.path);
     const fs::path trained = tmp.path / "run" / "checkpoints" / "step-00000030";
     const fs::path hf = tmp.path / "hf", moved = tmp.path / "moved", root = tmp.path / "imported";
@@ -355,8 +356,8 @@ TEST_CASE("apps: each family's fp32 logits equal an independent float64 NumPy re
     must_run("atoll-convert", {"import", moved.string(), root.string()}, tmp.path);
     write_packed_rows(tmp.path / "rows.safetensors");
     auto logits_of = [&](const fs::path& checkpoint, const std::string& out) {
-      must_run("atoll-eval", {source_path(config).string(), "--set", "precision=fp32", "--checkpoint",
-                              checkpoint.string(), "--tokens", (tmp.path / "rows.safetensors").string(),
+      must_run("atoll-eval", {source_path(config).string(), "--set", "precision=fp32", "--set", "model.rms_norm_eps=0.01",
+                              "--checkpoint", checkpoint.string(), "--tokens", (tmp.path / "rows.safetensors").string(),
                               "--dump-logits", (tmp.path / out).string()},
                tmp.path);
       return run_shell(script + "/reference_logits.py " + shell_quote(moved.string()) + " " +
