@@ -338,12 +338,30 @@ TEST_CASE("apps: each family's fp32 logits equal an independent float64 NumPy re
     return;
   }
   const std::string script = shell_quote(python) + " " + shell_quote(source_path("tests/python").string());
-  for (const char* config : {"configs/beam-tiny.yaml", "configs/flint-tiny.yaml", "configs/inkling2-tiny.yaml"}) {
-    INFO(config);
+  // Each preset, and a variant that turns on what the preset leaves off. Every run has an eps far
+  // from the default: a norm that ignores rms_norm_eps (MODELS.md §10.1.2) shows.
+  struct Variant {
+    const char* config;
+    std::vector<std::string> model;
+  };
+  const std::string eps = "model.rms_norm_eps=0.01";
+  for (const Variant& v : std::vector<Variant>{
+           {"configs/beam-tiny.yaml", {eps}},
+           {"configs/beam-tiny.yaml", {eps, "model.n_shared_experts=1", "model.norm_topk_prob=false"}},
+           {"configs/flint-tiny.yaml", {eps}},
+           {"configs/flint-tiny.yaml", {eps, "model.norm_topk_prob=true"}},
+           {"configs/inkling2-tiny.yaml", {eps}},
+           {"configs/inkling2-tiny.yaml",  // a full layer 0, and every optional attention feature
+            {eps, "model.local_layer_ids=[1, 2]", "model.use_attention_gate=true",
+             "model.use_value_norm_no_gamma=true", "model.log_scaling_n_floor=2"}}}) {
+    const std::string config = v.config;
+    INFO(config << " " << Catch::Detail::stringify(v.model));
     TempDir tmp;
     auto args = train_args(tmp.path / "run", config);
-    // An eps far from the default: a norm that ignores rms_norm_eps (MODELS.md §10.1.2) shows.
-    add_sets(args, {"precision=fp32", "train.steps=30", "checkpoint.every=30", "model.rms_norm_eps=0.01"});
+    add_sets(args, {"precision=fp32", "train.steps=30", "checkpoint.every=30"});
+    std::vector<std::string> model_sets;
+    for (const std::string& s : v.model) model_sets.insert(model_sets.end(), {"--set", s});
+    args.insert(args.end(), model_sets.begin(), model_sets.end());
     must_run("atoll-train", args, tmp.path);
     const fs::path trained = tmp.path / "run" / "checkpoints" / "step-00000030";
     const fs::path hf = tmp.path / "hf", moved = tmp.path / "moved", root = tmp.path / "imported";
@@ -356,10 +374,11 @@ TEST_CASE("apps: each family's fp32 logits equal an independent float64 NumPy re
     must_run("atoll-convert", {"import", moved.string(), root.string()}, tmp.path);
     write_packed_rows(tmp.path / "rows.safetensors");
     auto logits_of = [&](const fs::path& checkpoint, const std::string& out) {
-      must_run("atoll-eval", {source_path(config).string(), "--set", "precision=fp32", "--set", "model.rms_norm_eps=0.01",
-                              "--checkpoint", checkpoint.string(), "--tokens", (tmp.path / "rows.safetensors").string(),
-                              "--dump-logits", (tmp.path / out).string()},
-               tmp.path);
+      std::vector<std::string> eval{source_path(config).string(), "--set", "precision=fp32",
+                                    "--checkpoint", checkpoint.string(), "--tokens",
+                                    (tmp.path / "rows.safetensors").string(), "--dump-logits", (tmp.path / out).string()};
+      eval.insert(eval.end(), model_sets.begin(), model_sets.end());
+      must_run("atoll-eval", eval, tmp.path);
       return run_shell(script + "/reference_logits.py " + shell_quote(moved.string()) + " " +
                            shell_quote((tmp.path / "rows.safetensors").string()) + " " +
                            shell_quote((tmp.path / out).string()),
