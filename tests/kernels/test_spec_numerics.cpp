@@ -380,7 +380,8 @@ TEST_CASE("spec numerics: expert combine sums in fp32 in ascending expert id and
     CHECK(sum.data<float>()[2] == shared[2]);  // the invalid token gets the shared expert's output
     CHECK(sum.data<float>()[3] == shared[3]);
     // bf16: 1 + (2^-8 + 2^-20) is above the bf16 tie at 1 + 2^-8, so one rounding of the fp32 sum
-    // gives 1 + 2^-7; rounding the shared output first (2^-8) would land on the tie and give 1.
+    // gives 1 + 2^-7; rounding the addend first (2^-8) would land on the tie and give 1. (In the
+    // model the shared output is a bulk linear output, already bf16: this checks the add itself.)
     const float s = 1.0f / 256.0f + 1.0f / 1048576.0f;
     const Tensor lo = scaled_add(Tensor::from_floats({1}, std::vector<float>{1.0f}), 1.0f,
                                  Tensor::from_floats({1}, std::vector<float>{s}), 1.0f, Precision::bf16);
