@@ -349,22 +349,14 @@ RunConfig read_run_config(const YAML::Node& root, const std::string& source_name
 RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& sets) {
   check_config_text(yaml_text, source_name);
-  std::vector<YAML::Node> documents;
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(yaml_text);
+    root = YAML::Load(yaml_text);  // (not LoadAll: yaml-cpp 0.7's loops forever on input such as ",mm")
   } catch (const YAML::ParserException& e) {
     throw ConfigError(source_name, "",
                       fmt::format("line {}, column {}: YAML syntax error: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
   }
-  // A second document ('---') would be ignored silently: what it sets would not take effect.
-  for (std::size_t i = 1; i < documents.size(); ++i) {
-    if (documents[i].IsNull()) continue;  // a trailing '---' holds nothing
-    throw ConfigError(source_name, "",
-                      fmt::format("line {}: a second YAML document (after '---'); expected one document: a config is "
-                                  "one mapping of keys",
-                                  documents[i].Mark().line + 1));
-  }
-  YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
+  check_single_document(yaml_text, source_name);
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   check_no_duplicate_keys(root, source_name);
   if (!root.IsMap()) {

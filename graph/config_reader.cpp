@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -229,6 +230,33 @@ void check_config_text(const std::string& text, const std::string& file) {
       throw ConfigError(file, "", fmt::format("line {}: nested more than {} levels deep; a config is a few levels of "
                                               "mappings",
                                               line, kMaxConfigDepth));
+    }
+  }
+}
+
+void check_single_document(const std::string& text, const std::string& file) {
+  int documents = 0;  // documents with content so far
+  bool open = false;  // the current document has content
+  std::size_t line_number = 0;
+  for (std::size_t begin = 0; begin <= text.size(); ++line_number) {
+    const std::size_t end = std::min(text.find('\n', begin), text.size());
+    std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    // A document marker: '---' (starts one) or '...' (ends one) at column 0, alone or before a space.
+    const bool start = line.starts_with("---"), stop = line.starts_with("...");
+    if ((start || stop) && (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r')) {
+      open = false;
+      line.remove_prefix(3);
+    } else if (line.starts_with("%")) {
+      continue;  // a directive
+    }
+    const std::size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string_view::npos || line[first] == '#' || open) continue;
+    open = true;
+    if (++documents == 2) {
+      throw ConfigError(file, "", fmt::format("line {}: a second YAML document (after '---' or '...'); expected one "
+                                              "document: a config is one mapping of keys",
+                                              line_number + 1));
     }
   }
 }

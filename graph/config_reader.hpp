@@ -102,6 +102,9 @@ inline constexpr int kMaxConfigDepth = 64;
 // Before parsing: throws ConfigError for a binary file (NUL or control bytes) or nesting deeper than
 // kMaxConfigDepth, naming the line, never echoing the input.
 void check_config_text(const std::string& text, const std::string& file);
+// A second YAML document (content after a '---' or '...' line) is a ConfigError naming its line:
+// the parser reads the first document only, so what the second sets would be ignored silently.
+void check_single_document(const std::string& text, const std::string& file);
 // After parsing: a key that appears twice in one mapping is a ConfigError naming it and its line
 // (YAML parsers keep the first silently).
 void check_no_duplicate_keys(const YAML::Node& root, const std::string& file);

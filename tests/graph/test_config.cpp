@@ -280,7 +280,15 @@ TEST_CASE("config: missing files and YAML syntax errors name the file (and the l
   std::string message = config_error(broken);
   CHECK_THAT(message, Catch::Contains(broken) && Catch::Contains("YAML syntax error") && Catch::Contains("line "));
   std::string two = dir.write("two.yaml", std::string(kMinimal) + "---\ntrain: {steps: 5}\n");
-  CHECK_THAT(config_error(two), Catch::Contains(two) && Catch::Contains("a second YAML document (after '---')"));
+  CHECK_THAT(config_error(two), Catch::Contains(two + ": line 12: a second YAML document (after '---' or '...')"));
+  std::string ended = dir.write("ended.yaml", std::string(kMinimal) + "...\ntrain: {steps: 5}\n");
+  CHECK_THAT(config_error(ended), Catch::Contains("line 12: a second YAML document"));
+  std::string inline_second = dir.write("inline.yaml", std::string(kMinimal) + "--- {train: {steps: 5}}\n");
+  CHECK_THAT(config_error(inline_second), Catch::Contains("line 11: a second YAML document"));
+  // A marker before the content, comments after the end, and '---' inside a value are one document.
+  CHECK_NOTHROW(load_run_config(dir.write("leading.yaml", "%YAML 1.2\n--- # config\n" + std::string(kMinimal))));
+  CHECK_NOTHROW(load_run_config(dir.write("comments.yaml", std::string(kMinimal) + "...\n# the end\n---\n")));
+  CHECK_NOTHROW(load_run_config(dir.write("dashes.yaml", std::string(kMinimal) + "data: {source: 'text:a---b'}\n")));
   CHECK_NOTHROW(load_run_config(dir.write("trailing.yaml", std::string(kMinimal) + "---\n")));
   std::string list = dir.write("list.yaml", "- a\n- b\n");
   CHECK_THAT(config_error(list), Catch::Contains(list) && Catch::Contains("top level"));
