@@ -1,0 +1,347 @@
+// MODELS.md §10.1.12 (binding): in precision bf16 every emulation point holds bf16 values
+// (round_to_bf16(x) == x for each element, kernels/dtype.hpp), and the quantities that stay fp32
+// (AttnRes weights, router logits and scores, softmaxes, softcap, unrounded logits) are not
+// rounded. The same pieces in precision fp32 show that the bf16 run's values are the precision's
+// doing, not the data's: there the emulation points are not bf16 values either.
+//
+// What a test can reach: Inkling2LayerCache, BeamBlockCache and FlintBlockCache are defined in
+// their model.cpp, so the attention internals (qkvr blocks, conv taps, K/V convs, clips and their
+// norms, value norm, profiles and sinks, attention probabilities, the attention output and the
+// gate, wo_ud) and the AttnRes mix outputs are out of reach. Inkling2 is checked through its pieces
+// (embed_forward, layer_forward and the mix weights it caches, attention_mix_forward,
+// attention_core_forward, mlp_input_forward, the MoE steps with the model's moe_spec(),
+// mlp_output_forward, head_forward, the loss op); Beam and Flint through the pieces that do not
+// need a block cache (embedding, MoE and dense MLP with the model's spec, head, loss).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/config.hpp"
+#include "graph/models/beam/model.hpp"
+#include "graph/models/beam/model_config.hpp"
+#include "graph/models/dense_mlp.hpp"
+#include "graph/models/flint/model.hpp"
+#include "graph/models/flint/model_config.hpp"
+#include "graph/models/inkling2/model.hpp"
+#include "graph/models/inkling2/model_config.hpp"
+#include "graph/models/lm_head.hpp"
+#include "graph/models/moe_mlp.hpp"
+#include "graph/param.hpp"
+#include "kernels/dtype.hpp"
+#include "kernels/precision.hpp"
+#include "kernels/rng.hpp"
+#include "tests/graph/beam_test_support.hpp"
+
+using namespace atl;
+
+namespace {
+
+struct Point {
+  std::string name;
+  Tensor t;
+};
+
+// The tensors one forward produced: the §10.1.12 emulation points, and what stays fp32.
+struct Points {
+  std::vector<Point> rounded;
+  std::vector<Point> fp32;
+  void round(const std::string& name, const Tensor& t) { rounded.push_back({name, t}); }
+  void keep(const std::string& name, const Tensor& t) { fp32.push_back({name, t}); }
+};
+
+// Elements of an f32 tensor that bf16 cannot hold. NaN is never a bf16 value (NaN != NaN); with
+// skip_nan it is not counted (an fp32 quantity must show a real unrounded value).
+struct Scan {
+  std::int64_t count = 0;
+  std::int64_t first = -1;
+  float value = 0;
+};
+Scan not_bf16(const Tensor& t, bool skip_nan) {
+  Scan s;
+  const float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    if (skip_nan && std::isnan(p[i])) continue;
+    if (round_to_bf16(p[i]) != p[i]) {
+      if (s.count == 0) {
+        s.first = i;
+        s.value = p[i];
+      }
+      ++s.count;
+    }
+  }
+  return s;
+}
+
+// bf16: every emulation point is all bf16 values. fp32: every emulation point has a value bf16
+// cannot hold. Both: every fp32 quantity has a value bf16 cannot hold.
+void check_points(const Points& pts, Precision prec) {
+  for (const Point& p : pts.rounded) {
+    INFO("precision " << precision_name(prec) << ", emulation point (MODELS.md 10.1.12): " << p.name);
+    if (!p.t.defined()) {
+      FAIL_CHECK("the tensor is undefined");
+      continue;
+    }
+    REQUIRE(p.t.dtype() == DType::f32);
+    CHECK(p.t.numel() > 0);
+    const Scan s = not_bf16(p.t, prec == Precision::fp32);
+    INFO(p.t.describe() << ": " << s.count << " elements are not bf16 values, the first at flat index " << s.first
+                        << " = " << std::setprecision(9) << s.value);
+    if (prec == Precision::bf16) {
+      CHECK(s.count == 0);
+    } else {
+      CHECK(s.count > 0);  // not rounded in fp32: the bf16 run's rounding is the precision's doing
+    }
+  }
+  for (const Point& p : pts.fp32) {
+    INFO("precision " << precision_name(prec) << ", stays fp32 (MODELS.md 10.1.12): " << p.name);
+    if (!p.t.defined()) {
+      FAIL_CHECK("the tensor is undefined");
+      continue;
+    }
+    REQUIRE(p.t.dtype() == DType::f32);
+    const Scan s = not_bf16(p.t, true);
+    INFO(p.t.describe() << ": " << s.count << " of " << p.t.numel() << " elements are not bf16 values");
+    CHECK(s.count > 0);  // a rounding here would make every element a bf16 value
+  }
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  return std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
+}
+
+// Master weights: the init, with every ones/zeros parameter (gammas, clip scales, depth queries,
+// biases, sinks) perturbed so that no value is a bf16 value by construction and the AttnRes mixes
+// are not uniform (zero queries give weights 1/N, which is a bf16 value for N = 2).
+TensorMap master_weights(const std::vector<ParamSpec>& specs, std::uint64_t seed) {
+  TensorMap w = TensorMap::initialized(specs, seed, 0.02f);
+  for (const auto& s : specs) {
+    if (s.init == Init::normal) continue;
+    CounterRng rng(seed + 1, s.name);
+    float* p = w.at(s.name).data<float>();
+    const double scale = s.name.ends_with("query.weight") ? 0.5 : 0.1;
+    for (std::int64_t i = 0; i < s.numel(); ++i) p[i] += static_cast<float>(scale * rng.normal(i));
+  }
+  return w;
+}
+
+// A random activation [rows, cols] as the run holds it (bf16 values in precision bf16).
+Tensor random_activation(std::int64_t rows, std::int64_t cols, std::uint64_t seed, Precision prec) {
+  Tensor t = Tensor::empty({rows, cols});
+  CounterRng rng(seed, "activation");
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = round_activation(prec, static_cast<float>(rng.normal(i)));
+  return t;
+}
+
+// The MoE steps the runtime's ops run (route, dispatch, shared, experts, combine) with a model's
+// spec on the MLP input x of the layer under `prefix`; returns the MoE output.
+Tensor moe_points(const std::string& prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
+                  const MoeMlpSpec& spec, Precision prec, Points& pts) {
+  MoeMlpCache moe;
+  moe_route_forward(prefix, w, x, token_mask, spec, prec, moe);
+  pts.keep(prefix + "mlp.gate router logits", moe.router_logits);
+  pts.keep(prefix + "mlp.gate router scores (over all E)", moe.routing.scores);
+  if (spec.router.router_weights_fp32) {
+    pts.keep(prefix + "routing weights (router_weights_fp32)", moe.routing.weights);
+  } else {
+    pts.round(prefix + "routing weights", moe.routing.weights);
+  }
+  moe_dispatch_forward(moe);
+  if (spec.shared_expert) {
+    moe_shared_forward(prefix, w, prec, moe);
+    pts.round(prefix + "mlp.shared_experts gate_proj output", moe.sg);
+    pts.round(prefix + "mlp.shared_experts up_proj output", moe.su);
+    pts.round(prefix + "mlp.shared_experts SwiGLU activation", moe.sact);
+    pts.round(prefix + "mlp.shared_experts down_proj output", moe.shared_out);
+  }
+  moe_experts_forward(prefix, w, spec, prec, moe);
+  pts.round(prefix + "mlp.experts gate_up output", moe.experts.gate_up_out);
+  pts.round(prefix + "mlp.experts GLU activation", moe.experts.act_out);
+  pts.round(prefix + "mlp.experts down output", moe.experts.down_out);
+  const Tensor m = moe_combine_forward(prefix, w, spec, prec, moe);
+  pts.round(prefix + "combined expert output (MoE output)", m);
+  return m;
+}
+
+// The loss op on the head's logits: the softcapped logits (fp32 cap, mask) and the CE softmax.
+void loss_points(const LmHeadSpec& spec, const Tensor& logits, const Batch& batch, const TokenContext& ctx,
+                 Points& pts) {
+  LmLossCache loss;
+  Tensor capped;
+  lm_loss_forward(spec, logits, batch.targets, ctx, loss, &capped);
+  if (spec.softcap > 0) pts.keep("softcapped logits (loss op)", capped);
+  pts.keep("cross-entropy softmax probabilities (loss op)", loss.loss.probs);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Inkling2
+
+ModelSection section(const std::string& family, const std::string& preset, const std::string& yaml) {
+  ModelSection s;
+  s.family = family;
+  s.preset = preset;
+  s.overrides = YAML::Load(yaml);
+  return s;
+}
+
+// Embedding, every layer and the head of an Inkling2 model on `batch`.
+Points inkling2_points(const Inkling2Model& model, const TensorMap& master, const Batch& batch, Precision prec) {
+  const Inkling2Config& c = model.config();
+  const TensorMap w = compute_weights(model.specs(), master, prec);
+  const TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), prec};
+  const Tensor token_mask = batch.valid.reshape({ctx.tokens()});
+  Points pts;
+  Inkling2ResidualState state = model.embed_forward(w, batch.input_ids, ctx, nullptr);
+  pts.round("embed_norm output (the initial partial)", state.partial);
+  const char* input_names[] = {"attn_norms.0 output (xq)", "attn_norms.1 output (xk)", "attn_norms.2 output (xv)"};
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = Inkling2Model::layer_prefix(l);
+    INFO("layer " << l << (c.is_local(l) ? " (local)" : " (full)"));
+    std::shared_ptr<Inkling2LayerCache> cache;
+    const Inkling2ResidualState out = model.layer_forward(l, w, state, ctx, &cache);
+    REQUIRE(cache);
+    // The AttnRes weights (fp32): undefined for a mix of one source (layer 0's attention mixes).
+    const std::vector<Tensor> attn_mix = Inkling2Model::attn_mix_weights(*cache);
+    for (std::size_t i = 0; i < attn_mix.size(); ++i) {
+      if (attn_mix[i].defined()) pts.keep(p + "attn_query." + std::to_string(i) + " AttnRes weights", attn_mix[i]);
+    }
+    if (l > 0) CHECK(attn_mix.at(0).defined());
+    pts.keep(p + "mlp_query AttnRes weights", Inkling2Model::mlp_mix_weights(*cache));
+
+    // The layer's pieces once more, to see the tensors between them. Inkling2LayerCache is defined
+    // in model.cpp, so layer_forward is the only way to get one: the pieces run on a second cache
+    // of this layer and state. attention_mix_forward returns the normed mixes (appended to the
+    // cache's list, so the last attn_norm_count(l) are this call's).
+    std::shared_ptr<Inkling2LayerCache> scratch;
+    model.layer_forward(l, w, state, ctx, &scratch);
+    REQUIRE(scratch);
+    const std::vector<Tensor> inputs = model.attention_mix_forward(l, w, state, ctx, *scratch);
+    const std::size_t n_in = static_cast<std::size_t>(c.attn_norm_count(l));
+    REQUIRE(inputs.size() >= n_in);
+    for (std::size_t i = 0; i < n_in; ++i) pts.round(p + input_names[i], inputs[inputs.size() - n_in + i]);
+    const Inkling2ResidualState mid = model.attention_core_forward(l, w, state, ctx, *scratch);
+    // At a boundary the partial restarts: the mid partial is attn_sconv's output itself.
+    pts.round(p + (c.is_boundary(l) ? "attn_sconv output (the mid partial, a new block)"
+                                    : "attention residual add (the mid partial)"),
+              mid.partial);
+    const Tensor x = model.mlp_input_forward(l, w, mid, ctx, *scratch);
+    pts.round(p + "mlp_norm output (the MoE input)", x);
+    const Tensor m = moe_points(p, w, x, token_mask, model.moe_spec(), prec, pts);
+    const Inkling2ResidualState piecewise = model.mlp_output_forward(l, w, m, ctx, *scratch);
+    pts.round(p + "MLP residual add (the layer's output partial)", out.partial);
+    // The pieces are the layer.
+    CHECK(bitwise_equal(piecewise.partial, out.partial));
+    CHECK(piecewise.completed.size() == out.completed.size());
+    state = out;
+  }
+  // lm_head is bulk but its logits are never rounded (MODELS.md §10.2.8).
+  const Tensor logits = model.head_forward(w, state, ctx, nullptr);
+  pts.keep("lm_head logits (never rounded, MODELS.md 10.2.8)", logits);
+  loss_points(model.head_spec(), logits, batch, ctx, pts);
+  return pts;
+}
+
+void check_inkling2(const Inkling2Config& config) {
+  const Inkling2Model model(config);
+  const TensorMap master = master_weights(model.specs(), 21);
+  const Batch batch = testing::synthetic_batch(2, 32, 9);  // packed rows: several documents each
+  for (Precision prec : {Precision::bf16, Precision::fp32}) {
+    INFO("precision " << precision_name(prec));
+    const Points pts = inkling2_points(model, master, batch, prec);
+    CHECK(pts.rounded.size() > 10);
+    check_points(pts, prec);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 emulation points of inkling2-tiny hold bf16 values and the fp32 quantities are not rounded",
+          "[inkling2][bf16][precision]") {
+  const Inkling2Config c = inkling2_config_from(section("inkling2", "inkling2-tiny", "{}"), "test_bf16_points.yaml");
+  REQUIRE(c.is_local(0));
+  REQUIRE_FALSE(c.is_local(3));
+  check_inkling2(c);
+}
+
+TEST_CASE("bf16 emulation points of Inkling2 with a full layer 0 and gate and value norm and log scaling",
+          "[inkling2][bf16][precision]") {
+  const Inkling2Config c =
+      inkling2_config_from(section("inkling2", "inkling2-tiny",
+                                   "{local_layer_ids: [1, 2], use_attention_gate: true, use_value_norm_no_gamma: true, "
+                                   "log_scaling_n_floor: 4}"),
+                           "test_bf16_points.yaml");
+  REQUIRE_FALSE(c.is_local(0));
+  REQUIRE(c.use_attention_gate);
+  REQUIRE(c.use_value_norm_no_gamma);
+  REQUIRE(c.log_scaling_n_floor > 0);
+  check_inkling2(c);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Beam and Flint: their block caches are private to model.cpp, so the embedding, an MoE layer with
+// the model's spec (with a shared expert), the head and the loss op; `extra` adds family points.
+
+namespace {
+
+template <class Model, class Extra>
+void check_outside_block_points(const Model& model, int moe_layer, std::uint32_t seed, bool head_rounded,
+                                const Extra& extra) {
+  const auto& c = model.config();
+  REQUIRE(c.is_sparse(moe_layer));
+  REQUIRE(model.moe_spec().shared_expert);
+  const TensorMap master = master_weights(model.specs(), seed);
+  const Batch batch = testing::synthetic_batch(2, 32, seed);
+  for (Precision prec : {Precision::bf16, Precision::fp32}) {
+    INFO("precision " << precision_name(prec));
+    const TensorMap w = compute_weights(model.specs(), master, prec);
+    const TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), prec};
+    const Tensor token_mask = batch.valid.reshape({ctx.tokens()});
+    Points pts;
+    pts.round("embedding lookup", model.embed_forward(w, batch.input_ids, ctx, nullptr));
+    const Tensor x = random_activation(ctx.tokens(), c.hidden_size, seed + 10, prec);  // a norm output
+    extra(w, x, prec, pts);
+    moe_points(Model::layer_prefix(moe_layer), w, x, token_mask, model.moe_spec(), prec, pts);
+    std::shared_ptr<LmHeadCache> head;
+    const Tensor hidden = random_activation(ctx.tokens(), c.hidden_size, seed + 11, prec);
+    const Tensor logits = model.head_forward(w, hidden, ctx, &head);
+    REQUIRE(head);
+    pts.round("model.norm output", head->norm.y);
+    if (head_rounded) {
+      pts.round("lm_head logits (bulk head, rounded before the softcap, MODELS.md 10.4.5)", logits);
+    } else {
+      pts.keep("lm_head logits (fp32 island head, MODELS.md 10.3.4)", logits);
+    }
+    loss_points(model.head_spec(), logits, batch, ctx, pts);
+    check_points(pts, prec);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 emulation points of Beam outside the block cache hold bf16 values", "[beam][bf16][precision]") {
+  const BeamModel model(
+      beam_config_from(section("beam", "beam-tiny-moe", "{n_shared_experts: 1}"), "test_bf16_points.yaml"));
+  check_outside_block_points(model, 1, 31, true, [](const TensorMap&, const Tensor&, Precision, Points&) {});
+}
+
+TEST_CASE("bf16 emulation points of Flint outside the block cache hold bf16 values", "[flint][bf16][precision]") {
+  const FlintModel model(flint_config_from(section("flint", "flint-tiny", "{}"), "test_bf16_points.yaml"));
+  REQUIRE_FALSE(model.config().is_sparse(0));
+  // Layer 0's dense MLP too.
+  check_outside_block_points(model, 2, 51, false, [](const TensorMap& w, const Tensor& x, Precision prec, Points& pts) {
+    DenseMlpCache dense;
+    const std::string p0 = FlintModel::layer_prefix(0);
+    const Tensor dense_out = dense_mlp_forward(p0, w, x, prec, dense);
+    pts.round(p0 + "mlp.gate_proj output", dense.g);
+    pts.round(p0 + "mlp.up_proj output", dense.u);
+    pts.round(p0 + "mlp SwiGLU activation", dense.act);
+    pts.round(p0 + "mlp.down_proj output", dense_out);
+  });
+}
