@@ -89,27 +89,32 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
 std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunConfig& config,
                                 const std::filesystem::path& checkpoint_root) {
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
-  SafetensorsContents files = read_model_files(hf_dir);
-  // Masters are fp32: every tensor widens before the adapter rearranges it (a file may mix F32 and
-  // BF16, even among one layer's experts). Other dtypes and non-finite values are refused here,
-  // named by the HF folder and tensor (the save would refuse the values too, naming its output).
-  TensorMap widened;
-  for (const auto& name : files.tensors.names()) {
-    const Tensor& t = files.tensors.at(name);
-    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' is {}; weights must be F32 or BF16", hf_dir.string(), name,
-                                        t.describe()));
+  // The file's tensors and their fp32 copies are gone once the native masters exist (a lambda's
+  // locals): the save that follows holds the masters and both moments, not three more copies.
+  TensorMap native = [&] {
+    SafetensorsContents files = read_model_files(hf_dir);
+    // Masters are fp32: every tensor widens before the adapter rearranges it (a file may mix F32
+    // and BF16, even among one layer's experts). Other dtypes and non-finite values are refused
+    // here, named by the HF folder and tensor (the save would refuse the values too, naming its
+    // output).
+    TensorMap widened;
+    for (const auto& name : files.tensors.names()) {
+      const Tensor& t = files.tensors.at(name);
+      if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
+        throw CheckpointError(fmt::format("{}: tensor '{}' is {}; weights must be F32 or BF16", hf_dir.string(), name,
+                                          t.describe()));
+      }
+      check_tensor_values(hf_dir, "tensor '" + name + "'", t, false, kNeverSavedHint);
+      widened.insert(name, t.dtype() == DType::f32 ? t : t.to(DType::f32));
     }
-    check_tensor_values(hf_dir, "tensor '" + name + "'", t, false, kNeverSavedHint);
-    widened.insert(name, t.dtype() == DType::f32 ? t : t.to(DType::f32));
-  }
-  TensorMap native;
-  try {
-    native = model->from_hf(widened);
-  } catch (const std::logic_error& e) {  // invalid_argument and out_of_range: a tensor missing or misshapen
-    throw CheckpointError(hf_dir.string() + ": the tensors do not fit the model its config.json describes: " +
-                          e.what());
-  }
+    files = SafetensorsContents{};  // the bf16 originals, widened above: not needed by the adapter
+    try {
+      return model->from_hf(widened);
+    } catch (const std::logic_error& e) {  // invalid_argument and out_of_range: a tensor missing or misshapen
+      throw CheckpointError(hf_dir.string() + ": the tensors do not fit the model its config.json describes: " +
+                            e.what());
+    }
+  }();
   CheckpointContents contents;
   contents.step = 0;
   for (const auto& s : model->specs()) contents.model.insert(s.name, native.at(s.name));
