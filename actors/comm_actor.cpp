@@ -58,38 +58,39 @@ void issue_ready(comm_pointer self) {
   }
 }
 
+// The stream cannot go on: every request this actor holds gets `error` rather than no answer, and
+// the actor ends (a gap no later number can pass: a request arriving after this would wait
+// forever); the trainer fails the step with the error.
+void fail_stream(comm_pointer self, const std::string& reason) {
+  const caf::error error = caf::make_error(caf::sec::runtime_error, reason);
+  for (auto& [seq, pending] : self->state.pending) pending.deliver(error);
+  self->state.pending.clear();
+  self->state.waiting.clear();
+  self->quit(error);
+}
+
 comm_actor::behavior_type comm_behavior(comm_pointer self, std::map<std::string, std::shared_ptr<Communicator>> groups) {
   exit_with_exception_message(self);
   self->state.groups = std::move(groups);
   return {
       [=](collect_atom, CollectiveRequest req) -> caf::result<done_atom> {
-        auto rp = self->make_response_promise<done_atom>();
         auto& st = self->state;
         // A number already issued or held is a numbering bug; kept quiet, its request would never
         // be issued nor answered.
-        const bool repeated = req.seq < st.next_seq || st.pending.count(req.seq) > 0;
-        if (!repeated) {
-          st.pending.emplace(req.seq, rp);
-          st.waiting.emplace(req.seq, std::move(req));
+        if (req.seq < st.next_seq || st.pending.count(req.seq) > 0) {
+          const std::string reason = "comm actor: collective #" + std::to_string(req.seq) + " (" + req.tag +
+                                     ") was asked for twice (this rank's stream is at #" +
+                                     std::to_string(st.next_seq) + ")";
+          fail_stream(self, reason);
+          return caf::make_error(caf::sec::runtime_error, reason);
         }
+        auto rp = self->make_response_promise<done_atom>();
+        st.pending.emplace(req.seq, rp);
+        st.waiting.emplace(req.seq, std::move(req));
         try {
-          if (repeated) {
-            throw std::logic_error("comm actor: collective #" + std::to_string(req.seq) + " (" + req.tag +
-                                   ") was asked for twice (this rank's stream is at #" +
-                                   std::to_string(st.next_seq) + ")");
-          }
           issue_ready(self);
-        } catch (const std::exception& e) {
-          // A collective the backend refuses (a mismatch between ranks is a bug) fails every
-          // request this actor holds rather than leaving them unanswered, and ends the actor: the
-          // stream has a gap no later number can pass (a request arriving after this would wait
-          // forever), and the trainer fails the step with this error.
-          const caf::error error = caf::make_error(caf::sec::runtime_error, e.what());
-          if (repeated) rp.deliver(error);
-          for (auto& [seq, pending] : self->state.pending) pending.deliver(error);
-          self->state.pending.clear();
-          self->state.waiting.clear();
-          self->quit(error);
+        } catch (const std::exception& e) {  // a collective the backend refuses: a mismatch between ranks
+          fail_stream(self, e.what());
         }
         return rp;
       },
