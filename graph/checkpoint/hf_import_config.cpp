@@ -119,8 +119,9 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
     const json* expected = it != mine.end() ? &*it : nullptr;
     const auto neutral = neutral_values().find(key);
     if (!expected && neutral != neutral_values().end()) expected = &neutral->second;
-    // "64" for 64: the value's form is wrong, not its size (a setting the model writes itself).
-    if (it != mine.end() && !expected->is_null() && value.type_name() != std::string(expected->type_name()) &&
+    // "64" for 64: the value's form is wrong, not its size (a setting the model writes itself;
+    // integers and floats are both numbers).
+    if (it != mine.end() && !expected->is_null() && value.type() != expected->type() &&
         !(value.is_number() && expected->is_number())) {
       throw CheckpointError(fmt::format("{}: {}: expected a JSON {} (the model {} has {}), got {}", file.string(), key,
                                         expected->type_name(), given ? "the run config describes" : "built from it",

@@ -35,6 +35,7 @@ namespace {
 // atoll can train, and far enough below 2^63 that the plan's byte counts cannot overflow.
 constexpr std::int64_t kMaxModelElements = std::int64_t{1} << 40;
 
+// The model, refused when its sizes pass kMaxModelElements.
 std::shared_ptr<const Model> with_sane_size(std::shared_ptr<const Model> model, const std::string& file) {
   std::int64_t total = 0;
   for (const ParamSpec& s : model->specs()) {
@@ -51,16 +52,18 @@ std::shared_ptr<const Model> with_sane_size(std::shared_ptr<const Model> model, 
   return model;
 }
 
+std::shared_ptr<const Model> model_of_family(const ModelSection& section, const std::string& file) {
+  if (section.family == "beam") return std::make_shared<const BeamModel>(beam_config_from(section, file));
+  if (section.family == "flint") return std::make_shared<const FlintModel>(flint_config_from(section, file));
+  if (section.family == "inkling2") return std::make_shared<const Inkling2Model>(inkling2_config_from(section, file));
+  throw ConfigError(file, "model.family",
+                    "'" + section.family + "' is not built yet (this build trains: beam, flint, inkling2)");
+}
+
 }  // namespace
 
 std::shared_ptr<const Model> make_model(const ModelSection& section, const std::string& file) {
-  if (section.family == "beam") return with_sane_size(std::make_shared<const BeamModel>(beam_config_from(section, file)), file);
-  if (section.family == "flint") return with_sane_size(std::make_shared<const FlintModel>(flint_config_from(section, file)), file);
-  if (section.family == "inkling2") {
-    return with_sane_size(std::make_shared<const Inkling2Model>(inkling2_config_from(section, file)), file);
-  }
-  throw ConfigError(file, "model.family",
-                    "'" + section.family + "' is not built yet (this build trains: beam, flint, inkling2)");
+  return with_sane_size(model_of_family(section, file), file);
 }
 
 }  // namespace atl

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <optional>
 #include <ostream>
 #include <vector>
@@ -248,13 +247,21 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
   if (trainer_state.contains("imported_from")) return;
   const nlohmann::json& saved = trainer_state.at("config");
   nlohmann::json now = to_json(config);
-  // `unset(section, key)`: what a side without the key had (the data's: no such key).
-  using Unset = std::function<std::string(const nlohmann::json&, const std::string&)>;
-  auto refuse = [&](const nlohmann::json& a, const nlohmann::json& b, const std::string& key,
-                    const Unset& unset = [](const nlohmann::json&, const std::string&) { return "no such key"; }) {
+  // A model section without a key has its preset's value (effective_model_section leaves it out);
+  // another section simply had no such key.
+  auto unset = [&](const nlohmann::json& side, const std::string& key, bool model) -> std::string {
+    if (!model) return "no such key";
+    const std::string leaf = key.substr(key.rfind('.') + 1), preset_name = side.value("preset", "");
+    const std::optional<nlohmann::json> preset =
+        resolved_model({{"family", side.value("family", "")}, {"preset", preset_name}}, config.source_file);
+    const std::string whose = preset_name.empty() ? "the family's default" : "the preset's";
+    return preset && preset->contains(leaf) ? preset->at(leaf).dump() + " (" + whose + ")" : whose + " value";
+  };
+  auto refuse = [&](const nlohmann::json& a, const nlohmann::json& b, const std::string& key) {
     const ConfigChange c = first_change(a, b, key);
-    const std::string leaf = c.key.substr(c.key.rfind('.') + 1);
-    auto shown = [&](const nlohmann::json* v, const nlohmann::json& side) { return v ? v->dump() : unset(side, leaf); };
+    auto shown = [&](const nlohmann::json* v, const nlohmann::json& side) {
+      return v ? v->dump() : unset(side, c.key, key == "model");
+    };
     throw ConfigError(config.source_file, c.key,
                       "--resume continues the run saved in " + dir.string() + ", which had " + shown(c.was, a) +
                           "; this config has " + shown(c.now, b));
@@ -274,14 +281,7 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
     if (was != model.hf_config()) {  // (also when the saved section names no model: nullopt)
       const nlohmann::json a = effective_model_section(saved_model, config.source_file);
       const nlohmann::json b = effective_model_section(now.at("model"), config.source_file);
-      // A key an effective section leaves out has its preset's value.
-      auto preset_value = [&](const nlohmann::json& section, const std::string& key) {
-        const std::optional<nlohmann::json> preset = resolved_model(
-            {{"family", section.value("family", "")}, {"preset", section.value("preset", "")}}, config.source_file);
-        const std::string whose = section.value("preset", "").empty() ? "the family's default" : "the preset's";
-        return preset && preset->contains(key) ? preset->at(key).dump() + " (" + whose + ")" : whose + " value";
-      };
-      refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model", preset_value);
+      refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model");
     }
   }
   same("train", "seed");
