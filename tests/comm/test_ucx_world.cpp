@@ -472,6 +472,21 @@ TEST_CASE("ucx: a transfer that fails with this process alive runs the on_transf
   CHECK_FALSE(*sent);  // the failed send never completes: only the action ends the wait
 }
 
+TEST_CASE("ucx: an exception on the progress thread is a reported failure, not the end of the process",
+          "[comm][ucx]") {
+  // A send before connect() finds no endpoint (std::out_of_range on the progress thread): the
+  // guard turns it into a failure of the world, whose action runs; the send never completes.
+  UcxWorld world(2, {0, 1});
+  auto fired = std::make_shared<std::promise<void>>();
+  std::future<void> ran = fired->get_future();
+  world.on_transfer_failure(std::chrono::milliseconds(10), [fired] { fired->set_value(); });
+  std::unique_ptr<Communicator> member0 = world.communicator(Group{"pair", {0, 1}}, 0);
+  auto sent = std::make_shared<std::atomic<bool>>(false);
+  member0->send(Tensor::full({4}, 1.0f), 1, "t", [sent] { *sent = true; });
+  REQUIRE(ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready);  // a hang detector
+  CHECK_FALSE(*sent);
+}
+
 TEST_CASE("ucx: all_to_all_v members that disagree about an empty block fail the exchange, never complete it",
           "[comm][ucx]") {
   // Empty blocks travel as empty messages, so the receive's size check sees a disagreement either
