@@ -34,7 +34,7 @@ def beam(k, v, normal, config):
 def flint(k, v, normal, config):
     if k.endswith("sinks") or k.endswith("softmax_offset"):
         return normal(v.shape, 1.5)                           # sinks well away from 0
-    if v.ndim == 1:
+    if "norm" in k:
         return normal(v.shape, 0.3, 1.0)                      # norm gains
     if k.endswith("gate.weight"):
         return v * 10                                         # decisive routing
@@ -67,7 +67,8 @@ def inkling2(k, v, normal, config):
 
 def main(src, dst, seed):
     rng = np.random.default_rng(int(seed))
-    config = json.load(open(os.path.join(src, "config.json")))
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
     rule = {"beam": beam, "flint": flint, "inkling2": inkling2}[config["model_type"]]
     normal = lambda shape, std, mean=0.0: rng.normal(mean, std, shape)
     os.makedirs(dst, exist_ok=True)
