@@ -2,6 +2,9 @@
 // (a numbering bug) is an error for every request it holds, never a request left unanswered.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 

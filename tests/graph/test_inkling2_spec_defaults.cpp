@@ -2,7 +2,6 @@
 // preset and from Inkling2Config: "L2 clip: fp32 over each head vector, then rounded; scales are per
 // channel and shared by heads (`[D]`, `[dr]`); radii `√D`, `√D`, `√dr`; `k_l2_clip` has no scale."
 // (q and k clip to √D, r to √dr; inkling2-tiny has D = 16, dr = 8, §4.)
-#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -14,8 +13,10 @@
 #include "graph/models/inkling2/model.hpp"
 #include "graph/models/model.hpp"
 #include "tests/graph/beam_test_support.hpp"
+#include "tests/graph/checkpoint_test_support.hpp"
 
 using namespace atl;
+using checkpoint_testing::same_bits;
 
 namespace {
 
@@ -55,15 +56,6 @@ Tensor clipped_logits(const Model& model) {
   Tensor logits;
   model.forward(w, testing::synthetic_batch(2, 24, 5), Precision::fp32, &logits);
   return logits;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.numel() != b.numel()) return false;
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
-    if (std::bit_cast<std::uint32_t>(a.data<float>()[i]) != std::bit_cast<std::uint32_t>(b.data<float>()[i]))
-      return false;
-  }
-  return true;
 }
 
 }  // namespace

@@ -82,6 +82,7 @@ struct Case {
   const char* preset;
   const char* extra;          // further model overrides, "key: value, ..." ("" for none)
   std::vector<Kind> must_have;  // kinds the model declares (so no rule is checked vacuously)
+  const char* declares = "";      // a name part the extra overrides add (so an ignored override shows)
 };
 
 // Every tiny preset, plus the optional parameters the presets leave off (Beam's shared expert,
@@ -92,7 +93,8 @@ const std::vector<Case> kCases = {
       Kind::router_bias, Kind::gate_bias}},
     {"beam", "beam-tiny-moe", "n_shared_experts: 1",
      {Kind::embedding, Kind::projection, Kind::router_weight, Kind::experts, Kind::head, Kind::norm_gamma,
-      Kind::router_bias, Kind::gate_bias}},
+      Kind::router_bias, Kind::gate_bias},
+     "mlp.shared_experts."},
     {"beam", "beam-tiny-dense", "",
      {Kind::embedding, Kind::projection, Kind::head, Kind::norm_gamma, Kind::gate_bias}},
     {"flint", "flint-tiny", "",
@@ -106,7 +108,8 @@ const std::vector<Case> kCases = {
       Kind::head, Kind::norm_gamma, Kind::clip_scale, Kind::depth_query, Kind::router_bias}},
     {"inkling2", "inkling2-tiny", "use_attention_gate: true",
      {Kind::embedding, Kind::projection, Kind::relative_table, Kind::conv_taps, Kind::router_weight, Kind::experts,
-      Kind::head, Kind::norm_gamma, Kind::clip_scale, Kind::depth_query, Kind::router_bias}},
+      Kind::head, Kind::norm_gamma, Kind::clip_scale, Kind::depth_query, Kind::router_bias},
+     "self_attn.gate.weight"},
 };
 
 // The model a run config's `model:` section would give; init_std (YAML text) overrides the preset's.
@@ -153,7 +156,9 @@ TEST_CASE("Init: every parameter's spec declares the init MODELS.md 10.1.13 give
     const auto model = build(c);
     families.insert(c.family);
     std::set<Kind> kinds;
+    bool declared = false;
     for (const ParamSpec& s : model->specs()) {
+      declared = declared || s.name.find(c.declares) != std::string::npos;
       const Kind k = kind_of(s.name);
       INFO(s.name << " (" << kind_name(k) << ")");
       CHECK(k != Kind::unknown);
@@ -164,6 +169,8 @@ TEST_CASE("Init: every parameter's spec declares the init MODELS.md 10.1.13 give
       INFO("declares a " << kind_name(k));
       CHECK(kinds.count(k) == 1);
     }
+    INFO("declares " << c.declares);
+    CHECK(declared);
   }
   for (const std::string& family : model_families()) {
     INFO(family);
