@@ -79,16 +79,22 @@ Scan not_bf16(const Tensor& t, bool skip_nan) {
   return s;
 }
 
+// The point's tensor, checked to be a defined f32 tensor (else false, the failure said).
+bool scannable(const Point& p) {
+  if (!p.t.defined()) {
+    FAIL_CHECK("the tensor is undefined");
+    return false;
+  }
+  REQUIRE(p.t.dtype() == DType::f32);
+  return true;
+}
+
 // bf16: every emulation point is all bf16 values. fp32: every emulation point has a value bf16
 // cannot hold. Both: every fp32 quantity has a value bf16 cannot hold.
 void check_points(const Points& pts, Precision prec) {
   for (const Point& p : pts.rounded) {
     INFO("precision " << precision_name(prec) << ", emulation point (MODELS.md 10.1.12): " << p.name);
-    if (!p.t.defined()) {
-      FAIL_CHECK("the tensor is undefined");
-      continue;
-    }
-    REQUIRE(p.t.dtype() == DType::f32);
+    if (!scannable(p)) continue;
     CHECK(p.t.numel() > 0);
     const Scan s = not_bf16(p.t, prec == Precision::fp32);
     INFO(p.t.describe() << ": " << s.count << " elements are not bf16 values, the first at flat index " << s.first
@@ -101,11 +107,7 @@ void check_points(const Points& pts, Precision prec) {
   }
   for (const Point& p : pts.fp32) {
     INFO("precision " << precision_name(prec) << ", stays fp32 (MODELS.md 10.1.12): " << p.name);
-    if (!p.t.defined()) {
-      FAIL_CHECK("the tensor is undefined");
-      continue;
-    }
-    REQUIRE(p.t.dtype() == DType::f32);
+    if (!scannable(p)) continue;
     const Scan s = not_bf16(p.t, true);
     INFO(p.t.describe() << ": " << s.count << " of " << p.t.numel() << " elements are not bf16 values");
     CHECK(s.count > 0);  // a rounding here would make every element a bf16 value

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels/dtype.hpp"
@@ -141,22 +142,30 @@ void set_row(CombineCase& c, bool weight_after_down, std::int64_t t, std::int64_
   c.row[(t * c.experts + e) * c.hidden + 1] = v1 / w;
 }
 
+// A case of T tokens, K slots, E experts and H channels: its slots and validity; weights and rows
+// (all zero) for the caller to fill.
+CombineCase make_case(std::int64_t tokens, std::int64_t top_k, std::int64_t experts, std::int64_t hidden,
+                      std::vector<std::int32_t> indices, std::vector<char> valid) {
+  CombineCase c;
+  c.tokens = tokens;
+  c.top_k = top_k;
+  c.experts = experts;
+  c.hidden = hidden;
+  c.indices = std::move(indices);
+  c.valid = std::move(valid);
+  c.row.assign(static_cast<std::size_t>(tokens * experts * hidden), 0.0f);
+  return c;
+}
+
 constexpr float kBig = 134217728.0f;  // 2^27: its fp32 ulp is 16, so kBig + 1 rounds back to kBig
 
 // fp32. Per token and channel the three contributions are an arrangement of {B, 1, -B}: the fp32
 // sum in ascending expert id is 0 or 1 depending on where the 1 sits, the exact (double) sum is 1.
 // Token 0: slots in descending expert id {3,1,0}; token 1: invalid; token 2: slots {1,3,2}.
 CombineCase order_case(bool weight_after_down) {
-  CombineCase c;
-  c.tokens = 3;
-  c.top_k = 3;
-  c.experts = 4;
-  c.hidden = 2;
-  c.indices = {3, 1, 0, /*token 1*/ 2, 0, 1, /*token 2*/ 1, 3, 2};
+  CombineCase c = make_case(3, 3, 4, 2, {3, 1, 0, /*token 1*/ 2, 0, 1, /*token 2*/ 1, 3, 2}, {1, 0, 1});
   c.weights = weight_after_down ? std::vector<float>{2.0f, 0.5f, 4.0f, 1.0f, 1.0f, 1.0f, 0.25f, 8.0f, 2.0f}
                                 : std::vector<float>{0.3f, 0.3f, 0.4f, 0.3f, 0.3f, 0.4f, 0.3f, 0.3f, 0.4f};
-  c.valid = {1, 0, 1};
-  c.row.assign(static_cast<std::size_t>(c.tokens * c.experts * c.hidden), 0.0f);
   const float B = kBig;
   // token 0, ascending e0,e1,e3 / slot order e3,e1,e0.
   //   ch0 {B, 1, -B}: ascending (B+1)-B = 0, slot (-B+1)+B = 0, double 1.
@@ -182,16 +191,9 @@ CombineCase order_case(bool weight_after_down) {
 //       round(1 + 2^-8) = 1 (tie to even), then 1 again.
 //   ch1 {B, -B, 1}: ascending (B-B)+1 = 1, slot order (1-B)+B = 0.
 CombineCase rounding_case(bool weight_after_down) {
-  CombineCase c;
-  c.tokens = 2;
-  c.top_k = 3;
-  c.experts = 3;
-  c.hidden = 2;
-  c.indices = {2, 1, 0, /*token 1*/ 0, 1, 2};
+  CombineCase c = make_case(2, 3, 3, 2, {2, 1, 0, /*token 1*/ 0, 1, 2}, {1, 0});
   c.weights = weight_after_down ? std::vector<float>{0.5f, 2.0f, 4.0f, 1.0f, 1.0f, 1.0f}
                                 : std::vector<float>{0.2f, 0.3f, 0.5f, 0.2f, 0.3f, 0.5f};
-  c.valid = {1, 0};
-  c.row.assign(static_cast<std::size_t>(c.tokens * c.experts * c.hidden), 0.0f);
   const float tiny = 1.0f / 256.0f;  // 2^-8
   set_row(c, weight_after_down, 0, 0, 1.0f, kBig);
   set_row(c, weight_after_down, 0, 1, tiny, -kBig);
@@ -330,18 +332,11 @@ TEST_CASE("spec numerics: expert combine sums in fp32 in ascending expert id and
     for (std::int64_t e = 0; e < E; ++e) gu.insert(gu.end(), {1.0f, 1.0f, 0.0f, 0.0f});
     const Tensor gate_up = Tensor::from_floats({E, H, 2 * I}, gu);
     const Tensor down = Tensor::from_floats({E, I, H}, std::vector<float>{B, B, 1.0f, -B, -B, 1.0f});
-    CombineCase c;
-    c.tokens = T;
-    c.top_k = K;
-    c.experts = E;
-    c.hidden = H;
-    c.indices = {2, 1, 0, /*invalid*/ 1, 0, 2, /*token 2*/ 0, 2, 1};
+    CombineCase c = make_case(T, K, E, H, {2, 1, 0, /*invalid*/ 1, 0, 2, /*token 2*/ 0, 2, 1}, {1, 0, 1});
     c.weights.assign(static_cast<std::size_t>(T * K), 1.0f);
-    c.valid = {1, 0, 1};
     const ExpertsForward f = experts_forward(x, gate_up, down, indices_tensor(c),
                                              Tensor::from_floats({T, K}, c.weights), mask_tensor(c), cfg);
     // The reference combines the kernel's own expert outputs (down_out, one row per dispatched pair).
-    c.row.assign(static_cast<std::size_t>(T * E * H), 0.0f);
     const std::int64_t* pair_row = f.saved.dispatch.pair_row.data<std::int64_t>();
     const float* down_out = f.saved.experts.down_out.data<float>();
     for (std::int64_t t = 0; t < T; ++t) {
