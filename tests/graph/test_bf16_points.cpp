@@ -4,14 +4,13 @@
 // rounded. The same pieces in precision fp32 show that the bf16 run's values are the precision's
 // doing, not the data's: there the emulation points are not bf16 values either.
 //
-// What a test can reach: Inkling2LayerCache, BeamBlockCache and FlintBlockCache are defined in
-// their model.cpp, so the attention internals (qkvr blocks, conv taps, K/V convs, clips and their
-// norms, value norm, profiles and sinks, attention probabilities, the attention output and the
-// gate, wo_ud) and the AttnRes mix outputs are out of reach. Inkling2 is checked through its pieces
-// (embed_forward, layer_forward and the mix weights it caches, attention_mix_forward,
-// attention_core_forward, mlp_input_forward, the MoE steps with the model's moe_spec(),
-// mlp_output_forward, head_forward, the loss op); Beam and Flint through the pieces that do not
-// need a block cache (embedding, MoE and dense MLP with the model's spec, head, loss).
+// Every piece runs as the runtime runs it, and the points are read from the caches the pieces keep
+// for backward (graph/models/*/block_cache.hpp, inkling2/caches.hpp): Inkling2 through
+// embed_forward, layer_forward (and once more through its pieces, checked bitwise against it),
+// head_forward and the loss op; Beam and Flint through the embedding, every block's sublayers
+// (the MoE steps and the dense MLP with the model's spec), the head and the loss op. What stays
+// out of reach: attention probabilities (the kernels keep only the log-sum-exp, checked fp32) and
+// the convolutions' outputs that are added to a residual at once (the sum is checked).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -22,11 +21,14 @@
 #include <vector>
 
 #include "graph/config.hpp"
+#include "graph/models/beam/block_cache.hpp"
 #include "graph/models/beam/model.hpp"
 #include "graph/models/beam/model_config.hpp"
 #include "graph/models/dense_mlp.hpp"
+#include "graph/models/flint/block_cache.hpp"
 #include "graph/models/flint/model.hpp"
 #include "graph/models/flint/model_config.hpp"
+#include "graph/models/inkling2/caches.hpp"
 #include "graph/models/inkling2/model.hpp"
 #include "graph/models/inkling2/model_config.hpp"
 #include "graph/models/lm_head.hpp"
@@ -129,15 +131,6 @@ TensorMap master_weights(const std::vector<ParamSpec>& specs, std::uint64_t seed
   return w;
 }
 
-// A random activation [rows, cols] as the run holds it (bf16 values in precision bf16).
-Tensor random_activation(std::int64_t rows, std::int64_t cols, std::uint64_t seed, Precision prec) {
-  Tensor t = Tensor::empty({rows, cols});
-  CounterRng rng(seed, "activation");
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = round_activation(prec, static_cast<float>(rng.normal(i)));
-  return t;
-}
-
 // The MoE steps the runtime's ops run (route, dispatch, shared, experts, combine) with a model's
 // spec on the MLP input x of the layer under `prefix`; returns the MoE output.
 Tensor moe_points(const std::string& prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
@@ -168,6 +161,30 @@ Tensor moe_points(const std::string& prefix, const TensorMap& w, const Tensor& x
   return m;
 }
 
+// The dense MLP of the layer under `prefix` on x; returns its output.
+Tensor dense_points(const std::string& prefix, const TensorMap& w, const Tensor& x, Precision prec, Points& pts) {
+  DenseMlpCache dense;
+  const Tensor out = dense_mlp_forward(prefix, w, x, prec, dense);
+  pts.round(prefix + "mlp.gate_proj output", dense.g);
+  pts.round(prefix + "mlp.up_proj output", dense.u);
+  pts.round(prefix + "mlp SwiGLU activation", dense.act);
+  pts.round(prefix + "mlp.down_proj output", out);
+  return out;
+}
+
+// The GQA attention of Beam and Flint (graph/models/gqa_attention.cpp) from its cache.
+void gqa_points(const std::string& prefix, const GqaAttentionCache& a, Points& pts) {
+  pts.round(prefix + "self_attn.q_proj output", a.q_lin);
+  pts.round(prefix + "self_attn.k_proj output", a.k_lin);
+  pts.round(prefix + "self_attn.v_proj output", a.v);
+  pts.round(prefix + "self_attn.q_norm output", a.q_norm.y);
+  pts.round(prefix + "self_attn.k_norm output", a.k_norm.y);
+  pts.round(prefix + "q the attention reads (after RoPE or SSMax)", a.q_att);
+  pts.round(prefix + "k the attention reads (after RoPE)", a.k_att);
+  pts.keep(prefix + "attention log-sum-exp (the softmax's normaliser)", a.attention.lse);
+  pts.round(prefix + "attention output (before the output projection)", a.out);
+}
+
 // The loss op on the head's logits: the softcapped logits (fp32 cap, mask) and the CE softmax.
 void loss_points(const LmHeadSpec& spec, const Tensor& logits, const Batch& batch, const TokenContext& ctx,
                  Points& pts) {
@@ -187,6 +204,43 @@ ModelSection section(const std::string& family, const std::string& preset, const
   s.preset = preset;
   s.overrides = YAML::Load(yaml);
   return s;
+}
+
+// One layer's AttnRes mixes and attention (MODELS.md §10.2.1 order) from its cache.
+void inkling2_attention_points(const std::string& p, const Inkling2LayerCache& k, bool full, Points& pts) {
+  for (std::size_t i = 0; i < k.attn_mix.size(); ++i) {
+    pts.round(p + "attention AttnRes mix " + std::to_string(i) + " output", k.attn_mix[i].out);
+  }
+  pts.round(p + "MLP AttnRes mix output", k.mlp_mix.out);
+  const Inkling2AttnCache& a = k.attn;
+  pts.round(p + "qkvr q block", a.q_lin);
+  pts.round(p + "qkvr k block", a.k_lin);
+  pts.round(p + "qkvr v block", a.v_lin);
+  pts.round(p + "qkvr r block", a.r_lin);
+  if (full) {
+    pts.round(p + "dynamic k conv taps (a bulk linear output)", a.k_taps);
+    pts.round(p + "dynamic v conv taps (a bulk linear output)", a.v_taps);
+  }
+  pts.round(p + "k short conv output", a.k_conv);
+  pts.round(p + "v short conv output", a.v_conv);
+  pts.round(p + "q L2 clip output", a.q_clip.y);
+  pts.round(p + "k L2 clip output", a.k_clip.y);
+  pts.round(p + "r L2 clip output", a.r_clip.y);
+  pts.keep(p + "q L2 clip norms", a.q_clip.norms);
+  pts.keep(p + "k L2 clip norms", a.k_clip.norms);
+  pts.keep(p + "r L2 clip norms", a.r_clip.norms);
+  if (a.v_norm.y.defined()) pts.round(p + "value norm output", a.v_norm.y);
+  pts.round(p + "relative profiles and sink logit (r @ relative_table)", a.rel);
+  pts.round(p + "relative profiles the attention reads", a.profiles);
+  pts.round(p + "sink logits the attention reads", a.sinks);
+  pts.round(p + "q the attention reads", a.q_att);
+  pts.keep(p + "attention log-sum-exp (with the sink)", a.attn.lse);
+  pts.round(p + "attention output", a.o);
+  if (a.gated.defined()) {
+    pts.round(p + "attention gate projection output", a.gate_lin);
+    pts.round(p + "gated attention output (wo_ud input)", a.gated);
+  }
+  pts.round(p + "wo_ud output", a.a_lin);
 }
 
 // Embedding, every layer and the head of an Inkling2 model on `batch`.
@@ -212,14 +266,11 @@ Points inkling2_points(const Inkling2Model& model, const TensorMap& master, cons
     }
     if (l > 0) CHECK(attn_mix.at(0).defined());
     pts.keep(p + "mlp_query AttnRes weights", Inkling2Model::mlp_mix_weights(*cache));
+    inkling2_attention_points(p, *cache, !c.is_local(l), pts);
 
-    // The layer's pieces once more, to see the tensors between them. Inkling2LayerCache is defined
-    // in model.cpp, so layer_forward is the only way to get one: the pieces run on a second cache
-    // of this layer and state. attention_mix_forward returns the normed mixes (appended to the
-    // cache's list, so the last attn_norm_count(l) are this call's).
-    std::shared_ptr<Inkling2LayerCache> scratch;
-    model.layer_forward(l, w, state, ctx, &scratch);
-    REQUIRE(scratch);
+    // The layer's pieces once more, to see the tensors between them, on a fresh cache.
+    // attention_mix_forward returns the normed mixes.
+    const auto scratch = std::make_shared<Inkling2LayerCache>();
     const std::vector<Tensor> inputs = model.attention_mix_forward(l, w, state, ctx, *scratch);
     const std::size_t n_in = static_cast<std::size_t>(c.attn_norm_count(l));
     REQUIRE(inputs.size() >= n_in);
@@ -283,17 +334,14 @@ TEST_CASE("bf16 emulation points of Inkling2 with a full layer 0 and gate and va
 }
 
 // ------------------------------------------------------------------------------------------------
-// Beam and Flint: their block caches are private to model.cpp, so the embedding, an MoE layer with
-// the model's spec (with a shared expert), the head and the loss op; `extra` adds family points.
+// Beam and Flint: the embedding, every block (both sublayers, from the block cache), the head and
+// the loss op; `block_extra` adds the family's own points from the block cache.
 
 namespace {
 
-template <class Model, class Extra>
-void check_outside_block_points(const Model& model, int moe_layer, std::uint32_t seed, bool head_rounded,
-                                const Extra& extra) {
+template <class Model, class BlockExtra>
+void check_model_points(const Model& model, std::uint32_t seed, bool head_rounded, const BlockExtra& block_extra) {
   const auto& c = model.config();
-  REQUIRE(c.is_sparse(moe_layer));
-  REQUIRE(model.moe_spec().shared_expert);
   const TensorMap master = master_weights(model.specs(), seed);
   const Batch batch = testing::synthetic_batch(2, 32, seed);
   for (Precision prec : {Precision::bf16, Precision::fp32}) {
@@ -302,12 +350,25 @@ void check_outside_block_points(const Model& model, int moe_layer, std::uint32_t
     const TokenContext ctx{batch.positions, batch.valid, batch.rows(), batch.seq_len(), prec};
     const Tensor token_mask = batch.valid.reshape({ctx.tokens()});
     Points pts;
-    pts.round("embedding lookup", model.embed_forward(w, batch.input_ids, ctx, nullptr));
-    const Tensor x = random_activation(ctx.tokens(), c.hidden_size, seed + 10, prec);  // a norm output
-    extra(w, x, prec, pts);
-    moe_points(Model::layer_prefix(moe_layer), w, x, token_mask, model.moe_spec(), prec, pts);
+    Tensor hidden = model.embed_forward(w, batch.input_ids, ctx, nullptr);
+    pts.round("embedding lookup", hidden);
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string p = Model::layer_prefix(l);
+      typename Model::BlockCache k;
+      const Tensor h_mid = model.attention_sublayer_forward(l, w, hidden, ctx, k);
+      pts.round(p + "input_layernorm output", k.ln_in.y);
+      gqa_points(p, k.attn, pts);
+      pts.round(p + "self_attn.o_proj output", k.a_lin);
+      pts.round(p + "attention residual add", h_mid);
+      const Tensor x = model.mlp_input_forward(l, w, h_mid, ctx, k);
+      pts.round(p + "MLP input norm output", x);
+      const Tensor m = c.is_sparse(l) ? moe_points(p, w, x, token_mask, model.moe_spec(), prec, pts)
+                                      : dense_points(p, w, x, prec, pts);
+      hidden = model.mlp_output_forward(l, w, m, ctx, k);
+      pts.round(p + "MLP residual add (the block output)", hidden);
+      block_extra(p, k, pts);
+    }
     std::shared_ptr<LmHeadCache> head;
-    const Tensor hidden = random_activation(ctx.tokens(), c.hidden_size, seed + 11, prec);
     const Tensor logits = model.head_forward(w, hidden, ctx, &head);
     REQUIRE(head);
     pts.round("model.norm output", head->norm.y);
@@ -321,25 +382,34 @@ void check_outside_block_points(const Model& model, int moe_layer, std::uint32_t
   }
 }
 
-}  // namespace
-
-TEST_CASE("bf16 emulation points of Beam outside the block cache hold bf16 values", "[beam][bf16][precision]") {
-  const BeamModel model(
-      beam_config_from(section("beam", "beam-tiny-moe", "{n_shared_experts: 1}"), "test_bf16_points.yaml"));
-  check_outside_block_points(model, 1, 31, true, [](const TensorMap&, const Tensor&, Precision, Points&) {});
+void beam_block_points(const std::string& p, const BeamBlockCache& k, Points& pts) {
+  pts.round(p + "self_attn.output_gate_proj output", k.gate_lin);
+  pts.round(p + "gated attention output (o_proj input)", k.gated);
+  pts.round(p + "post_attention_layernorm output", k.ln_post_attn.y);
+  pts.round(p + "post_feedforward_layernorm output", k.ln_post_ff.y);
 }
 
-TEST_CASE("bf16 emulation points of Flint outside the block cache hold bf16 values", "[flint][bf16][precision]") {
-  const FlintModel model(flint_config_from(section("flint", "flint-tiny", "{}"), "test_bf16_points.yaml"));
+}  // namespace
+
+TEST_CASE("bf16 emulation points of beam-tiny-moe with a shared expert hold bf16 values", "[beam][bf16][precision]") {
+  const BeamModel model(
+      beam_config_from(section("beam", "beam-tiny-moe", "{n_shared_experts: 1}"), "test_bf16_points.yaml"));
+  REQUIRE(model.moe_spec().shared_expert);
+  REQUIRE(model.config().is_sliding(0));
+  REQUIRE_FALSE(model.config().is_sliding(3));  // a full layer: NoPE with SSMax
+  check_model_points(model, 31, true, beam_block_points);
+}
+
+TEST_CASE("bf16 emulation points of beam-tiny-dense hold bf16 values", "[beam][bf16][precision]") {
+  const BeamModel model(beam_config_from(section("beam", "beam-tiny-dense", "{}"), "test_bf16_points.yaml"));
   REQUIRE_FALSE(model.config().is_sparse(0));
-  // Layer 0's dense MLP too.
-  check_outside_block_points(model, 2, 51, false, [](const TensorMap& w, const Tensor& x, Precision prec, Points& pts) {
-    DenseMlpCache dense;
-    const std::string p0 = FlintModel::layer_prefix(0);
-    const Tensor dense_out = dense_mlp_forward(p0, w, x, prec, dense);
-    pts.round(p0 + "mlp.gate_proj output", dense.g);
-    pts.round(p0 + "mlp.up_proj output", dense.u);
-    pts.round(p0 + "mlp SwiGLU activation", dense.act);
-    pts.round(p0 + "mlp.down_proj output", dense_out);
-  });
+  check_model_points(model, 41, true, beam_block_points);
+}
+
+TEST_CASE("bf16 emulation points of flint-tiny hold bf16 values", "[flint][bf16][precision]") {
+  const FlintModel model(flint_config_from(section("flint", "flint-tiny", "{}"), "test_bf16_points.yaml"));
+  REQUIRE_FALSE(model.config().is_sparse(0));  // a dense layer and sparse ones with the shared expert
+  REQUIRE(model.config().is_sparse(2));
+  REQUIRE(model.moe_spec().shared_expert);
+  check_model_points(model, 51, false, [](const std::string&, const FlintBlockCache&, Points&) {});
 }

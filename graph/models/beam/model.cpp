@@ -1,4 +1,5 @@
 #include "graph/models/beam/model.hpp"
+#include "graph/models/beam/block_cache.hpp"
 
 #include <cmath>
 
@@ -19,24 +20,6 @@
 #include "kernels/ops/router.hpp"
 
 namespace atl {
-
-struct BeamBlockCache {
-  Tensor h_in;
-  RmsNormForward ln_in;    // input_layernorm
-  GqaAttentionCache attn;  // q/k/v, norms, RoPE / SSMax, attention; attn.out [T, Hq*D]
-  Tensor gate_lin;         // output_gate_proj(x) [T, Hq*D]
-  Tensor gated;            // after the output gate
-  Tensor a_lin;            // o_proj output
-  RmsNormForward ln_post_attn;
-  Tensor h_mid;
-  RmsNormForward ln_pre_ff;
-  Tensor mlp_in;  // the MLP's input: ln_pre_ff.y
-  DenseMlpCache dense;
-  // sparse MLP: router, routed experts, shared experts
-  MoeMlpCache moe;
-  Tensor m_lin;
-  RmsNormForward ln_post_ff;
-};
 
 namespace {
 

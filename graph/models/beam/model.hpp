@@ -25,7 +25,7 @@
 
 namespace atl {
 
-struct BeamBlockCache;  // activations a block's backward needs (defined in model.cpp)
+struct BeamBlockCache;  // activations a block's backward needs (defined in block_cache.hpp)
 
 class BeamModel : public HiddenStateModel<BeamModel, BeamConfig> {
  public:

@@ -1,4 +1,5 @@
 #include "graph/models/flint/model.hpp"
+#include "graph/models/flint/block_cache.hpp"
 
 #include <cmath>
 
@@ -18,19 +19,6 @@
 #include "kernels/ops/router.hpp"
 
 namespace atl {
-
-struct FlintBlockCache {
-  Tensor h_in;
-  RmsNormForward ln_in;    // input_layernorm
-  GqaAttentionCache attn;  // q/k/v, norms, RoPE, attention with sinks; attn.out [T, Hq*D]
-  Tensor a_lin;            // o_proj output
-  Tensor h_mid;
-  RmsNormForward ln_post;  // post_attention_layernorm
-  Tensor mlp_in;  // the MLP's input: ln_post.y
-  DenseMlpCache dense;
-  // sparse MLP: router, routed experts, shared expert
-  MoeMlpCache moe;
-};
 
 namespace {
 

@@ -27,7 +27,7 @@
 
 namespace atl {
 
-struct FlintBlockCache;  // activations a block's backward needs (defined in model.cpp)
+struct FlintBlockCache;  // activations a block's backward needs (defined in block_cache.hpp)
 
 // fp32 islands: the sink holders `self_attn._fp32_params` (one unit per layer) and `lm_head`,
 // which is also the head unit and takes the island policy (MODELS.md §2.3, §5.3).

@@ -44,7 +44,7 @@ struct Inkling2StateGrad {
   Tensor partial;
 };
 
-struct Inkling2EmbedCache;  // activations each piece's backward needs (defined in model.cpp)
+struct Inkling2EmbedCache;  // activations each piece's backward needs (defined in caches.hpp)
 struct Inkling2LayerCache;
 struct Inkling2HeadCache;
 
