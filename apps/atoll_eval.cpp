@@ -23,14 +23,17 @@
 
 namespace {
 
-// The logits must not replace an input: the --tokens file, or any file of the checkpoint (its
-// model file replaced, every later load would fail).
+// The logits must not replace an input: the config, the --tokens file, or any file of the
+// checkpoint (its model file replaced, every later load would fail).
 void check_dump_replaces_no_input(const std::string& dump, const std::string& tokens, const std::string& checkpoint,
                                   const std::string& config_file) {
   namespace fs = std::filesystem;
   const fs::path out = fs::weakly_canonical(dump), ck = fs::weakly_canonical(checkpoint);
   if (out == fs::weakly_canonical(tokens)) {
     throw atl::ConfigError(config_file, "--dump-logits", "'" + dump + "' is the --tokens file; expected another file");
+  }
+  if (out == fs::weakly_canonical(config_file)) {
+    throw atl::ConfigError(config_file, "--dump-logits", "'" + dump + "' is the config file; expected another file");
   }
   const auto [end, at] = std::mismatch(ck.begin(), ck.end(), out.begin(), out.end());
   if (end == ck.end()) {

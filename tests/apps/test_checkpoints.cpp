@@ -434,6 +434,18 @@ TEST_CASE("apps: atoll-eval --dump-logits writes fp32 logits that Python's safet
     }
     CHECK(read_file(step2 / "model.safetensors") == model_file);
     CHECK(read_file(tmp.path / "tokens.safetensors") == tokens_file);
+    {  // the config itself (a copy: a failure must not touch the source tree)
+      const fs::path copy = tmp.path / "config.yaml";
+      fs::copy_file(source_path(config), copy);
+      const std::string text = read_file(copy);
+      const Result r = run_app("atoll-eval", {copy.string(), "--checkpoint", step2.string(), "--tokens",
+                                              (tmp.path / "tokens.safetensors").string(), "--dump-logits", copy.string()},
+                               tmp.path);
+      INFO(r.err);
+      CHECK(r.exit_code == 2);
+      CHECK_THAT(r.err, Catch::Contains("--dump-logits: '" + copy.string() + "' is the config file"));
+      CHECK(read_file(copy) == text);
+    }
     // The usable vocabulary (250) is finite, the padded columns -inf: here, and below in Python.
     const float* z = read_back.at("logits").data<float>();
     for (std::int64_t i = 0; i < 2 * kPackedRowLength * 256; ++i) {
