@@ -59,8 +59,9 @@ class DataSource {
   virtual std::optional<double> entropy_nats_per_token() const { return std::nullopt; }
   // True once a finite source has only padding left.
   virtual bool exhausted() const { return false; }
-  // True once no row can hold a target: only padding is left, or only the last real token (which
-  // the row before scored as its target). A run ends there (data.loop: false).
+  // True once no row can hold a target: only padding is left, or only tokens without a successor
+  // in their document (the last real token, which the row before scored as its target; one-token
+  // documents; blank lines). A run ends there (data.loop: false).
   virtual bool used_up() const { return exhausted(); }
   virtual std::string describe() const = 0;
   // Throws DataError naming the file when the file a source reads was modified in place since it

@@ -136,10 +136,12 @@ TextFileSource::TextFileSource(const std::string& path, std::int64_t usable_voca
   if (first_token_ == file_.size()) {
     throw DataError(fmt::format("{}: no text (the file is empty or only blank lines)", path));
   }
-  // A target is a token's successor in its document: some document must hold two bytes.
+  // A target is a token's successor in its document: some document must hold two bytes. The last
+  // such byte is where a non-looping file is used up (blank lines or one-byte documents may follow).
   bool scorable = false;
-  for (std::size_t i = first_token_; !scorable && i + 1 < file_.size(); ++i) {
+  for (std::size_t i = file_.size() - 1; !scorable && i-- > first_token_;) {
     scorable = !is_separator(i) && !is_separator(i + 1);
+    if (scorable) last_scorable_ = i;
   }
   if (!scorable) {
     throw DataError(fmt::format("{}: nothing to train on: every document is one byte long, so no token has a "
@@ -258,14 +260,18 @@ TokenFileSource::TokenFileSource(const std::string& path, std::int64_t usable_vo
     throw DataError(fmt::format("{}: data.eos_id: expected an integer in [0, {}) (the usable vocabulary), got {}", path,
                                 usable_vocab, *eos_id_), "data.eos_id");
   }
-  bool scorable = false;  // some token has a successor in its document (a target)
+  bool scorable = false;  // some token has a successor in its document (a target); the last one is
+                          // where a non-looping file is used up (one-token documents may follow)
   for (std::size_t i = 0; i < token_count_; ++i) {
     const std::int64_t t = token(i);
     if (t >= usable_vocab) {
       throw DataError(fmt::format("{}: token index {} (byte offset {}) is {}, which is not below the usable vocabulary size {}",
                                   path, i, i * static_cast<std::size_t>(width_), t, usable_vocab));
     }
-    scorable = scorable || (i + 1 < token_count_ && !(eos_id_ && t == *eos_id_));
+    if (i + 1 < token_count_ && !(eos_id_ && t == *eos_id_)) {
+      scorable = true;
+      last_scorable_ = i;
+    }
   }
   if (!scorable) {
     throw DataError(fmt::format("{}: nothing to train on: {}, so no token has a successor to predict", path,

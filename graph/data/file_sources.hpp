@@ -56,7 +56,7 @@ class TextFileSource : public PackedSource {
   nlohmann::json cursor() const override;
   void restore(const nlohmann::json& cursor) override;
   bool exhausted() const override { return offset_ == file_.size(); }
-  bool used_up() const override { return !loop_ && offset_ + 1 >= file_.size(); }
+  bool used_up() const override { return !loop_ && (exhausted() || offset_ > last_scorable_); }
   std::string describe() const override;
   void check_unchanged() const override { file_.check_unchanged(); }
 
@@ -73,6 +73,7 @@ class TextFileSource : public PackedSource {
   MappedFile file_;
   bool loop_;
   std::size_t first_token_ = 0;  // first byte that is not a separator
+  std::size_t last_scorable_ = 0;  // the last byte whose successor is in its document (a target)
   std::int64_t epoch_ = 0;
   std::size_t offset_ = 0;  // always a token, or file size once exhausted
   std::int64_t position_ = 0;
@@ -94,7 +95,7 @@ class TokenFileSource : public PackedSource {
   nlohmann::json cursor() const override;
   void restore(const nlohmann::json& cursor) override;
   bool exhausted() const override { return index_ == token_count_; }
-  bool used_up() const override { return !loop_ && index_ + 1 >= token_count_; }
+  bool used_up() const override { return !loop_ && (exhausted() || index_ > last_scorable_); }
   std::string describe() const override;
   void check_unchanged() const override { file_.check_unchanged(); }
   std::int64_t width() const { return width_; }
@@ -113,6 +114,7 @@ class TokenFileSource : public PackedSource {
   std::optional<std::int64_t> eos_id_;
   bool loop_;
   std::size_t token_count_ = 0;
+  std::size_t last_scorable_ = 0;  // the last token whose successor is in its document (a target)
   std::int64_t epoch_ = 0;
   std::size_t index_ = 0;  // token_count_ once exhausted
   std::int64_t position_ = 0;

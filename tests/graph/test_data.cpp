@@ -318,6 +318,42 @@ TEST_CASE("token files: memory-mapped uint16 and uint32 with eos documents", "[d
   }
 }
 
+// A non-looping file is used up once no row can hold a target, even when bytes or tokens remain:
+// blank lines after the last document, one-token documents at the end. (The old rule, "the cursor
+// is on the last byte or token", let a run take one more step with nothing to score.)
+TEST_CASE("a non-looping file is used up at its last target, whatever unscorable tail follows", "[data]") {
+  TempDir dir;
+  SECTION("text ending in blank lines") {
+    TextFileSource source(dir.write("blank_tail.txt", "abcde\n\n"), 250, /*loop=*/false);
+    CHECK_FALSE(source.used_up());
+    const Batch first = source.next(1, 2);  // a, b, c: the cursor on c
+    CHECK(first.target_count() == 2);
+    CHECK_FALSE(source.used_up());
+    const Batch second = source.next(1, 2);  // c, d, e: the cursor on e, only blank lines after it
+    CHECK(second.target_count() == 2);
+    CHECK(source.used_up());
+    CHECK_FALSE(source.exhausted());
+    CHECK(source.next(1, 2).target_count() == 0);  // what the old rule let a run train on
+  }
+  SECTION("text ending in one-byte documents") {
+    TextFileSource source(dir.write("short_docs.txt", "abc\n\nx\n\ny"), 250, /*loop=*/false);
+    CHECK(source.next(1, 2).target_count() == 2);  // a, b, c
+    CHECK(source.used_up());
+  }
+  SECTION("tokens ending in an eos and a one-token document") {
+    TokenFileSource source(dir.write("eos_tail.u16", little_endian({1, 2, 3, 0, 7}, 2)), 250, 2, 0, /*loop=*/false);
+    CHECK(source.next(1, 2).target_count() == 2);  // 1, 2, 3: the cursor on 3, whose target is the eos
+    CHECK_FALSE(source.used_up());
+    CHECK(source.next(1, 1).target_count() == 1);  // 3 -> 0: the cursor on the eos
+    CHECK(source.used_up());
+  }
+  SECTION("a looping file is never used up") {
+    TextFileSource source(dir.write("loop_tail.txt", "abcde\n\n"), 250, /*loop=*/true);
+    source.next(1, 4);
+    CHECK_FALSE(source.used_up());
+  }
+}
+
 TEST_CASE("data errors name the file and what is wrong", "[data]") {
   TempDir dir;
   std::string odd = dir.write("odd.u16", std::string("\x01\x00\x02", 3));
