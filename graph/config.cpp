@@ -250,6 +250,10 @@ DataConfig read_data(ConfigReader reader) {
   // Every target predicts the next token of its own document: one-token documents only hold none.
   reader.check(data.synthetic_max_doc >= 2, "synthetic_max_doc",
                "an integer >= 2 (one-token documents hold no target: nothing to train on)");
+  // A document is generated whole (8 bytes a token), and token t of document d draws counter
+  // d * max_doc + t: the bound keeps both sane (2^40 documents before the counter wraps).
+  reader.check(data.synthetic_max_doc <= kMaxSyntheticDoc, "synthetic_max_doc",
+               fmt::format("an integer <= {} (2^24 tokens)", kMaxSyntheticDoc));
   if (auto eos = reader.optional<std::int64_t>("eos_id")) {
     reader.check(*eos >= 0, "eos_id", "a non-negative token id");
     data.eos_id = *eos;

@@ -9,6 +9,9 @@ namespace atl {
 
 enum class DataSourceKind { synthetic, text, tokens };
 
+// The longest synthetic document data.synthetic_max_doc may ask for, in tokens.
+inline constexpr std::int64_t kMaxSyntheticDoc = std::int64_t{1} << 24;
+
 struct DataConfig {
   DataSourceKind kind = DataSourceKind::synthetic;
   std::string path;  // text and tokens sources: the file (relative paths are relative to the working directory)

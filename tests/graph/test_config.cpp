@@ -262,6 +262,8 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
        "topology.job_token_file: a setting of multi-process jobs"},
       {"one_token_documents", std::string(kMinimal) + "data: {synthetic_min_doc: 1, synthetic_max_doc: 1}\n",
        "data.synthetic_max_doc: expected an integer >= 2 (one-token documents hold no target"},
+      {"huge_documents", std::string(kMinimal) + "data: {synthetic_min_doc: 8, synthetic_max_doc: 1000000000000}\n",
+       "data.synthetic_max_doc: expected an integer <= 16777216 (2^24 tokens)"},
       {"peer_errors_with_sim", std::string(kMinimal) + "topology: {ucx_peer_errors: false}\n",
        "topology.ucx_peer_errors: a setting of multi-process jobs"},
   };
