@@ -1,5 +1,6 @@
 #include "graph/data/mapped_file_guard.hpp"
 
+#include <limits.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,7 +16,7 @@ namespace {
 struct Slot {
   std::atomic<const unsigned char*> base{nullptr};
   std::size_t size = 0;
-  char message[640] = {};
+  char message[PATH_MAX + 256] = {};  // the longest path and the text around it
   std::size_t length = 0;
 };
 
@@ -65,6 +66,7 @@ int guard_mapping(const unsigned char* base, std::size_t size, const std::string
                              "restore it and resume (exit 1)\n";
     slot.length = std::min(text.size(), sizeof slot.message);
     std::memcpy(slot.message, text.data(), slot.length);
+    slot.message[slot.length - 1] = '\n';  // a line even if cut
     slot.size = size;
     slot.base.store(base, std::memory_order_release);
     return i;
