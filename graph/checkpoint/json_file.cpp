@@ -21,10 +21,27 @@ std::string read_text_file(const std::filesystem::path& file) {
 nlohmann::json read_json_file(const std::filesystem::path& file) {
   const std::string text = read_text_file(file);
   try {
-    return nlohmann::json::parse(text);
+    return parse_json(text);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(file.string() + ": invalid JSON: " + e.what());
+  } catch (const JsonTooDeep& e) {
+    throw CheckpointError(file.string() + ": invalid JSON: " + e.what());
   }
+}
+
+std::optional<nlohmann::json> json_if_readable(const std::filesystem::path& file) {
+  try {
+    return read_json_file(file);
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+}
+
+nlohmann::json parse_json(std::string_view text, const JsonParseEvent& also) {
+  return nlohmann::json::parse(text, [&also](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth > kMaxJsonDepth) throw JsonTooDeep();
+    return also ? also(depth, event, parsed) : true;
+  });
 }
 
 }  // namespace atl

@@ -2,7 +2,11 @@
 // messages that name the file ("<file>: missing", "<file>: invalid JSON: ...").
 #pragma once
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -10,5 +14,22 @@ namespace atl {
 
 std::string read_text_file(const std::filesystem::path& file);
 nlohmann::json read_json_file(const std::filesystem::path& file);
+// The file's JSON, or nullopt when it is missing, unreadable, malformed or nested too deep.
+std::optional<nlohmann::json> json_if_readable(const std::filesystem::path& file);
+
+// JSON input nests at most this deep. nlohmann parses and frees any depth without recursion, but
+// dump(), comparisons and conversions recurse once per level: a 400 KB file nested 200,000 deep
+// overflowed the stack when an error message quoted it.
+inline constexpr int kMaxJsonDepth = 100;
+
+struct JsonTooDeep : std::runtime_error {
+  JsonTooDeep() : std::runtime_error("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels") {}
+};
+
+// nlohmann::json::parse(text) that throws JsonTooDeep past kMaxJsonDepth; `also` (optional) sees
+// every parse event as a parser callback would (its result decides whether the value is kept).
+// Malformed text throws nlohmann's parse_error, as parse does.
+using JsonParseEvent = std::function<bool(int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed)>;
+nlohmann::json parse_json(std::string_view text, const JsonParseEvent& also = {});
 
 }  // namespace atl

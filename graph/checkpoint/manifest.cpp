@@ -58,8 +58,8 @@ bool verify_manifest(const fs::path& dir, const std::string& marker) {
   if (is_step_number(text)) return false;  // saved before manifests existed
   json manifest;
   try {
-    manifest = json::parse(text);
-  } catch (const json::exception&) {
+    manifest = parse_json(text);
+  } catch (const std::exception&) {  // malformed or nested too deep
     fail(marker_file, "not a checkpoint manifest (expected the JSON object a save writes last)");
   }
   const bool format_ok = manifest.is_object() && manifest.contains("format") && manifest.at("format").is_string() &&

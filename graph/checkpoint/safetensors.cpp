@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/json_file.hpp"
 
 namespace atl {
 
@@ -209,8 +210,10 @@ json parse_header(const fs::path& file, const std::string& text) {
   };
   json header;
   try {
-    header = json::parse(text, on_event);
+    header = parse_json(text, on_event);
   } catch (const json::exception& e) {
+    fail(file, fmt::format("invalid JSON header: {}", e.what()));
+  } catch (const JsonTooDeep& e) {
     fail(file, fmt::format("invalid JSON header: {}", e.what()));
   }
   if (!header.is_object()) fail(file, fmt::format("header is not a JSON object (it is {})", header.type_name()));
@@ -448,8 +451,10 @@ SafetensorsContents read_model_files(const fs::path& dir) {
 
   json index;
   try {
-    index = json::parse(read_whole_file(index_path));
+    index = parse_json(read_whole_file(index_path));
   } catch (const json::exception& e) {
+    fail(index_path, fmt::format("invalid JSON: {}", e.what()));
+  } catch (const JsonTooDeep& e) {
     fail(index_path, fmt::format("invalid JSON: {}", e.what()));
   }
   if (!index.is_object()) fail(index_path, "not a JSON object");

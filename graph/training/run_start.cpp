@@ -16,6 +16,7 @@
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/durable_file.hpp"
+#include "graph/checkpoint/json_file.hpp"
 #include "graph/checkpoint/model_weights.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/data/file_sources.hpp"
@@ -37,10 +38,8 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
 
 // The run recorded in run_dir (run.json), if it can be read as one.
 std::optional<nlohmann::json> recorded_run(const RunConfig& config) {
-  std::ifstream in(fs::path(config.run_dir) / "run.json");
-  if (!in) return std::nullopt;
-  nlohmann::json run = nlohmann::json::parse(in, nullptr, false);
-  if (run.is_discarded() || !run.is_object() || !run.contains("config")) return std::nullopt;
+  const std::optional<nlohmann::json> run = json_if_readable(fs::path(config.run_dir) / "run.json");
+  if (!run || !run->is_object() || !run->contains("config")) return std::nullopt;
   return run;
 }
 
@@ -110,9 +109,8 @@ bool in_checkpoint_dir(const RunConfig& config, const fs::path& dir) {
 // Whether `dir` is an imported checkpoint (atoll-convert import: step 0, no run to continue); an
 // unreadable state is left for the load to report.
 bool is_import(const fs::path& dir) {
-  std::ifstream in(dir / "trainer_state.json");
-  const nlohmann::json state = nlohmann::json::parse(in, nullptr, false);
-  return !state.is_discarded() && state.is_object() && state.contains("imported_from");
+  const std::optional<nlohmann::json> state = json_if_readable(dir / "trainer_state.json");
+  return state && state->is_object() && state->contains("imported_from");
 }
 
 // The writer's outputs can be made: usable paths, and, for a fresh start (or one from an import),

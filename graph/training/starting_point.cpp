@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "graph/checkpoint/json_file.hpp"
+
 namespace atl {
 
 namespace {
@@ -69,8 +71,13 @@ json header_of(std::span<const std::byte> bytes) {
   std::memcpy(&length, bytes.data(), 8);
   if (length != bytes.size() - 8) throw malformed("header length " + std::to_string(length) + ", " +
                                                   std::to_string(bytes.size() - 8) + " bytes follow");
-  json header = json::parse(std::string(reinterpret_cast<const char*>(bytes.data()) + 8, length), nullptr, false);
-  if (header.is_discarded() || !header.is_object()) throw malformed("header is not a JSON object");
+  json header;
+  try {
+    header = parse_json(std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, length));
+  } catch (const std::exception&) {  // malformed or nested too deep
+    throw malformed("header is not a JSON object");
+  }
+  if (!header.is_object()) throw malformed("header is not a JSON object");
   return header;
 }
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/json_file.hpp"
 #include "graph/checkpoint/durable_file.hpp"
 #include "graph/checkpoint/manifest.hpp"
 #include "graph/checkpoint/safetensors.hpp"
@@ -282,6 +283,19 @@ void reseal(const fs::path& dir) {
   write_bytes(dir / "COMPLETE", make_manifest(dir, 7, "COMPLETE").dump());
 }
 
+TEST_CASE("parse_json: nesting up to kMaxJsonDepth parses, one level more is refused", "[checkpoint]") {
+  const auto nested = [](int levels) { return std::string(levels, '[') + std::string(levels, ']'); };
+  CHECK(parse_json(nested(kMaxJsonDepth + 1)).is_array());  // depth counts from 0 at the top
+  CHECK_THROWS_AS(parse_json(nested(kMaxJsonDepth + 2)), JsonTooDeep);
+  CHECK_THROWS_AS(parse_json("{\"a\": [1,"), nlohmann::json::parse_error);
+  int keys = 0;  // the extra callback sees the events
+  parse_json(R"({"a": 1, "b": {"c": 2}})", [&](int, nlohmann::json::parse_event_t e, nlohmann::json&) {
+    keys += e == nlohmann::json::parse_event_t::key;
+    return true;
+  });
+  CHECK(keys == 3);
+}
+
 TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and fault", "[checkpoint]") {
   TempDir tmp;
   int n = 0;
@@ -342,6 +356,19 @@ TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and 
   write_bytes(bad_state / "trainer_state.json", "{\"step\": 7,");
   reseal(bad_state);  // a consistent manifest: the file itself must be refused
   CHECK_THAT(load_error(bad_state), Contains((bad_state / "trainer_state.json").string()) && Contains("invalid JSON"));
+
+  // JSON nested past 100 levels is refused while parsing (quoting it in a message recursed per level).
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  fs::path deep_state = fresh();
+  write_bytes(deep_state / "trainer_state.json", "{\"step\": 7, \"x\": " + deep + "}");
+  reseal(deep_state);
+  CHECK_THAT(load_error(deep_state),
+             Contains((deep_state / "trainer_state.json").string()) && Contains("nested deeper than 100 levels"));
+  fs::path deep_config = fresh();
+  write_bytes(deep_config / "config.json", "{\"hidden_size\": " + deep + "}");
+  reseal(deep_config);
+  CHECK_THAT(load_error(deep_config),
+             Contains((deep_config / "config.json").string()) && Contains("nested deeper than 100 levels"));
 
   fs::path wrong_step = fresh();
   write_bytes(wrong_step / "trainer_state.json", "{\"step\": 8}");
