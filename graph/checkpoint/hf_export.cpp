@@ -32,13 +32,17 @@ RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
   const std::filesystem::path state = checkpoint_dir / "trainer_state.json";
   const nlohmann::json j = read_json_file(state);
   if (!j.is_object() || !j.contains("config")) throw CheckpointError(state.string() + ": no \"config\" (the run config it was saved with)");
+  if (!j.at("config").is_object()) {
+    throw CheckpointError(state.string() + ": \"config\" must be an object (the run config), got " +
+                          j.at("config").type_name());
+  }
   // JSON is YAML: the saved resolved config parses back through the same validation.
   nlohmann::json config = j.at("config");
   config.erase("source_file");  // where it came from, not a config key
   // A sim run saved by a build that ignored multi-process settings may list them set: they never
   // took effect (the process was the whole job), and a config read back now would refuse them.
   nlohmann::json& topology = config["topology"];
-  if (topology.is_object() && topology.value("backend", "") == "sim") {
+  if (topology.is_object() && topology.contains("backend") && topology.at("backend") == "sim") {
     const nlohmann::json defaults = multi_process_settings({});  // (items() of a temporary would dangle)
     for (const auto& [key, value] : defaults.items()) topology.erase(key);
   }

@@ -39,7 +39,7 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
 // The run recorded in run_dir (run.json), if it can be read as one.
 std::optional<nlohmann::json> recorded_run(const RunConfig& config) {
   const std::optional<nlohmann::json> run = json_if_readable(fs::path(config.run_dir) / "run.json");
-  if (!run || !run->is_object() || !run->contains("config")) return std::nullopt;
+  if (!run || !run->is_object() || !run->contains("config") || !run->at("config").is_object()) return std::nullopt;
   return run;
 }
 
@@ -59,7 +59,7 @@ std::optional<fs::path> recorded_beginning(const RunConfig& config) {
   const std::optional<nlohmann::json> run = recorded_run(config);
   if (!run || run_identity(run->at("config")) != run_identity(to_json(config))) return std::nullopt;
   const fs::path file = fs::path(config.run_dir) / "run.json";
-  if (run->value("finished", false)) {
+  if (run->contains("finished") && run->at("finished") == true) {
     throw RunFinished("nothing to do: " + file.string() + " records this run as finished (train.steps " +
                       std::to_string(config.train.steps) + "), and it saved no checkpoint to continue from");
   }
@@ -239,11 +239,32 @@ nlohmann::json data_as_read(nlohmann::json data, const nlohmann::json& cursor) {
   return data;
 }
 
+// The saved sections the comparison reads by kind: objects, and strings where it needs them (a
+// damaged file would otherwise end in nlohmann's type_error: exit 1, no file or key named).
+void check_saved_kinds(const nlohmann::json& saved, const fs::path& dir) {
+  const std::string file = (dir / "trainer_state.json").string();
+  for (const char* section : {"model", "data"}) {
+    const auto it = saved.find(section);
+    if (it == saved.end()) continue;  // saved_value names a missing one
+    if (!it->is_object()) {
+      throw CheckpointError(fmt::format("{}: \"config\".{} must be an object, got {}", file, section, it->type_name()));
+    }
+    for (const char* key : {"family", "preset", "source"}) {
+      const auto field = it->find(key);
+      if (field != it->end() && !field->is_string()) {
+        throw CheckpointError(
+            fmt::format("{}: \"config\".{}.{} must be a string, got {}", file, section, key, field->type_name()));
+      }
+    }
+  }
+}
+
 // The model is compared as resolved: an override equal to the preset's value changes nothing.
 void check_same_run(const RunConfig& config, const Model& model, const nlohmann::json& trainer_state,
                     const fs::path& dir) {
   if (trainer_state.contains("imported_from")) return;
   const nlohmann::json& saved = trainer_state.at("config");
+  check_saved_kinds(saved, dir);
   nlohmann::json now = to_json(config);
   // A model section without a key has its preset's value (effective_model_section leaves it out);
   // another section simply had no such key.
@@ -270,10 +291,6 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
     if (a != b) refuse(a, b, key ? std::string(section) + "." + key : std::string(section));
   };
   const nlohmann::json& saved_model = saved_value(saved, "model", nullptr, dir);
-  if (!saved_model.is_object()) {
-    throw CheckpointError((dir / "trainer_state.json").string() + ": \"config\".model must be an object (family, "
-                          "preset and model keys), got " + saved_model.dump());
-  }
   if (saved_model != now.at("model")) {
     const std::optional<nlohmann::json> was = resolved_model(saved_model, config.source_file);
     if (was != model.hf_config()) {  // (also when the saved section names no model: nullopt)

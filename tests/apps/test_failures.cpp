@@ -467,6 +467,25 @@ TEST_CASE("failures: checkpoints with NaN weights, negative second moments, no d
   r = resume(with_state("model-list", [](nlohmann::json& s) { s["config"]["model"] = nlohmann::json::array({1}); }));
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Catch::Contains("trainer_state.json: \"config\".model must be an object"));
+  // Saved keys of another kind (they ended in nlohmann's type_error: exit 1, which a launcher restarts).
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> kinds = {
+      {[](nlohmann::json& s) { s["config"]["data"]["source"] = 5; }, "\"config\".data.source must be a string, got number"},
+      {[](nlohmann::json& s) { s["config"]["model"]["family"] = 7; }, "\"config\".model.family must be a string, got number"},
+      {[](nlohmann::json& s) { s["config"]["model"]["preset"] = true; }, "\"config\".model.preset must be a string, got boolean"},
+      {[](nlohmann::json& s) { s["config"]["data"] = 3; }, "\"config\".data must be an object, got number"},
+  };
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    INFO(kinds[i].second);
+    r = resume(with_state(("kind-" + std::to_string(i)).c_str(), kinds[i].first));
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("trainer_state.json: " + kinds[i].second));
+  }
+  {  // atoll-convert export reads the saved config too
+    const fs::path dir = with_state("config-number", [](nlohmann::json& s) { s["config"] = 5; });
+    r = run_app("atoll-convert", {"export", dir.string(), (tmp.path / "hf-number").string()}, tmp.path);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("trainer_state.json: \"config\" must be an object (the run config), got number"));
+  }
   CHECK_FALSE(fs::exists(tmp.path / "resumed" / "metrics.jsonl"));  // no refused resume wrote anything
 
   // A sim run saved by an older build with ucx settings it ignored (now refused with sim): exported.
