@@ -1,5 +1,8 @@
 #include "graph/checkpoint/checkpoint_dir.hpp"
 
+#include <fcntl.h>  // AT_FDCWD
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
+
 #include <algorithm>
 #include <cmath>
 #include <string_view>
@@ -153,15 +156,21 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
     throw;
   }
 
-  // Replacing: the old directory moves aside under a .tmp- name (so it is never taken for a
-  // checkpoint again), the new one takes its name, then the old one goes.
+  // Replacing: the new directory and the old one swap names in one step (the .tmp- name then holds
+  // the old one, never taken for a checkpoint again), so a crash leaves one of them under the
+  // step's name. Where the filesystem cannot swap, the old one moves aside first, then the new
+  // one takes its name: a crash between the two leaves the step's name free.
   std::optional<fs::path> replaced;
   if (fs::exists(fs::symlink_status(final_dir))) {
-    replaced = root / fmt::format("{}replaced-{}-{}", kTemporaryPrefix, name, temporary_tag());
-    fs::remove_all(*replaced);
-    fs::rename(final_dir, *replaced);
+    if (::renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      replaced = temporary;
+    } else {  // (a real fault, not the missing swap, fails the renames below and is named there)
+      replaced = root / fmt::format("{}replaced-{}-{}", kTemporaryPrefix, name, temporary_tag());
+      fs::remove_all(*replaced);
+      fs::rename(final_dir, *replaced);
+    }
   }
-  fs::rename(temporary, final_dir);
+  if (!replaced || *replaced != temporary) fs::rename(temporary, final_dir);
   fsync_directory(root);
   if (replaced) fs::remove_all(*replaced);
 
