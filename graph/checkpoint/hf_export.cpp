@@ -78,7 +78,9 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   };
   try {
     write_sharded_safetensors(tmp, model->to_hf(native), max_shard_bytes);
-    write_file_durably(tmp / "config.json", model->hf_config().dump(2) + "\n");
+    nlohmann::json hf_config = model->hf_config();
+    hf_config["torch_dtype"] = bulk_dtype == DType::bf16 ? "bfloat16" : "float32";  // the bulk tensors'
+    write_file_durably(tmp / "config.json", hf_config.dump(2) + "\n");
     fs::rename(tmp, out_dir);
   } catch (const fs::filesystem_error& e) {  // named by OUT, not by the temporary
     discard();

@@ -38,12 +38,83 @@ const std::set<std::string> kMetadataKeys = {
 
 // Fields a family may not write whose other values would make another model than atoll builds
 // (scaled RoPE, biases, dropout, another activation): absent or this value, else refused.
+// (Switches for parts every atoll family has, as other code bases name them, count too: false
+// would remove the part.)
 const std::map<std::string, json>& neutral_values() {
   static const std::map<std::string, json> values = {
       {"rope_scaling", nullptr},  {"attention_bias", false}, {"mlp_bias", false},
       {"attention_dropout", 0.0}, {"hidden_dropout", 0.0},   {"hidden_act", "silu"},
-      {"partial_rotary_factor", 1.0}, {"tie_word_embeddings", false}};
+      {"partial_rotary_factor", 1.0}, {"tie_word_embeddings", false},
+      {"use_qk_norm", true},      {"use_sliding_window", true}, {"ssmax", true},
+      {"attention_output_gate", true}, {"attention_output_gate_bias", true}};
   return values;
+}
+
+// Fields a config.json without atoll_preset may leave out: they change nothing an imported model
+// computes (init), or have the value every code base assumes.
+const std::set<std::string> kMayBeAbsent = {"architectures", "model_type", "atoll_preset", "initializer_range",
+                                            "tie_word_embeddings", "router_weights_fp32"};
+
+// rope_parameters, as newer HF configs write RoPE, read as atoll's rope_theta: the plain form
+// {"rope_type": "default", "rope_theta": T}, or Beam's keyed by layer type with full layers
+// without RoPE ({"sliding_attention": {...}, "full_attention": null}). Anything else would be
+// another model: refused.
+double rope_theta_of(const json& rope, const std::string& family, const fs::path& file) {
+  auto refuse = [&](const std::string& why) -> double {
+    throw CheckpointError(fmt::format("{}: rope_parameters: {} in the file; expected {{\"rope_type\": \"default\", "
+                                      "\"rope_theta\": T}}{}",
+                                      file.string(), why,
+                                      family == "beam" ? " or that keyed by layer type with \"full_attention\": null "
+                                                         "(Beam's full layers have no RoPE)"
+                                                       : ""));
+  };
+  auto plain = [&](const json& p) {
+    if (!p.is_object()) return refuse(std::string("a ") + p.type_name());
+    for (const auto& [key, value] : p.items()) {
+      if (key == "rope_type" && value == "default") continue;
+      if (key == "rope_theta" && value.is_number()) continue;
+      return refuse("\"" + key + "\": " + (value.is_structured() ? std::string(value.type_name()) : value.dump()));
+    }
+    if (!p.contains("rope_theta")) return refuse("no rope_theta");
+    return p.at("rope_theta").get<double>();
+  };
+  if (!rope.is_object()) return refuse(std::string("a ") + rope.type_name());
+  if (family != "beam" || rope.contains("rope_theta") || rope.contains("rope_type")) return plain(rope);
+  for (const auto& [key, value] : rope.items()) {
+    if (key != "sliding_attention" && key != "full_attention") return refuse("a layer type '" + key + "'");
+  }
+  if (rope.contains("full_attention") && !rope.at("full_attention").is_null()) {
+    return refuse("RoPE on full_attention layers");
+  }
+  if (!rope.contains("sliding_attention")) return refuse("no sliding_attention entry");
+  return plain(rope.at("sliding_attention"));
+}
+
+// The file's fields as model keys read them: rope_parameters as rope_theta, a null softcap as 0
+// (none). Without atoll_preset, fields with an HF meaning when absent get it: the usable
+// vocabulary is the whole vocabulary, and no softcap.
+json normalized_fields(const json& hf, const std::string& family, const fs::path& file, bool preset_named) {
+  json fields = hf;
+  if (fields.contains("rope_parameters")) {
+    const double theta = rope_theta_of(fields.at("rope_parameters"), family, file);
+    if (fields.contains("rope_theta") && !same_config_value(fields.at("rope_theta"), json(theta))) {
+      throw CheckpointError(fmt::format("{}: rope_theta {} and rope_parameters' {} differ", file.string(),
+                                        fields.at("rope_theta").dump(), json(theta).dump()));
+    }
+    fields["rope_theta"] = theta;
+    fields.erase("rope_parameters");
+  }
+  const bool softcapped = family != "flint";
+  if (softcapped && fields.contains("final_logit_softcapping") && fields.at("final_logit_softcapping").is_null()) {
+    fields["final_logit_softcapping"] = 0.0;
+  }
+  if (!preset_named) {
+    if (!fields.contains("unpadded_vocab_size") && fields.contains("vocab_size")) {
+      fields["unpadded_vocab_size"] = fields.at("vocab_size");
+    }
+    if (softcapped && !fields.contains("final_logit_softcapping")) fields["final_logit_softcapping"] = 0.0;
+  }
+  return fields;
 }
 
 std::string model_yaml(const json& model) {
@@ -76,6 +147,8 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
                                       file.string(), family));
   }
 
+  const bool preset_named = hf.contains("atoll_preset") && hf.at("atoll_preset").is_string();
+  const json fields = normalized_fields(hf, family, file, preset_named || given.has_value());
   RunConfig config;
   if (given) {
     config = *given;
@@ -87,8 +160,8 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
     // Overrides: every config.json field the family takes as a model key; the family's reader
     // names the first key it does not take, which is dropped and the build retried.
     json model = {{"family", family}};
-    if (hf.contains("atoll_preset") && hf.at("atoll_preset").is_string()) model["preset"] = hf.at("atoll_preset");
-    for (const auto& [key, value] : hf.items()) {
+    if (preset_named) model["preset"] = hf.at("atoll_preset");
+    for (const auto& [key, value] : fields.items()) {
       if (!kNotModelKeys.count(key)) model[model_key(key)] = value;
     }
     const std::string source = (hf_dir / "config.json").string();
@@ -112,8 +185,23 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
   }
   // What the model would write must be what the file says, field by field; a field it does not
   // write either changes nothing atoll computes or is refused.
-  const json mine = make_model(config.model, config.source_file)->hf_config();
-  for (const auto& [key, value] : hf.items()) {
+  const std::shared_ptr<const Model> built = make_model(config.model, config.source_file);
+  const json mine = normalized_fields(built->hf_config(), family, file, true);
+  if (!given && !preset_named) {
+    // Without a preset named, a field left out would be the family's default preset's (tiny
+    // sizes and choices): silently another model than the file's.
+    std::vector<std::string> missing;
+    for (const auto& [key, value] : mine.items()) {
+      if (!fields.contains(key) && !kMayBeAbsent.count(key)) missing.push_back(key);
+    }
+    if (!missing.empty()) {
+      throw CheckpointError(fmt::format(
+          "{}: {}: missing; without atoll_preset they would be taken from atoll's {} preset, not from the model the "
+          "file describes. Give them in config.json, or describe the model with --config",
+          file.string(), fmt::join(missing, ", "), built->preset()));
+    }
+  }
+  for (const auto& [key, value] : fields.items()) {
     if (key == "atoll_preset") continue;
     const auto it = mine.find(key);
     const json* expected = it != mine.end() ? &*it : nullptr;

@@ -15,6 +15,9 @@ namespace atl {
 // A config.json object whose numbers that are floats print as the shortest decimal that reads back
 // as the same float (0.02, not 0.019999999552965164): the config's float fields, widened to double.
 nlohmann::json with_short_floats(nlohmann::json config);
+// final_logit_softcapping as config.json holds it: null for none (MODELS.md §3.1: absent = none;
+// HF code tests `is not None`, and a 0 there would divide by it).
+inline nlohmann::json softcap_field(float cap) { return cap > 0 ? nlohmann::json(cap) : nlohmann::json(nullptr); }
 
 // [..., a, b] -> [..., b, a]
 Tensor transpose_last_two(const Tensor& t);

@@ -19,6 +19,7 @@
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/checkpoint/hf_export.hpp"
+#include "graph/checkpoint/json_file.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "graph/config.hpp"
 #include "graph/models/beam/model.hpp"
@@ -216,6 +217,8 @@ TEST_CASE("HF export in bf16 keeps every FP32 island tensor F32 and writes bulk 
       INFO("max_shard_bytes " << shard_bytes);
       const fs::path out = tmp.path / ("hf-" + std::to_string(shard_bytes));
       export_hf(checkpoint, out, DType::bf16, shard_bytes);
+      // config.json names the bulk dtype for HF loaders (torch_dtype "auto").
+      CHECK(read_json_file(out / "config.json").at("torch_dtype") == "bfloat16");
       int file_count = 0;
       const std::map<std::string, std::string> dtypes = header_dtypes(out, &file_count);
       if (shard_bytes == kCheckpointShardBytes) {

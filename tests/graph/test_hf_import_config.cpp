@@ -62,6 +62,113 @@ TEST_CASE("hf import config: a field of the wrong JSON type says what type was e
                                     "got the string \"64\""));
 }
 
+namespace {
+
+// config.json `fields` for `family` in a fresh folder, read back by the import (no --config).
+RunConfig import_fields(const nlohmann::json& fields) {
+  TempDir dir;
+  write_bytes(dir.path / "config.json", fields.dump(2));
+  return hf_import_config(dir.path, std::nullopt, nullptr);
+}
+nlohmann::json imported_hf(const nlohmann::json& fields) {
+  const RunConfig c = import_fields(fields);
+  return make_model(c.model, c.source_file)->hf_config();
+}
+std::string import_error(const nlohmann::json& fields) {
+  try {
+    import_fields(fields);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(imported)";
+}
+
+}  // namespace
+
+// Without atoll_preset, a field the file leaves out would be the family's default preset's (tiny
+// sizes and choices), silently: refused, except those with an HF meaning when absent.
+TEST_CASE("hf import config: without atoll_preset, fields left out are refused or take their HF meaning",
+          "[checkpoint]") {
+  for (const std::string& family : model_families()) {
+    INFO(family);
+    nlohmann::json foreign = model_with(family, "")->hf_config();
+    foreign.erase("atoll_preset");
+    foreign.erase("initializer_range");  // init only: may be left out
+    REQUIRE(import_error(foreign) == "(imported)");
+    nlohmann::json lacking = foreign;
+    lacking.erase("rms_norm_eps");
+    lacking.erase("num_experts_per_tok");
+    CHECK_THAT(import_error(lacking), Catch::Contains("config.json: ") &&
+                                          Catch::Contains("num_experts_per_tok, rms_norm_eps: missing") &&
+                                          Catch::Contains("--config"));
+    // The usable vocabulary is the whole vocabulary (HF configs do not write one), and no softcap.
+    nlohmann::json plain = foreign;
+    plain.erase("unpadded_vocab_size");
+    const bool softcapped = family != "flint";
+    if (softcapped) plain.erase("final_logit_softcapping");
+    const nlohmann::json got = imported_hf(plain);
+    CHECK(got.at("unpadded_vocab_size") == got.at("vocab_size"));
+    if (softcapped) CHECK(got.at("final_logit_softcapping").is_null());
+    // With the preset named, the preset fills them in.
+    CHECK(imported_hf(model_with(family, "")->hf_config()).at("unpadded_vocab_size") == 250);
+  }
+}
+
+TEST_CASE("hf import config: a softcap of null or 0 is none, written as null", "[checkpoint]") {
+  for (const std::string family : {"beam", "inkling2"}) {
+    INFO(family);
+    const nlohmann::json none = model_with(family, "final_logit_softcapping: 0")->hf_config();
+    CHECK(none.at("final_logit_softcapping").is_null());  // HF code divides by any non-None cap
+    CHECK(model_with(family, "")->hf_config().at("final_logit_softcapping") == 30.0);
+    CHECK(imported_hf(none) == none);  // null read back as no softcap, the preset named or not
+    nlohmann::json foreign = none;
+    foreign.erase("atoll_preset");
+    foreign.erase("initializer_range");
+    CHECK(imported_hf(foreign).at("final_logit_softcapping").is_null());
+    nlohmann::json zero = none;
+    zero["final_logit_softcapping"] = 0;
+    CHECK(imported_hf(zero).at("final_logit_softcapping").is_null());
+  }
+}
+
+TEST_CASE("hf import config: rope_parameters is read as rope_theta, or refused when it is another RoPE",
+          "[checkpoint]") {
+  for (const std::string family : {"beam", "flint"}) {
+    INFO(family);
+    nlohmann::json base = model_with(family, "")->hf_config();
+    base.erase("rope_theta");
+    nlohmann::json plain = base;
+    plain["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+    CHECK(imported_hf(plain).at("rope_theta") == 500000.0);
+    nlohmann::json yarn = base;
+    yarn["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 500000.0}, {"factor", 4.0}};
+    CHECK_THAT(import_error(yarn), Catch::Contains("config.json: rope_parameters: \"factor\": 4.0 in the file") ||
+                                       Catch::Contains("config.json: rope_parameters: \"rope_type\": \"yarn\""));
+    nlohmann::json both = plain;
+    both["rope_theta"] = 10000.0;
+    CHECK_THAT(import_error(both), Catch::Contains("rope_theta 10000.0 and rope_parameters' 500000.0 differ"));
+  }
+  nlohmann::json beam = model_with("beam", "")->hf_config();
+  beam.erase("rope_theta");
+  beam["rope_parameters"] = {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 20000.0}}},
+                             {"full_attention", nullptr}};
+  CHECK(imported_hf(beam).at("rope_theta") == 20000.0);
+  beam["rope_parameters"]["full_attention"] = {{"rope_type", "default"}, {"rope_theta", 20000.0}};
+  CHECK_THAT(import_error(beam), Catch::Contains("RoPE on full_attention layers") &&
+                                     Catch::Contains("Beam's full layers have no RoPE"));
+}
+
+TEST_CASE("hf import config: switches that would remove a part atoll builds are refused", "[checkpoint]") {
+  for (const char* key : {"ssmax", "attention_output_gate", "use_qk_norm", "use_sliding_window"}) {
+    INFO(key);
+    nlohmann::json written = model_with("beam", "")->hf_config();
+    written[key] = true;
+    CHECK(import_error(written) == "(imported)");
+    written[key] = false;
+    CHECK_THAT(import_error(written), Catch::Contains(std::string("config.json: ") + key + ": false in the file"));
+  }
+}
+
 TEST_CASE("hf import: F32 and BF16 experts of one layer import as the F32 masters of their values, other dtypes "
           "are refused by their HF names",
           "[checkpoint]") {

@@ -33,7 +33,7 @@ nlohmann::json BeamModel::hf_fields() const {
           {"rope_theta", c.rope_theta},
           {"ssmax_base", c.ssmax_base},
           {"ssmax_exponent", c.ssmax_exponent},
-          {"final_logit_softcapping", c.final_logit_softcapping},
+          {"final_logit_softcapping", softcap_field(c.final_logit_softcapping)},
           {"rms_norm_eps", c.rms_norm_eps},
           {"initializer_range", c.init_std},
           {"router_weights_fp32", c.router_weights_fp32},  // numerics of bf16 runs: part of the model

@@ -80,7 +80,7 @@ nlohmann::json Inkling2Model::hf_fields() const {
           {"l2_clip_radius_q", c.radius_q()},
           {"l2_clip_radius_k", c.radius_k()},
           {"l2_clip_radius_r", c.radius_r()},
-          {"final_logit_softcapping", c.final_logit_softcapping},
+          {"final_logit_softcapping", softcap_field(c.final_logit_softcapping)},
           {"rms_norm_eps", c.rms_norm_eps},
           {"initializer_range", c.init_std},
           {"router_weights_fp32", c.router_weights_fp32},  // numerics of bf16 runs: part of the model
