@@ -61,9 +61,11 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    // The memory peak of the step program the engine runs (pp = cp = 1), else the unit walk's.
+    const std::optional<atl::StepProgram> program = atl::memory_program(config, *model, plan);
     std::cout << fmt::format("atoll-plan: {}: {} {} ({} parameters)\n", config.source_file, model->family(),
                              model->preset(), model->parameter_count())
-              << atl::format_plan(plan);
+              << atl::format_plan(plan, program ? &*program : nullptr);
     if (mesh.pp() > 1) {
       // What each cut sends per micro-batch (MODELS.md §5.6), from the family's parallelize rules.
       const std::int64_t rows = config.train.micro_batch, seq = config.train.seq_len / mesh.cp();

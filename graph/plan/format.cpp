@@ -31,8 +31,8 @@ std::string format_bytes(std::int64_t bytes) {
   return fmt::format("{:.1f} {}", value, units[u]);
 }
 
-std::string format_plan(const Plan& plan) {
-  const MemoryEstimate memory = estimate_memory(plan);
+std::string format_plan(const Plan& plan, const StepProgram* program) {
+  const MemoryEstimate memory = estimate_memory(plan, 0, program);
   std::vector<std::string> header = {"unit",  "role",       "params", "elements",      "storage", "param",
                                      "reduce", "inputs",    "shard/rank", "gathered/step", "schedule"};
   const bool staged = plan.mesh.pp() > 1;
@@ -114,7 +114,7 @@ std::string format_plan(const Plan& plan) {
   for (const auto& g : mesh.all_groups()) out += fmt::format("  {}[{}]\n", g.axis, fmt::join(g.ranks, ","));
 
   for (int stage = 0; stage < mesh.pp(); ++stage) {
-    const MemoryEstimate m = estimate_memory(plan, stage);
+    const MemoryEstimate m = estimate_memory(plan, stage, program);
     const std::string whose = mesh.pp() == 1 ? "" : fmt::format(", pipeline stage {}", stage);
     out += fmt::format("\nper-rank memory estimate{} (activations and unsharded gradients not counted):\n", whose);
     auto memory_line = [&](const std::string& what, std::int64_t bytes) {

@@ -5,10 +5,12 @@
 #include <string>
 
 #include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
 
 namespace atl {
 
-std::string format_plan(const Plan& plan);
+// program: the step program the runtime runs (pp = cp = 1), for its memory peak (memory.hpp).
+std::string format_plan(const Plan& plan, const StepProgram* program = nullptr);
 
 // "The schedule" column: "reshard, fwd prefetch 1, bwd prefetch 2", "resident for step", ...
 std::string describe_schedule(const GatherSchedule& schedule);

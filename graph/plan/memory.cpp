@@ -13,7 +13,7 @@ int gathers_per_step(const UnitPlan& unit) {
   return unit.schedule.reshard_after_forward && !unit.schedule.resident_for_step ? 2 : 1;
 }
 
-MemoryEstimate estimate_memory(const Plan& plan, int stage) {
+MemoryEstimate estimate_memory(const Plan& plan, int stage, const StepProgram* program) {
   MemoryEstimate m;
   std::int64_t shard_bytes = 0;
   for (const auto& u : plan.units) {
@@ -44,6 +44,23 @@ MemoryEstimate estimate_memory(const Plan& plan, int stage) {
       m.peak_at = where;
     }
   };
+  if (program) {
+    for (const StepInstruction& in : program->instructions) {
+      switch (in.kind) {
+        case StepInstructionKind::gather: held[in.unit] = true; break;
+        case StepInstructionKind::release: held[in.unit] = false; break;
+        case StepInstructionKind::forward:
+        case StepInstructionKind::backward:
+        case StepInstructionKind::expert_forward:
+        case StepInstructionKind::expert_backward:
+          observe(std::string(step_instruction_name(in.kind)) + " of " +
+                  program->ops.at(static_cast<std::size_t>(in.op)).name);
+          break;
+        default: break;
+      }
+    }
+    return m;
+  }
   for (std::size_t i = 0; i < plan.units.size(); ++i) {
     const UnitPlan& u = plan.units[i];
     if (u.stage != stage) continue;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "graph/plan/memory.hpp"
 #include "graph/plan/mesh.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
 #include "graph/training/run.hpp"
 
 namespace atl {
@@ -93,7 +95,8 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
     // unsharded gradients waiting for their reduce-scatter, about as big as the gathers.
     const Plan plan = make_plan(model.specs(), model.sharding_rules(), Mesh(config.topology.mesh, config.source_file),
                                 config.precision);
-    const MemoryEstimate m = estimate_memory(plan);
+    const std::optional<StepProgram> program = memory_program(config, model, plan);
+    const MemoryEstimate m = estimate_memory(plan, 0, program ? &*program : nullptr);
     // A fresh model is generated shard by shard, but a checkpoint (and a resume, which cuts shards
     // from full tensors) holds the whole fp32 master and both moments in the process.
     e.parts.push_back({"the full model state a checkpoint gathers (master and two moments, model size x 3)",
@@ -125,6 +128,16 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
                      32.0 * static_cast<double>(config.train.global_batch) * static_cast<double>(config.train.seq_len),
                      "train.global_batch"});
   return e;
+}
+
+std::optional<StepProgram> memory_program(const RunConfig& config, const Model& model, const Plan& plan) {
+  if (plan.mesh.pp() > 1 || plan.mesh.cp() > 1) return std::nullopt;
+  int micro_batches = 1;
+  try {
+    micro_batches = std::min(micro_batches_per_rank(config, plan.mesh), 2);
+  } catch (const ConfigError&) {  // a batch this mesh cannot split: refused by atoll-train, shown by atoll-plan
+  }
+  return compile_step_program(plan, model.ops(), micro_batches, config.train.schedule, config.topology.ep_dispatch);
 }
 
 std::optional<double> available_memory_bytes() {

@@ -12,6 +12,8 @@
 
 #include "graph/config.hpp"
 #include "graph/models/model.hpp"
+#include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
 
 namespace atl {
 
@@ -28,6 +30,12 @@ struct RunMemoryEstimate {
 
 // The memory a run of `config` takes in this process; ranks_here: as ranks_in_process (run.hpp).
 RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model, int ranks_here = 0);
+
+// The step program whose gathers the memory estimates replay (graph/plan/memory.hpp): the one the
+// engine runs, with two micro-batches at most (its peak repeats from the second on: a huge batch
+// compiles no more; a batch the mesh cannot split, which atoll-train refuses, with one).
+// nullopt for pp or cp > 1 (no program is compiled for them yet).
+std::optional<StepProgram> memory_program(const RunConfig& config, const Model& model, const Plan& plan);
 
 // Bytes this process may still allocate (nullopt: unknown).
 std::optional<double> available_memory_bytes();

@@ -15,6 +15,7 @@
 #include "graph/plan/memory.hpp"
 #include "graph/plan/mesh.hpp"
 #include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
 
 using namespace atl;
 
@@ -676,6 +677,69 @@ TEST_CASE("plan memory: shards cover the model, optimizer 2x, peak gathered unde
       const UnitPlan& u = plan.units[i];
       CHECK(m.units[i].name == u.name);
       CHECK(m.units[i].bytes_gathered_per_step == gathered_bytes(u) * (u.schedule.reshard_after_forward ? 2 : 1));
+    }
+  }
+}
+
+// Given the step program, the peak is what the program holds at once: its gathers and releases
+// replayed (here once more, by hand), observed at every compute instruction. Under expert
+// parallelism a layer's block stays gathered while its experts run (the combine op reads it),
+// which the unit walk missed (one block low).
+TEST_CASE("plan memory: with the step program, the peak is what its ops hold together, a block with its experts",
+          "[plan][memory]") {
+  for (const auto& [family, preset] : std::vector<std::pair<std::string, std::string>>{
+           {"beam", "beam-tiny-moe"}, {"flint", "flint-tiny"}, {"inkling2", "inkling2-tiny"}}) {
+    ModelSection section;
+    section.family = family;
+    section.preset = preset;
+    const auto model = make_model(section, "test.yaml");
+    for (const std::int64_t ep : {1, 2, 4}) {
+      for (const std::int64_t replicate : {1, 2}) {
+        INFO(preset << " ep " << ep << " dp_replicate " << replicate);
+        MeshConfig config = mesh_config(4, replicate);
+        config.ep = ep;
+        const Plan plan = make_plan(model->specs(), model->sharding_rules(), Mesh(config, "test.yaml"), Precision::bf16);
+        const StepProgram program = compile_step_program(plan, model->ops(), 2);
+        const MemoryEstimate m = estimate_memory(plan, 0, &program);
+        std::set<std::size_t> held;
+        std::int64_t peak = 0;
+        std::string peak_at;
+        bool block_with_experts = false;  // some expert instruction runs with its layer's block gathered
+        for (const StepInstruction& in : program.instructions) {
+          if (in.kind == StepInstructionKind::gather) held.insert(in.unit);
+          if (in.kind == StepInstructionKind::release) held.erase(in.unit);
+          const bool expert = in.kind == StepInstructionKind::expert_forward ||
+                              in.kind == StepInstructionKind::expert_backward;
+          if (!in.is_compute() && !expert) continue;
+          std::int64_t sum = 0;
+          for (std::size_t u : held) sum += gathered_bytes(plan.units[u]);
+          if (sum > peak) {
+            peak = sum;
+            peak_at = std::string(step_instruction_name(in.kind)) + " of " + program.ops.at(in.op).name;
+          }
+          if (expert) {
+            const std::int64_t layer = program.ops.at(in.op).layer;
+            for (std::size_t u : held) {
+              block_with_experts = block_with_experts ||
+                                   (plan.units[u].role == UnitRole::block && plan.units[u].layer == layer);
+            }
+          }
+        }
+        CHECK(m.peak_gathered_bytes == peak);
+        CHECK(m.peak_at == peak_at);
+        // The peak repeats from the second micro-batch on (the preflight compiles two).
+        for (const StepSchedule schedule : {StepSchedule::one_at_a_time, StepSchedule::all_forward_first}) {
+          const StepProgram five = compile_step_program(plan, model->ops(), 5, schedule);
+          const StepProgram two = compile_step_program(plan, model->ops(), 2, schedule);
+          CHECK(estimate_memory(plan, 0, &five).peak_gathered_bytes == estimate_memory(plan, 0, &two).peak_gathered_bytes);
+        }
+        const MemoryEstimate walk = estimate_memory(plan);
+        CHECK(m.parameter_bytes == walk.parameter_bytes);
+        if (ep > 1) {
+          CHECK(block_with_experts);
+          CHECK(m.peak_gathered_bytes > walk.peak_gathered_bytes);
+        }
+      }
     }
   }
 }
