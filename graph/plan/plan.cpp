@@ -372,7 +372,16 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
       if (u.role == UnitRole::experts) u.schedule = {false, 0, 0, false};
     }
   }
-  if (!blocks.empty()) plan.units[blocks.back()].schedule.reshard_after_forward = false;
+  // MODELS.md §5.2: every layer reshards after forward except the last, needed first in backward:
+  // its block and, under expert parallelism, its experts (a unit of their own, of that layer).
+  if (!blocks.empty()) {
+    const std::int64_t last = plan.units[blocks.back()].layer;
+    for (auto& u : plan.units) {
+      if ((u.role == UnitRole::block || u.role == UnitRole::experts) && u.layer == last) {
+        u.schedule.reshard_after_forward = false;
+      }
+    }
+  }
   // MODELS.md §6 invariant 4: every parameter is owned by exactly one unit (FSDP or expert group).
   std::map<std::string, int> owners;
   for (const auto& u : plan.units) {

@@ -2,6 +2,7 @@
 // policies and schedules, flat-shard layout and round trips, memory estimate, printed plan.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -735,6 +736,14 @@ TEST_CASE("plan memory: with the step program, the peak is what its ops hold tog
         }
         const MemoryEstimate walk = estimate_memory(plan);
         CHECK(m.parameter_bytes == walk.parameter_bytes);
+        // Every layer reshards after forward but the last, its experts included (MODELS.md §5.2).
+        std::int64_t last = -1;
+        for (const UnitPlan& u : plan.units) last = std::max(last, u.layer);
+        for (const UnitPlan& u : plan.units) {
+          if (u.role != UnitRole::block && u.role != UnitRole::experts) continue;
+          INFO(u.name);
+          CHECK(u.schedule.reshard_after_forward == (u.layer != last));
+        }
         if (ep > 1) {
           CHECK(block_with_experts);
           CHECK(m.peak_gathered_bytes > walk.peak_gathered_bytes);
