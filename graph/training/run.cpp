@@ -240,6 +240,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   }
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
+  std::int64_t last_applied = -1;  // the last step whose update was applied (train.on_nonfinite: skip_step)
   std::int64_t last_saved = -1;
   fs::path last_saved_path;
   auto save = [&](std::int64_t s) {
@@ -263,9 +264,18 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     try {
       saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
     } catch (const UnsavableState& e) {
-      throw DivergedWeights(fmt::format("step {}: the update left values a checkpoint may not hold although the "
-                                        "step's loss and gradient norm were finite (usually a learning rate far too "
-                                        "large: lower train.lr): {}; {}", s, e.what(), what_is_kept()));
+      // A skipped step changed nothing: an earlier applied update is the one to blame.
+      const std::string which =
+          last_applied == s ? fmt::format("step {}: the update left", s)
+          : last_applied < 0
+              ? fmt::format("step {} (skipped, as every step of this run so far): the weights it started from hold", s)
+              : fmt::format("step {} (skipped): the update of step {}, the last one applied, left", s, last_applied);
+      throw DivergedWeights(fmt::format("{} values a checkpoint may not hold{} (usually a learning rate far too "
+                                        "large: lower train.lr): {}; {}",
+                                        which,
+                                        last_applied == s ? " although the step's loss and gradient norm were finite"
+                                                          : "",
+                                        e.what(), what_is_kept()));
     } catch (const std::exception& e) {
       // A file (FileWriteError), its folder or the rename into place (filesystem_error): the step
       // named. Anything else is not the file system's and goes on as it is.
@@ -336,7 +346,10 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
     tokens_total += r.tokens;
-    if (r.applied) last_loss = r.loss;  // the final loss is the trained model's, not a skipped step's
+    if (r.applied) {
+      last_loss = r.loss;  // the final loss is the trained model's, not a skipped step's
+      last_applied = s;
+    }
     nlohmann::json line = {{"step", r.step},           {"loss", r.loss},       {"grad_norm", r.grad_norm},
                            {"lr", r.lr},               {"tokens", tokens_total}, {"targets", r.targets},
                            {"bytes_gathered", r.bytes_gathered}, {"bytes_reduced", r.bytes_reduced},

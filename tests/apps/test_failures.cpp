@@ -102,6 +102,18 @@ TEST_CASE("failures: an update that leaves non-finite weights after a finite ste
                         Catch::Contains("lower train.lr") && Catch::Contains("checkpoint.dir holds no checkpoint"));
   CHECK(checkpoints_in(tmp.path / "ckpt") == 0);
   CHECK(read_metrics(tmp.path / "run" / "metrics.jsonl").size() == 1);
+
+  // With skip_step the steps after it are skipped (NaN loss) and change nothing: the save at step
+  // 3 names step 1, the update that left the values, not step 3.
+  const Result skip = run_app("atoll-train",
+                              small_run(tmp.path / "skip", {"train.lr=1.0e38", "train.warmup=0", "train.grad_clip=0",
+                                                            "train.on_nonfinite=skip_step", "checkpoint.every=3"}),
+                              tmp.path);
+  INFO(skip.out << skip.err);
+  CHECK(skip.exit_code == 3);
+  CHECK_THAT(skip.err, Catch::Contains("non-finite training: step 3 (skipped): the update of step 1, the last one "
+                                       "applied, left values a checkpoint may not hold (usually"));
+  CHECK(checkpoints_in(tmp.path / "skip" / "ckpt") == 0);
 }
 
 TEST_CASE("failures: a checkpoint the file system refuses is exit 1, named, and leaves nothing half-written",
