@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/) with clang into build-fuzz/ and runs each for a bounded
 # time from its seed corpus (fuzz/corpus/<target>); a crash, sanitizer report or unexpected
-# exception fails. Where clang or libFuzzer is missing it says so and exits 0 (optional).
+# exception fails. Where clang or libFuzzer is missing it says so and exits 0 (optional), or 1
+# with ATOLL_REQUIRE_FUZZ=1 (CI).
 #   scripts/fuzz.sh                 about 20 s per target
 #   ATOLL_FUZZ_SECONDS=300 scripts/fuzz.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${ATOLL_FUZZ_SECONDS:-20}"
 
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ not found; fuzz targets skipped (scripts/setup.sh installs clang)"
+missing_tool() {
+  echo "fuzz: $1"
+  [ "${ATOLL_REQUIRE_FUZZ:-0}" = 1 ] && exit 1
   exit 0
+}
+if ! command -v clang++ >/dev/null; then
+  missing_tool "clang++ not found; fuzz targets skipped (scripts/setup.sh installs clang)"
 fi
 probe="$(mktemp -d)"
 trap 'rm -rf "$probe"' EXIT
 printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' > "$probe/p.cpp"
 if ! clang++ -fsanitize=fuzzer "$probe/p.cpp" -o "$probe/p" >/dev/null 2>&1; then
-  echo "fuzz: clang++ cannot link libFuzzer (libclang-rt-*-dev missing); fuzz targets skipped"
-  exit 0
+  missing_tool "clang++ cannot link libFuzzer (libclang-rt-*-dev missing); fuzz targets skipped"
 fi
 
 CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

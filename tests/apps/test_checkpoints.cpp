@@ -272,8 +272,13 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-e
     fs::permissions(tmp.path, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
     fs::permissions(locked, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                                 fs::perms::others_read | fs::perms::others_exec);
+    // The binary runs from a copy here: the build tree may be where the other user cannot go (a
+    // clone under /root, mode 700).
+    const fs::path convert = tmp.path / "atoll-convert";
+    fs::copy_file(app_binary("atoll-convert"), convert);
+    fs::permissions(convert, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
     const Result refused = run_shell("setpriv --reuid=65534 --regid=65534 --clear-groups " +
-                                         shell_quote(app_binary("atoll-convert").string()) + " import " +
+                                         shell_quote(convert.string()) + " import " +
                                          shell_quote((tmp.path / "hf-slash").string()) + " " + shell_quote(locked.string()),
                                      tmp.path / "locked-out");
     INFO(refused.err);
