@@ -22,9 +22,7 @@ nlohmann::json read_json_file(const std::filesystem::path& file) {
   const std::string text = read_text_file(file);
   try {
     return parse_json(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(file.string() + ": invalid JSON: " + e.what());
-  } catch (const JsonTooDeep& e) {
+  } catch (const nlohmann::json::exception& e) {  // malformed or nested too deep
     throw CheckpointError(file.string() + ": invalid JSON: " + e.what());
   }
 }

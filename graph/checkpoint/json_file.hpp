@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -22,13 +21,15 @@ std::optional<nlohmann::json> json_if_readable(const std::filesystem::path& file
 // overflowed the stack when an error message quoted it.
 inline constexpr int kMaxJsonDepth = 100;
 
-struct JsonTooDeep : std::runtime_error {
-  JsonTooDeep() : std::runtime_error("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels") {}
+// One of nlohmann's exceptions, so every handler of malformed JSON handles it too.
+// (Its message is copied in: the temporary may go.)
+struct JsonTooDeep : nlohmann::json::exception {
+  JsonTooDeep() : exception(0, ("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels").c_str()) {}
 };
 
 // nlohmann::json::parse(text) that throws JsonTooDeep past kMaxJsonDepth; `also` (optional) sees
 // every parse event as a parser callback would (its result decides whether the value is kept).
-// Malformed text throws nlohmann's parse_error, as parse does.
+// Malformed text throws nlohmann's parse_error, as parse does: both are json::exception.
 using JsonParseEvent = std::function<bool(int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed)>;
 nlohmann::json parse_json(std::string_view text, const JsonParseEvent& also = {});
 

@@ -59,7 +59,7 @@ bool verify_manifest(const fs::path& dir, const std::string& marker) {
   json manifest;
   try {
     manifest = parse_json(text);
-  } catch (const std::exception&) {  // malformed or nested too deep
+  } catch (const json::exception&) {  // malformed or nested too deep
     fail(marker_file, "not a checkpoint manifest (expected the JSON object a save writes last)");
   }
   const bool format_ok = manifest.is_object() && manifest.contains("format") && manifest.at("format").is_string() &&

@@ -74,7 +74,7 @@ json header_of(std::span<const std::byte> bytes) {
   json header;
   try {
     header = parse_json(std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, length));
-  } catch (const std::exception&) {  // malformed or nested too deep
+  } catch (const json::exception&) {  // malformed or nested too deep
     throw malformed("header is not a JSON object");
   }
   if (!header.is_object()) throw malformed("header is not a JSON object");
