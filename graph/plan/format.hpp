@@ -5,9 +5,10 @@
 #include <string>
 
 #include "graph/plan/plan.hpp"
-#include "graph/plan/step_program.hpp"
 
 namespace atl {
+
+struct StepProgram;  // graph/plan/step_program.hpp
 
 // program: the step program the runtime runs (pp = cp = 1), for its memory peak (memory.hpp).
 std::string format_plan(const Plan& plan, const StepProgram* program = nullptr);

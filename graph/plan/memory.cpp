@@ -1,5 +1,7 @@
 #include "graph/plan/memory.hpp"
 
+#include "graph/plan/step_program.hpp"
+
 #include <map>
 
 namespace atl {

@@ -21,9 +21,10 @@
 #include <vector>
 
 #include "graph/plan/plan.hpp"
-#include "graph/plan/step_program.hpp"
 
 namespace atl {
+
+struct StepProgram;  // graph/plan/step_program.hpp
 
 struct UnitTraffic {
   std::string name;

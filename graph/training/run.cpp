@@ -240,7 +240,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   }
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
-  std::int64_t last_applied = -1;  // the last step whose update was applied (train.on_nonfinite: skip_step)
+  std::int64_t last_applied = first_step - 1;  // the last step whose update was applied (skip_step), or the start
   std::int64_t last_saved = -1;
   fs::path last_saved_path;
   auto save = [&](std::int64_t s) {
@@ -267,8 +267,8 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       // A skipped step changed nothing: an earlier applied update is the one to blame.
       const std::string which =
           last_applied == s ? fmt::format("step {}: the update left", s)
-          : last_applied < 0
-              ? fmt::format("step {} (skipped, as every step of this run so far): the weights it started from hold", s)
+          : last_applied < first_step
+              ? fmt::format("step {} (skipped, as every step since the start): the weights it started from hold", s)
               : fmt::format("step {} (skipped): the update of step {}, the last one applied, left", s, last_applied);
       throw DivergedWeights(fmt::format("{} values a checkpoint may not hold{} (usually a learning rate far too "
                                         "large: lower train.lr): {}; {}",
