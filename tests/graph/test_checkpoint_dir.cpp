@@ -363,12 +363,12 @@ TEST_CASE("checkpoint dir: load rejects damaged checkpoints naming the file and 
   write_bytes(deep_state / "trainer_state.json", "{\"step\": 7, \"x\": " + deep + "}");
   reseal(deep_state);
   CHECK_THAT(load_error(deep_state),
-             Contains((deep_state / "trainer_state.json").string()) && Contains("nested deeper than 100 levels"));
+             Contains((deep_state / "trainer_state.json").string()) && Contains("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels"));
   fs::path deep_config = fresh();
   write_bytes(deep_config / "config.json", "{\"hidden_size\": " + deep + "}");
   reseal(deep_config);
   CHECK_THAT(load_error(deep_config),
-             Contains((deep_config / "config.json").string()) && Contains("nested deeper than 100 levels"));
+             Contains((deep_config / "config.json").string()) && Contains("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels"));
 
   fs::path wrong_step = fresh();
   write_bytes(wrong_step / "trainer_state.json", "{\"step\": 8}");

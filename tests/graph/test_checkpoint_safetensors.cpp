@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "graph/checkpoint/json_file.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "tests/graph/checkpoint_test_support.hpp"
 
@@ -292,9 +293,9 @@ TEST_CASE("safetensors: corrupt headers are rejected with the file and fault nam
   // Nesting 200,000 deep in a 400 KB header: quoting it in the error overflowed the stack (SIGSEGV).
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
   crafted("deep_shape", R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", "",
-          "nested deeper than 100 levels");
+          "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   crafted("deep_offsets", R"({"a":{"dtype":"F32","shape":[0],"data_offsets":)" + deep + "}}", "",
-          "nested deeper than 100 levels");
+          "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   // A length larger than the file but not absurd: truncation of the header.
   write_bytes(tmp.path / "long_length.safetensors", le64(4096) + "{}");
   CHECK_THAT(read_error(tmp.path / "long_length.safetensors"), Contains("long_length.safetensors") && Contains("truncated"));
