@@ -1,6 +1,7 @@
 #include "graph/checkpoint/hf_import_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -51,9 +52,15 @@ const std::map<std::string, json>& neutral_values() {
 }
 
 // Fields a config.json without atoll_preset may leave out: they change nothing an imported model
-// computes (init), or have the value every code base assumes.
+// computes (init), or have the value every code base assumes (Inkling2's clip radii: sqrt(D),
+// sqrt(D), sqrt(dr), what atoll builds when they are not set).
 const std::set<std::string> kMayBeAbsent = {"architectures", "model_type", "atoll_preset", "initializer_range",
-                                            "tie_word_embeddings", "router_weights_fp32"};
+                                            "tie_word_embeddings", "router_weights_fp32", "l2_clip_radius_q",
+                                            "l2_clip_radius_k", "l2_clip_radius_r"};
+
+// Inkling2's clip radii may be null: the default, the square root of the named dimension.
+const std::map<std::string, std::string> kNullIsSqrtOf = {
+    {"l2_clip_radius_q", "head_dim"}, {"l2_clip_radius_k", "head_dim"}, {"l2_clip_radius_r", "d_rel"}};
 
 // rope_parameters, as newer HF configs write RoPE, read as atoll's rope_theta: the plain form
 // {"rope_type": "default", "rope_theta": T}, or Beam's keyed by layer type with full layers
@@ -91,7 +98,7 @@ double rope_theta_of(const json& rope, const std::string& family, const fs::path
 }
 
 // The file's fields as model keys read them: rope_parameters as rope_theta, a null softcap as 0
-// (none). Without atoll_preset, fields with an HF meaning when absent get it: the usable
+// (none), a null clip radius as absent (its default). Without atoll_preset, fields with an HF meaning when absent get it: the usable
 // vocabulary is the whole vocabulary, and no softcap.
 json normalized_fields(const json& hf, const std::string& family, const fs::path& file, bool preset_named) {
   json fields = hf;
@@ -107,6 +114,9 @@ json normalized_fields(const json& hf, const std::string& family, const fs::path
   const bool softcapped = family != "flint";
   if (softcapped && fields.contains("final_logit_softcapping") && fields.at("final_logit_softcapping").is_null()) {
     fields["final_logit_softcapping"] = 0.0;
+  }
+  for (const auto& [key, dim] : kNullIsSqrtOf) {
+    if (family == "inkling2" && fields.contains(key) && fields.at(key).is_null()) fields.erase(key);  // checked below
   }
   if (!preset_named) {
     if (!fields.contains("unpadded_vocab_size") && fields.contains("vocab_size")) {
@@ -199,6 +209,15 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
           "{}: {}: missing; without atoll_preset they would be taken from atoll's {} preset, not from the model the "
           "file describes. Give them in config.json, or describe the model with --config",
           file.string(), fmt::join(missing, ", "), built->preset()));
+    }
+  }
+  for (const auto& [key, dim] : kNullIsSqrtOf) {
+    if (!hf.contains(key) || !hf.at(key).is_null() || !mine.contains(key)) continue;
+    const json dflt = std::sqrt(mine.at(dim).get<float>());
+    if (!same_config_value(mine.at(key), dflt)) {
+      throw CheckpointError(fmt::format("{}: {}: null (the default, sqrt({}) = {}) in the file, but the model {} has {}",
+                                        file.string(), key, dim, dflt.dump(),
+                                        given ? "the run config describes" : "built from it", mine.at(key).dump()));
     }
   }
   for (const auto& [key, value] : fields.items()) {

@@ -1,6 +1,8 @@
 // The HF import reads back every model setting an export writes (config.json alone rebuilds the
 // model that wrote it, for each family, non-preset settings included), and takes weights as HF
 // files hold them: F32 and BF16 mixed, even among one layer's experts.
+#include <cmath>
+
 #include <catch2/catch.hpp>
 #include <yaml-cpp/yaml.h>
 
@@ -156,6 +158,39 @@ TEST_CASE("hf import config: rope_parameters is read as rope_theta, or refused w
   beam["rope_parameters"]["full_attention"] = {{"rope_type", "default"}, {"rope_theta", 20000.0}};
   CHECK_THAT(import_error(beam), Catch::Contains("RoPE on full_attention layers") &&
                                      Catch::Contains("Beam's full layers have no RoPE"));
+}
+
+// Inkling2's clip radii default to sqrt(head_dim), sqrt(head_dim), sqrt(d_rel) (MODELS.md §1.1):
+// null or absent in config.json means that default; against a run config with other radii it is
+// refused.
+TEST_CASE("hf import config: Inkling2's null or absent clip radii are the square-root defaults", "[checkpoint]") {
+  const nlohmann::json written = model_with("inkling2", "")->hf_config();
+  const double head_dim = written.at("head_dim").get<double>(), d_rel = written.at("d_rel").get<double>();
+  REQUIRE(written.at("l2_clip_radius_q").get<float>() == std::sqrt(static_cast<float>(head_dim)));
+  REQUIRE(written.at("l2_clip_radius_r").get<float>() == std::sqrt(static_cast<float>(d_rel)));
+  nlohmann::json nulls = written;
+  for (const char* key : {"l2_clip_radius_q", "l2_clip_radius_k", "l2_clip_radius_r"}) nulls[key] = nullptr;
+  CHECK(imported_hf(nulls) == written);
+  nlohmann::json foreign = nulls;
+  foreign.erase("atoll_preset");
+  foreign.erase("initializer_range");
+  CHECK(imported_hf(foreign).at("l2_clip_radius_k") == written.at("l2_clip_radius_k"));
+  foreign.erase("l2_clip_radius_q");  // absent: the same default
+  CHECK(imported_hf(foreign).at("l2_clip_radius_q") == written.at("l2_clip_radius_q"));
+
+  TempDir dir;
+  write_bytes(dir.path / "config.json", nulls.dump(2));
+  const RunConfig other = parse_run_config(
+      "model: {family: inkling2, l2_clip_radius_q: 3.0}\n"
+      "train: {steps: 1, global_batch: 1, micro_batch: 1, seq_len: 2, lr: 1.0e-3}\n",
+      "run.yaml");
+  CHECK_THROWS_WITH(hf_import_config(dir.path, other, nullptr),
+                    Catch::Contains("config.json: l2_clip_radius_q: null (the default, sqrt(head_dim) = ") &&
+                        Catch::Contains("but the model the run config describes has 3.0"));
+  // A radius that is not a number or null stays refused by type.
+  nlohmann::json text = written;
+  text["l2_clip_radius_r"] = "4";
+  CHECK_THAT(import_error(text), Catch::Contains("l2_clip_radius_r: expected a JSON number"));
 }
 
 TEST_CASE("hf import config: switches that would remove a part atoll builds are refused", "[checkpoint]") {
