@@ -14,7 +14,12 @@
 #include "comm/ucx/ucx_backend.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/launch/job_token.hpp"
+#include "graph/models/model.hpp"
 #include "graph/plan/mesh.hpp"
+#include "graph/plan/plan.hpp"
+#include "graph/plan/step_program.hpp"
+#include "graph/training/run.hpp"
+#include "kernels/rng.hpp"
 
 namespace atl {
 
@@ -56,6 +61,21 @@ StartHandOver hand_over_from_node0(const std::shared_ptr<UcxWorld>& world,
     run_and_wait([&](Completion done) { comm->all_reduce(zero, "start", std::move(done)); });
   };
   return link;
+}
+
+// What the nodes must agree on besides the config: where each rank runs (--nnodes and its
+// sources can differ per node), the step program the plan makes (the collectives every rank
+// posts, in order: a different atoll build could make another), and the UCX wire format.
+nlohmann::json launch_description(const RunConfig& config, const Mesh& mesh,
+                                  const std::vector<std::vector<int>>& every_node) {
+  const std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
+  const Plan plan = make_plan(model->specs(), model->sharding_rules(), mesh, config.precision);
+  const StepProgram program = compile_step_program(plan, model->ops(), micro_batches_per_rank(config, mesh),
+                                                   config.train.schedule, config.topology.ep_dispatch);
+  char digest[17];
+  std::snprintf(digest, sizeof digest, "%016llx",
+                static_cast<unsigned long long>(stable_hash(step_program_json(plan, program))));
+  return {{"placement", every_node}, {"step_program", digest}, {"ucx_wire_version", kUcxWireVersion}};
 }
 
 }  // namespace
@@ -130,6 +150,7 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
   if (config.checkpoint.dir == default_checkpoint_dir(config.run_dir)) {
     job["checkpoint"].erase("dir");
   }
+  job["launch"] = launch_description(config, mesh, every_node);
   // Nodes read their own copies of a data file (no shared file system needed): the copies must
   // hold the same bytes. A node that cannot read its copy says so after the rendezvous, where the
   // others learn of it as a differing job (not as a node that never came).
@@ -161,6 +182,17 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
                                      " while waiting for the other nodes at the rendezvous; nothing was written");
   } catch (const JobMismatch& e) {
     if (unreadable_data) std::rethrow_exception(unreadable_data);  // its own reason, not the mismatch
+    if (e.key().rfind("launch.placement", 0) == 0) {
+      throw JobMismatch(e.key(), std::string(e.what()) + " (the nodes place the ranks differently: every node needs the "
+                                     "same --nnodes, NNODES or SLURM_NNODES, and topology.nodes; node " +
+                                     std::to_string(spec.node_rank) + " runs " + std::to_string(spec.nnodes) +
+                                     " nodes, placed by " + (spec.source().empty() ? "defaults" : spec.source()) + ")");
+    }
+    if (e.key() == "launch.step_program" || e.key() == "launch.ucx_wire_version") {
+      throw JobMismatch(e.key(), std::string(e.what()) + " (the same config gives the nodes different " +
+                                     (e.key() == "launch.step_program" ? "step programs" : "UCX message formats") +
+                                     ": they run different atoll builds)");
+    }
     if (e.key() == "data.content_hash") {
       throw JobMismatch(e.key(), std::string(e.what()) + " (the nodes' copies of " + config.data.path +
                                      " differ, or one cannot be read and its node names why: every node must read the same bytes)");
@@ -173,17 +205,33 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
   }
   if (unreadable_data) std::rethrow_exception(unreadable_data);  // every node's copy fails alike
   world->connect(addresses);
+  world->name_ranks([every_node](int rank) {
+    for (std::size_t n = 0; n < every_node.size(); ++n) {
+      const auto& r = every_node[n];
+      if (std::find(r.begin(), r.end(), rank) != r.end()) return "rank " + std::to_string(rank) + " (node " + std::to_string(n) + ")";
+    }
+    return "rank " + std::to_string(rank);
+  });
   // A transfer that fails with every process alive (the data network broke, the control
   // connections did not) would leave every node waiting: stop once a lost node would have been
-  // named by then (a node that died is, within topology.heartbeat_timeout_s).
+  // named by then (a node that died is, within topology.heartbeat_timeout_s). Processes that
+  // disagree about a collective run different builds or plans: exit 2, a restart cannot help.
   const double grace_s = config.topology.heartbeat_timeout_s + 10;
   world->on_transfer_failure(std::chrono::milliseconds(static_cast<std::int64_t>(grace_s * 1000)),
-                             [node = spec.node_rank, grace_s] {
+                             [node = spec.node_rank, grace_s](TransferFailure kind) {
                                const std::string prefix = node_prefix(node);
+                               if (kind == TransferFailure::disagreement) {
+                                 std::fprintf(stderr,
+                                              "%satoll-train: the nodes disagree about a collective (see the message "
+                                              "above): they run different atoll builds or plans; stopping\n",
+                                              prefix.c_str());
+                                 std::fflush(stderr);
+                                 std::_Exit(2);
+                               }
                                std::fprintf(stderr,
-                                            "%satoll-train: a UCX transfer failed %.0f s ago and no node was lost: the "
-                                            "data network between the nodes failed while their control connections "
-                                            "stayed up; stopping\n",
+                                            "%satoll-train: a UCX transfer failed %.0f s ago (see the message above) "
+                                            "and no node was lost: the data network between the nodes failed while "
+                                            "their control connections stayed up; stopping\n",
                                             prefix.c_str(), grace_s);
                                std::fflush(stderr);
                                std::_Exit(1);
@@ -209,11 +257,13 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
   };
   // A node that finished closes its UCX endpoints while others may still save: not a failure.
   control.on_goodbye = [world, every_node](int node) {
-    world->expect_gone(every_node.at(static_cast<std::size_t>(node)));
+    world->said_goodbye(every_node.at(static_cast<std::size_t>(node)));
   };
-  control.on_ending = [world, every_node, me] {  // every other node may end now (a star: not all say so here)
+  // Every other node may end now (a star: not all say so here), but what this node sent them is
+  // still flushed at its end: its last sends may still be on their way.
+  control.on_ending = [world, every_node, me] {
     for (std::size_t n = 0; n < every_node.size(); ++n) {
-      if (static_cast<int>(n) != me) world->expect_gone(every_node[n]);
+      if (static_cast<int>(n) != me) world->expect_end(every_node[n]);
     }
   };
   launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));

@@ -70,24 +70,27 @@ void read_all(int fd, void* data, std::size_t bytes, Clock::time_point deadline)
   }
 }
 
-constexpr std::uint32_t kMaxMessage = 64u << 20;
-
 }  // namespace
 
 void send_message(int fd, const json& message, Clock::time_point deadline) {
   const std::string text = message.dump();
+  if (text.size() > kMaxMessage) {
+    errno = 0;
+    fail("a message of " + std::to_string(text.size()) + " bytes to send (more than the limit of " +
+         std::to_string(kMaxMessage) + ")");
+  }
   const std::uint32_t length = htonl(static_cast<std::uint32_t>(text.size()));
   write_all(fd, &length, 4, deadline);
   write_all(fd, text.data(), text.size(), deadline);
 }
 
-json receive_message(int fd, Clock::time_point deadline) {
+json receive_message(int fd, Clock::time_point deadline, std::uint32_t max_bytes) {
   std::uint32_t length = 0;
   read_all(fd, &length, 4, deadline);
   length = ntohl(length);
-  if (length > kMaxMessage) {
+  if (length > max_bytes) {
     errno = 0;
-    fail("a message of " + std::to_string(length) + " bytes (more than the limit)");
+    fail("a message of " + std::to_string(length) + " bytes (more than the limit of " + std::to_string(max_bytes) + ")");
   }
   std::string text(length, '\0');
   read_all(fd, text.data(), length, deadline);

@@ -2,6 +2,7 @@
 // plane's language (internal to comm/rendezvous).
 #pragma once
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -17,8 +18,11 @@ int remaining_ms(Clock::time_point deadline);
 std::string seconds_text(std::chrono::milliseconds t);
 // Waits until fd is readable (POLLIN) or writable (POLLOUT); false on timeout.
 bool wait_for(int fd, short events, Clock::time_point deadline);
-// A 4-byte big-endian length, then the JSON text. Throws on a timeout or a broken connection.
+// The largest message either side sends or takes (an address book of thousands of ranks fits).
+constexpr std::uint32_t kMaxMessage = 64u << 20;
+// A 4-byte big-endian length, then the JSON text (an object). Throws on a timeout, a broken
+// connection, or a message longer than `max_bytes` (before reading it).
 void send_message(int fd, const nlohmann::json& message, Clock::time_point deadline);
-nlohmann::json receive_message(int fd, Clock::time_point deadline);
+nlohmann::json receive_message(int fd, Clock::time_point deadline, std::uint32_t max_bytes = kMaxMessage);
 
 }  // namespace atl::framing

@@ -1,6 +1,7 @@
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -154,6 +155,50 @@ std::string difference(const json& a, const json& b, const std::string& path) {
   return a == b ? "" : (path.empty() ? "(the whole description)" : path);
 }
 
+// The first message of a connection: the job token alone (a few hundred bytes at most).
+constexpr std::uint32_t kMaxGreeting = 4096;
+
+// Compares in time that does not depend on where the texts first differ.
+bool same_token(const std::string& given, const std::string& token) {
+  unsigned char differ = given.size() == token.size() ? 0 : 1;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    differ |= static_cast<unsigned char>(given[i] ^ (token.empty() ? 0 : token[i % token.size()]));
+  }
+  return differ == 0;
+}
+
+// Whether the peer of a connected socket closed it (its process ended).
+bool closed_by_peer(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  char byte = 0;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void throw_if_stopped(const RendezvousSettings& s);
+
+// Connects within the deadline, looking for a stop every 100 ms: a host that drops packets would
+// hold a blocking connect() for the kernel's SYN retries (minutes). False when refused or timed out.
+bool connect_within(const RendezvousSettings& s, int fd, const Endpoint& addr, Clock::time_point deadline) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) fail("fcntl");
+  if (::connect(fd, addr.get(), addr.length) != 0) {
+    if (errno != EINPROGRESS) return false;
+    for (;;) {
+      const auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+      if (wait_for(fd, POLLOUT, slice)) break;
+      if (slice == deadline) return false;
+      throw_if_stopped(s);
+    }
+    int error = 0;
+    socklen_t length = sizeof(error);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) return false;
+  }
+  if (::fcntl(fd, F_SETFL, flags) != 0) fail("fcntl");  // blocking again: framing polls before it reads or writes
+  return true;
+}
+
 void throw_if_stopped(const RendezvousSettings& s) {
   if (const int signal = s.stop_requested ? s.stop_requested() : 0; signal != 0) {
     throw RendezvousStopped(signal, "asked to stop (signal " + std::to_string(signal) +
@@ -211,10 +256,20 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
     }
     Socket peer(::accept(listener.fd(), nullptr, nullptr));
     if (peer.fd() < 0) continue;
+    // The token comes first, alone, in a small message: a connection without it costs node 0 no
+    // more than kMaxGreeting bytes, and nothing else it says is read.
     json hello;
+    bool token_valid = false;
     try {
       // A short deadline per connection: a silent peer cannot hold the rendezvous.
-      hello = receive_message(peer.fd(), std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+      const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+      const json greeting = receive_message(peer.fd(), soon, kMaxGreeting);
+      token_valid = greeting.contains("token") && greeting["token"].is_string() &&
+                    same_token(greeting["token"].get<std::string>(), s.token);
+      if (token_valid) {  // the node waits for this before it says more: a refusal finds nothing unread
+        send_message(peer.fd(), json{{"accepted", true}}, soon);
+        hello = receive_message(peer.fd(), soon);
+      }
     } catch (const std::exception& e) {
       if (s.log) s.log(std::string("dropped a connection that sent no valid greeting: ") + e.what());
       continue;
@@ -229,11 +284,16 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
       } catch (const std::exception&) {
       }
     };
-    if (!hello.contains("token") || hello["token"] != s.token) {
+    if (!token_valid) {
       refuse("ATOLL_JOB_TOKEN", "with a wrong job token");
       continue;
     }
-    const int node = hello.value("node", -1);
+    const int node = hello.contains("node") && hello["node"].is_number_integer() ? hello["node"].get<int>() : -1;
+    // A node whose launcher restarted it claims its number again: its earlier connection closed.
+    if (joined.count(node) && closed_by_peer(joined.at(node).socket.fd())) {
+      if (s.log) s.log("node " + std::to_string(node) + " joined again (its earlier connection had closed)");
+      joined.erase(node);
+    }
     if (node < 1 || node >= s.nnodes || joined.count(node)) {
       refuse("--node-rank", "claiming node " + std::to_string(node) +
                                 (joined.count(node) ? ", which another process took"
@@ -261,7 +321,14 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
   const json reply = mismatch_key.empty()
                          ? json{{"addresses", addresses_json(all)}}
                          : json{{"mismatch", mismatch_key}, {"node", mismatch_node}};
-  for (const auto& [node, j] : joined) send_message(j.socket.fd(), reply, deadline);
+  for (const auto& [node, j] : joined) {
+    try {
+      send_message(j.socket.fd(), reply, deadline);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string(e.what()) + ", answering node " + std::to_string(node) +
+                               " (it left after joining)");
+    }
+  }
   if (!mismatch_key.empty()) {
     throw JobMismatch(mismatch_key, "node " + std::to_string(mismatch_node) + " runs a different job: the first "
                                         "differing config key is " + mismatch_key);
@@ -280,7 +347,7 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
   for (;;) {  // node 0 may not listen yet
     socket = Socket(::socket(addr.family(), SOCK_STREAM, 0));
     if (socket.fd() < 0) fail("socket");
-    if (::connect(socket.fd(), addr.get(), addr.length) == 0) break;
+    if (connect_within(s, socket.fd(), addr, deadline)) break;
     if (remaining_ms(deadline) == 0) {
       fail("node 0 at " + s.master_addr + ":" + std::to_string(s.master_port) + " did not answer within " +
            seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s; is node 0 running there? once it has "
@@ -290,13 +357,19 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     throw_if_stopped(s);
   }
-  send_message(socket.fd(), json{{"token", s.token}, {"node", s.node_rank}, {"job", s.job},
-                                 {"addresses", addresses_json(mine)}},
-               deadline);
+  // The token alone first; node 0 accepts it (or refuses, and closes) before this node says more.
+  send_message(socket.fd(), json{{"token", s.token}}, deadline);
   json reply;
-  wait_unless_stopped(s, socket.fd(), deadline);  // node 0 answers once every node has joined
   try {
     reply = receive_message(socket.fd(), deadline);
+    if (reply.contains("accepted")) {
+      send_message(socket.fd(), json{{"node", s.node_rank}, {"job", s.job}, {"addresses", addresses_json(mine)}},
+                   deadline);
+      wait_unless_stopped(s, socket.fd(), deadline);  // node 0 answers once every node has joined
+      reply = receive_message(socket.fd(), deadline);
+    }
+  } catch (const RendezvousStopped&) {
+    throw;
   } catch (const std::exception& e) {  // node 0 gave up on a node that never came, or timed out itself
     throw_if_stopped(s);  // or a stop of the whole job reached node 0 first, which closed the connection
     throw std::runtime_error(std::string(e.what()) + ", and node 0 at " + s.master_addr + ":" +

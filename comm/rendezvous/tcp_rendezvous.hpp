@@ -1,6 +1,7 @@
 // The rendezvous of a multi-process job (issue 11) over a plain TCP channel: node 0 listens on
-// the master address and port, every other node connects and sends, first, the job token, then
-// its node rank, the job description (the resolved config as JSON text: every node must run the
+// the master address and port, every other node connects and sends, first, the job token alone
+// (node 0 reads at most 4 KiB of a connection before it has checked the token, and answers
+// "accepted" or a refusal before the node says more), then its node rank, the job description (the resolved config as JSON text: every node must run the
 // same job) and its ranks' UCX worker addresses. Node 0 drops and logs a connection whose token
 // is wrong (the job is unaffected) and, once every node has joined, compares the descriptions:
 // all equal, it sends every node the whole address book; otherwise every node (node 0 included)

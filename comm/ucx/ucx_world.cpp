@@ -1,6 +1,7 @@
 #include "comm/ucx/ucx_world.hpp"
 
 #include "comm/collective_checks.hpp"
+#include "comm/ucx/peer_ends.hpp"
 
 #include "kernels/tree_sum_arrays.hpp"
 
@@ -77,7 +78,7 @@ struct UcxWorld::Impl {
   std::vector<std::unique_ptr<float[]>> free_slots;
   // Every group a communicator was made for, by tag id (communicator(), any thread).
   std::mutex ids_mutex;
-  std::map<std::uint64_t, std::string> ids;
+  std::map<std::uint64_t, Group> ids;
 
   std::unique_ptr<float[]> take_slot() {
     if (free_slots.empty()) return std::unique_ptr<float[]>(new float[kChunkFloats]);
@@ -88,38 +89,25 @@ struct UcxWorld::Impl {
 
   // UCX reports a broken endpoint here (peer error handling) instead of aborting the process. A
   // peer that finished the job first (its UCX closed while this process still saves the last
-  // checkpoint) reads just like one that died, unless it said goodbye (expect_gone).
+  // checkpoint) reads just like one that died, unless its end was expected (PeerEnds).
   static void endpoint_failed(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* impl = static_cast<Impl*>(arg);
-    int peer = -1;
+    int peer = PeerEnds::kNoPeer;
     for (const auto& [key, endpoint] : impl->endpoints) {  // the progress thread's own map
       if (endpoint == ep) peer = key.second;
     }
     impl->transfer_failed("connection", status, peer);
   }
-  std::mutex gone_mutex;
-  std::set<int> gone;  // remote ranks whose process finished the job
-  bool is_gone(int peer) {
-    std::lock_guard<std::mutex> lock(gone_mutex);
-    return gone.count(peer) > 0;
-  }
+  PeerEnds ends;
   // on_transfer_failure's: what runs when a failure has not ended the process after a while.
   std::chrono::milliseconds stuck_grace{0};
-  std::function<void()> stuck;
+  std::function<void(TransferFailure)> stuck;
   std::atomic<bool> stuck_armed{false};
+  TransferFailure first_failure = TransferFailure::broken;  // set before the action is armed
   std::atomic<bool> ending{false};  // stop() began: failures from here on are the world's own end
-  std::set<int> failed_peers;  // under gone_mutex: the remote ranks of failed transfers (-1: a receive)
   std::weak_ptr<Impl> self;    // for the watchdog thread, which may outlive the world
   std::string message_prefix;  // set_message_prefix's (read on the progress thread)
-  // Whether a failure is still unexplained: a peer of a failed transfer has not said goodbye since
-  // (its goodbye can arrive after its UCX ended, on a busy machine).
-  bool failure_unexplained() {
-    std::lock_guard<std::mutex> lock(gone_mutex);
-    for (int peer : failed_peers) {
-      if (peer < 0 || !gone.count(peer)) return true;
-    }
-    return false;
-  }
+  std::function<std::string(int)> rank_name = [](int rank) { return "rank " + std::to_string(rank); };
   // The task queue: everything UCX runs on the progress thread.
   std::mutex mutex;
   std::deque<std::function<void()>> tasks;
@@ -250,9 +238,9 @@ struct UcxWorld::Impl {
     try {
       f();
     } catch (const std::exception& e) {
-      failed(std::string("the progress thread failed: ") + e.what(), -1);
+      failed(std::string("the progress thread failed: ") + e.what(), PeerEnds::kNoPeer, TransferFailure::broken);
     } catch (...) {
-      failed("the progress thread failed (an unknown exception)", -1);
+      failed("the progress thread failed (an unknown exception)", PeerEnds::kNoPeer, TransferFailure::broken);
     }
   }
 
@@ -275,43 +263,57 @@ struct UcxWorld::Impl {
   // Both processes alive (the data network failed, the control connections did not), nothing
   // would stop the job: the on_transfer_failure action does, once its grace has passed.
   void transfer_failed(const char* what, ucs_status_t status, int peer) {
-    if (peer >= 0 && is_gone(peer)) return;  // it finished the job: its end, not a failure
-    failed(std::string("a ") + what + " failed (" + ucs_status_string(status) + "); a peer process is gone", peer);
+    if (ends.explains(peer)) return;  // it finished the job, or may now: its end, not a failure
+    const std::string with = peer >= 0 ? " with " + rank_name(peer) : "";
+    failed(std::string("a ") + what + with + " failed (" + ucs_status_string(status) + "); a peer process is gone",
+           peer, TransferFailure::broken);
   }
 
   // A receive whose message was not the size the collective expects: the processes disagree about
   // the collective (different builds or plans). Its operation never completes (its buffer would
   // hold stale bytes), so the failure action ends the job, naming the mismatch.
   void size_mismatch(const Request& r, const std::string& got) {
-    char tag[24];
-    std::snprintf(tag, sizeof tag, "%#018llx", static_cast<unsigned long long>(r.tag));
-    failed("a receive of " + std::to_string(r.bytes) + " bytes (tag " + tag + ") got " + got +
+    failed("a receive of " + std::to_string(r.bytes) + " bytes (" + describe_tag(r.tag) + ") got " + got +
                ": the processes disagree about a collective (different atoll builds or job plans)",
-           -1);
+           PeerEnds::kNoPeer, TransferFailure::disagreement);
+  }
+
+  // A tag as the group, operation and sender it stands for (make_tag's fields).
+  std::string describe_tag(std::uint64_t tag) {
+    const std::uint64_t op = (tag >> 16) & 0xFFFFFF;
+    const int source = static_cast<int>(tag & 0xFFFF);
+    std::string group = "an unknown group", sender = "member " + std::to_string(source);
+    {
+      std::lock_guard<std::mutex> lock(ids_mutex);
+      if (const auto it = ids.find(tag >> 40); it != ids.end()) {
+        group = it->second.describe();
+        if (source < static_cast<int>(it->second.ranks.size())) {
+          sender = rank_name(it->second.ranks[static_cast<std::size_t>(source)]);
+        }
+      }
+    }
+    const bool p2p = (op & kPointToPoint) != 0;
+    return group + (p2p ? " send/recv #" : " collective #") + std::to_string(op & (kPointToPoint - 1)) + ", from " +
+           sender;
   }
 
   // Says `message` (the first failure only) and arms the on_transfer_failure action.
-  void failed(const std::string& message, int peer) {
+  void failed(const std::string& message, int peer, TransferFailure kind) {
     if (ending) return;  // this world's shutdown cancels what is in flight
-    bool first = false;  // said once
-    {
-      std::lock_guard<std::mutex> lock(gone_mutex);
-      first = failed_peers.empty();
-      failed_peers.insert(peer);
-    }
-    if (first) {
+    if (ends.note_failure(peer)) {  // said once
+      first_failure = kind;
       std::fprintf(stderr, "%satoll ucx: %s\n", message_prefix.c_str(), message.c_str());
       std::fflush(stderr);
     }
     if (stuck && !stuck_armed.exchange(true)) {
-      std::thread([grace = stuck_grace, action = stuck, world = self] {
+      std::thread([grace = stuck_grace, action = stuck, kind = first_failure, world = self] {
         std::this_thread::sleep_for(grace);
         // A world that is ending is a process ending its own way; a failure its peers' goodbyes
         // explain since is their end, not a broken network (a later failure arms it again).
         const std::shared_ptr<Impl> impl = world.lock();
         if (!impl || impl->ending) return;
-        if (impl->failure_unexplained()) {
-          action();
+        if (impl->ends.failure_unexplained()) {
+          action(kind);
         } else {
           impl->stuck_armed = false;
         }
@@ -409,7 +411,7 @@ struct UcxWorld::Impl {
   void flush_endpoints() {
     std::vector<ucs_status_ptr_t> flushing;
     for (auto& [key, ep] : endpoints) {
-      if (is_gone(key.second)) continue;
+      if (!ends.owed_flush(key.second)) continue;
       ucp_request_param_t param{};
       const ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &param);
       if (req != nullptr && !UCS_PTR_IS_ERR(req)) flushing.push_back(req);
@@ -427,7 +429,7 @@ struct UcxWorld::Impl {
 
   void shutdown() {
     // (A failure its peer's goodbye explains is that peer's end: the others still get their flush.)
-    if (!failure_unexplained()) flush_endpoints();
+    if (!ends.failure_unexplained()) flush_endpoints();
     closing = true;
     for (auto& [key, ep] : endpoints) {
       ucp_request_param_t param{};
@@ -797,7 +799,7 @@ UcxWorld::UcxWorld(int world_size, std::vector<int> local_ranks, std::shared_ptr
 
 UcxWorld::~UcxWorld() { impl_->stop(); }
 
-void UcxWorld::on_transfer_failure(std::chrono::milliseconds grace, std::function<void()> action) {
+void UcxWorld::on_transfer_failure(std::chrono::milliseconds grace, std::function<void(TransferFailure)> action) {
   impl_->call<void>([impl = impl_.get(), grace, action = std::move(action)]() mutable {
     impl->stuck_grace = grace;
     impl->stuck = std::move(action);
@@ -808,9 +810,11 @@ void UcxWorld::set_message_prefix(std::string prefix) {
   impl_->call<void>([impl = impl_.get(), prefix = std::move(prefix)]() mutable { impl->message_prefix = std::move(prefix); });
 }
 
-void UcxWorld::expect_gone(const std::vector<int>& remote_ranks) {
-  std::lock_guard<std::mutex> lock(impl_->gone_mutex);
-  impl_->gone.insert(remote_ranks.begin(), remote_ranks.end());
+void UcxWorld::said_goodbye(const std::vector<int>& remote_ranks) { impl_->ends.said_goodbye(remote_ranks); }
+void UcxWorld::expect_end(const std::vector<int>& remote_ranks) { impl_->ends.end_expected(remote_ranks); }
+
+void UcxWorld::name_ranks(std::function<std::string(int)> name) {
+  impl_->call<void>([impl = impl_.get(), name = std::move(name)]() mutable { impl->rank_name = std::move(name); });
 }
 
 int UcxWorld::world_size() const { return impl_->world_size; }
@@ -867,9 +871,9 @@ std::unique_ptr<Communicator> UcxWorld::communicator(const Group& group, int ran
     // Tags carry a 24-bit hash of the group: two groups of this process's ranks with one hash
     // would take each other's messages, so that is refused rather than risked.
     std::lock_guard<std::mutex> lock(impl_->ids_mutex);
-    const auto [it, inserted] = impl_->ids.emplace(group_id(group), group.describe());
-    if (!inserted && it->second != group.describe()) {
-      throw std::invalid_argument("ucx: groups " + it->second + " and " + group.describe() +
+    const auto [it, inserted] = impl_->ids.emplace(group_id(group), group);
+    if (!inserted && it->second.describe() != group.describe()) {
+      throw std::invalid_argument("ucx: groups " + it->second.describe() + " and " + group.describe() +
                                   " have the same 24-bit tag id; their messages could not be told apart");
     }
   }

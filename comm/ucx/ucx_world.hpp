@@ -38,6 +38,12 @@ namespace atl {
 
 using WorkerAddress = std::vector<std::byte>;
 
+enum class TransferFailure { broken, disagreement };
+
+// The format of this backend's messages (tags, chunk sizes, the order of a collective's
+// transfers): nodes must use the same one. Raise it with any change to them.
+constexpr int kUcxWireVersion = 1;
+
 class UcxWorld {
  public:
   // Workers for `local_ranks` (ranks of a `world_size`-rank job). Throws std::runtime_error when
@@ -59,15 +65,22 @@ class UcxWorld {
   // Every rank's worker address; call once, before any communicator is used.
   void connect(const std::map<int, WorkerAddress>& addresses);
   // These remote ranks' process has finished the job (it said goodbye): their endpoints breaking
-  // is its end, not a failure, and goes unreported. Any thread.
-  void expect_gone(const std::vector<int>& remote_ranks);
-  // After the first transfer failure (not of a peer that said goodbye), `action` runs on a thread
-  // of its own once `grace` has passed, unless the process ended first: a failed transfer never
-  // completes its operation, and with both processes alive nothing else would end the job.
-  // atoll-train exits 1 there. Call before the transfers start.
-  void on_transfer_failure(std::chrono::milliseconds grace, std::function<void()> action);
+  // is its end, not a failure, and goes unreported; nothing more is flushed to them. Any thread.
+  void said_goodbye(const std::vector<int>& remote_ranks);
+  // These remote ranks may end from now on (this process is ending the job): their endpoints
+  // breaking goes unreported, but what this process sent them is still flushed at its end. Any thread.
+  void expect_end(const std::vector<int>& remote_ranks);
+  // After the first transfer failure (not of a peer whose end is expected), `action` runs on a
+  // thread of its own once `grace` has passed, unless the process ended first: a failed transfer
+  // never completes its operation, and with both processes alive nothing else would end the job.
+  // Its argument: a broken transfer (atoll-train exits 1, a restart may help) or processes that
+  // disagree about a collective (exit 2: they run different builds or plans). Call before the
+  // transfers start.
+  void on_transfer_failure(std::chrono::milliseconds grace, std::function<void(TransferFailure)> action);
   // What this world's own messages on stderr start with ("[node 1] "): nodes share a terminal.
   void set_message_prefix(std::string prefix);
+  // How messages name a remote rank ("rank 3 (node 1)"; default "rank 3").
+  void name_ranks(std::function<std::string(int rank)> name);
 
   // The communicator of local rank `rank` in `group` (std::invalid_argument when it is not a
   // member or not local).

@@ -151,6 +151,17 @@ TEST_CASE("apps: nodes that run different jobs exit 2 naming the first differing
   CHECK(first.exit_code == 2);
   CHECK(second.exit_code == 2);
   CHECK_THAT(first.err, Catch::Contains("the first differing config key is run_dir"));
+  // The same config, but node 1 counts 4 nodes (one rank each) where node 0 counts 2 (two each):
+  // without the placement in the job, each would wait for ranks the other does not run.
+  const int port3 = free_port();
+  const auto four = train_args("configs/beam-tiny.yaml", tmp.path / "run", {"topology.mesh.dp_shard=4"});
+  const auto [zero, one] = run_two_nodes(node_command(0, 2, port3, four), node_command(1, 4, port3, four), tmp.path / "p");
+  INFO(zero.err << one.err);
+  CHECK(zero.exit_code == 2);
+  CHECK(one.exit_code == 2);
+  CHECK_THAT(zero.err, Catch::Contains("launch.placement") && Catch::Contains("the nodes place the ranks differently") &&
+                           Catch::Contains("node 0 runs 2 nodes"));
+  CHECK_THAT(one.err, Catch::Contains("node 1 runs 4 nodes"));
 }
 
 TEST_CASE("apps: nodes whose copies of the data file differ, or cannot read theirs, exit 2 before any step",

@@ -2,21 +2,25 @@
 // never joined; a node whose node 0 never listens says so; a refused node is told why.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <tuple>
 #include <utility>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/rendezvous/framing.hpp"
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "tests/support/free_port.hpp"
 
@@ -227,4 +231,126 @@ TEST_CASE("rendezvous: at a host name that is loopback here, node 0 says it list
   REQUIRE(r.zero_log.size() == 1);
   CHECK_THAT(r.zero_log[0], Catch::StartsWith("listening on every interface"));
   CHECK_THAT(r.zero_log[0], Catch::Contains(std::string("'") + name + "'"));
+}
+
+namespace {
+
+// A raw connection to node 0 on 127.0.0.1:port (an intruder, or a node speaking by hand).
+int connect_raw(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const sockaddr_in addr = testing::loopback(port);
+  REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+// A message as the rendezvous frames it: a 4-byte big-endian length, then the JSON text.
+std::string frame(const nlohmann::json& message) {
+  const std::string text = message.dump();
+  const std::uint32_t length = htonl(static_cast<std::uint32_t>(text.size()));
+  return std::string(reinterpret_cast<const char*>(&length), 4) + text;
+}
+// Node 0's log, written by its thread while the test reads it.
+class SharedLog {
+ public:
+  std::function<void(const std::string&)> writer() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lines_.push_back(line);
+    };
+  }
+  bool has(const std::string& part) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::any_of(lines_.begin(), lines_.end(),
+                       [&](const std::string& l) { return l.find(part) != std::string::npos; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
+// Node 0 of an `nnodes` job on `port`, in a thread of its own, its log kept.
+struct Node0 {
+  SharedLog log;
+  std::map<int, WorkerAddress> sees;
+  std::string error;
+  std::thread thread;  // last: started once the rest exists
+  Node0(int nnodes, int port)
+      : thread([this, nnodes, port] {
+          RendezvousSettings s = settings_for(0, nnodes, port, std::chrono::seconds(20));
+          s.log = log.writer();
+          error = error_of([&] { sees = rendezvous(s, {{0, WorkerAddress{std::byte{5}}}}); });
+        }) {}
+};
+
+}  // namespace
+
+TEST_CASE("rendezvous: a connection is read no further than a small greeting before its token is checked",
+          "[comm][rendezvous]") {
+  // A length header promising 32 MiB (a frame node 0 would have parsed whole before: ~1 GB of
+  // JSON tree for nested brackets) is dropped unread; a wrong token is refused.
+  const int port = testing::free_port();
+  Node0 zero(2, port);
+  REQUIRE(testing::wait_until_listening(port, std::chrono::seconds(20)));
+  const int big = connect_raw(port);
+  const std::uint32_t length = htonl(32u << 20);
+  REQUIRE(::send(big, &length, 4, MSG_NOSIGNAL) == 4);
+  const int wrong = connect_raw(port);
+  const std::string greeting = frame({{"token", "not-the-token"}});
+  REQUIRE(::send(wrong, greeting.data(), greeting.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(greeting.size()));
+  // The refusal comes back before any other node joined: node 0 read the greeting and stopped.
+  const nlohmann::json answer = framing::receive_message(wrong, framing::Clock::now() + std::chrono::seconds(20));
+  CHECK(answer.value("key", std::string()) == "ATOLL_JOB_TOKEN");
+  std::map<int, WorkerAddress> one_sees;
+  const std::string one_error = error_of([&] {
+    one_sees = rendezvous(settings_for(1, 2, port, std::chrono::seconds(20)), {{1, WorkerAddress{std::byte{7}}}});
+  });
+  zero.thread.join();
+  ::close(big);
+  ::close(wrong);
+  CHECK(zero.error.empty());
+  CHECK(one_error.empty());
+  CHECK(zero.sees.size() == 2);
+  CHECK(one_sees == zero.sees);
+  CHECK(zero.log.has("dropped a connection that sent no valid greeting: control channel: a message of 33554432 "
+                           "bytes (more than the limit of 4096)"));
+  CHECK(zero.log.has("refused a connection with a wrong job token"));
+}
+
+TEST_CASE("rendezvous: a node that joined and went away (restarted by its launcher) takes its place again",
+          "[comm][rendezvous]") {
+  const int port = testing::free_port();
+  Node0 zero(3, port);
+  REQUIRE(testing::wait_until_listening(port, std::chrono::seconds(20)));
+  // Node 1's first process joins by hand with an address node 0 must forget, and dies.
+  const int first = connect_raw(port);
+  const auto soon = framing::Clock::now() + std::chrono::seconds(20);
+  framing::send_message(first, nlohmann::json{{"token", "t"}}, soon);
+  CHECK(framing::receive_message(first, soon).contains("accepted"));
+  framing::send_message(first, nlohmann::json{{"node", 1}, {"job", R"({"job":1})"}, {"addresses", {{"1", "ff"}}}},
+                        soon);
+  ::close(first);
+  std::map<int, WorkerAddress> one_sees, two_sees;
+  std::string one_error;
+  std::thread node1([&] {
+    one_error = error_of([&] {
+      one_sees = rendezvous(settings_for(1, 3, port, std::chrono::seconds(20)), {{1, WorkerAddress{std::byte{7}}}});
+    });
+  });
+  // Node 2 last: node 0 has taken the second node 1 by then, or the job would start without it.
+  for (int poll = 0; poll < 800 && !zero.log.has("joined again"); ++poll) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  const std::string two_error = error_of([&] {
+    two_sees = rendezvous(settings_for(2, 3, port, std::chrono::seconds(20)), {{2, WorkerAddress{std::byte{9}}}});
+  });
+  zero.thread.join();
+  node1.join();
+  CHECK(zero.error.empty());
+  CHECK(one_error.empty());
+  CHECK(two_error.empty());
+  CHECK(zero.log.has("node 1 joined again (its earlier connection had closed)"));
+  REQUIRE(zero.sees.size() == 3);
+  CHECK(zero.sees.at(1) == WorkerAddress{std::byte{7}});  // the live process's address, not the dead one's
+  CHECK(one_sees == zero.sees);
+  CHECK(two_sees == zero.sees);
 }

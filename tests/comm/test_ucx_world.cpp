@@ -16,6 +16,7 @@
 
 #include "comm/sim/sim_world.hpp"
 #include "comm/rendezvous/tcp_rendezvous.hpp"
+#include "comm/ucx/peer_ends.hpp"
 #include "comm/ucx/ucx_world.hpp"
 #include "kernels/tensor.hpp"
 #include "tests/comm/fired.hpp"
@@ -61,18 +62,20 @@ struct Backends {
 // 10 ms grace, is noted.
 struct WatchedPair {
   UcxWorld world{2, {0, 1}};
-  std::shared_ptr<std::promise<void>> fired = std::make_shared<std::promise<void>>();
-  std::future<void> ran = fired->get_future();
+  std::shared_ptr<std::promise<TransferFailure>> fired = std::make_shared<std::promise<TransferFailure>>();
+  std::future<TransferFailure> ran = fired->get_future();
   std::unique_ptr<Communicator> member0, member1;
   WatchedPair() {
     world.connect(world.local_addresses());
-    world.on_transfer_failure(std::chrono::milliseconds(10), [fired = fired] { fired->set_value(); });
+    world.on_transfer_failure(std::chrono::milliseconds(10),
+                              [fired = fired](TransferFailure kind) { fired->set_value(kind); });
     const Group pair{"pair", {0, 1}};
     member0 = world.communicator(pair, 0);
     member1 = world.communicator(pair, 1);
   }
   // Whether the action ran (a deadlock watchdog, not a timing claim).
   bool failure_action_ran() { return ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready; }
+  TransferFailure failure() { return ran.get(); }
 };
 
 }  // namespace
@@ -459,9 +462,9 @@ TEST_CASE("ucx: a transfer that fails with this process alive runs the on_transf
   for (const auto& [rank, address] : b->local_addresses()) all[rank] = address;
   a->connect(all);
   b->connect(all);
-  auto fired = std::make_shared<std::promise<void>>();
-  std::future<void> ran = fired->get_future();
-  a->on_transfer_failure(std::chrono::milliseconds(100), [fired] { fired->set_value(); });
+  auto fired = std::make_shared<std::promise<TransferFailure>>();
+  std::future<TransferFailure> ran = fired->get_future();
+  a->on_transfer_failure(std::chrono::milliseconds(100), [fired](TransferFailure kind) { fired->set_value(kind); });
   const Group pair{"pair", {0, 1}};
   std::unique_ptr<Communicator> from_a = a->communicator(pair, 0);
   b.reset();
@@ -469,6 +472,7 @@ TEST_CASE("ucx: a transfer that fails with this process alive runs the on_transf
   from_a->send(Tensor::full({1 << 20}, 1.0f), 1, "t", [sent] { *sent = true; });
   // A deadlock watchdog, not a timing claim: UCX notices the peer within its keepalive.
   REQUIRE(ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+  CHECK(ran.get() == TransferFailure::broken);  // a restart may help: exit 1
   CHECK_FALSE(*sent);  // the failed send never completes: only the action ends the wait
 }
 
@@ -479,7 +483,7 @@ TEST_CASE("ucx: an exception on the progress thread is a reported failure, not t
   UcxWorld world(2, {0, 1});
   auto fired = std::make_shared<std::promise<void>>();
   std::future<void> ran = fired->get_future();
-  world.on_transfer_failure(std::chrono::milliseconds(10), [fired] { fired->set_value(); });
+  world.on_transfer_failure(std::chrono::milliseconds(10), [fired](TransferFailure) { fired->set_value(); });
   std::unique_ptr<Communicator> member0 = world.communicator(Group{"pair", {0, 1}}, 0);
   auto sent = std::make_shared<std::atomic<bool>>(false);
   member0->send(Tensor::full({4}, 1.0f), 1, "t", [sent] { *sent = true; });
@@ -508,6 +512,7 @@ TEST_CASE("ucx: all_to_all_v members that disagree about an empty block fail the
     member1.all_to_all_v(Tensor::full({total(c.send_counts_1)}, 2.0f), c.send_counts_1, Tensor::full({2}, -1.0f),
                          {1, 1}, "a2a", [] {});
     REQUIRE(w.failure_action_ran());
+    CHECK(w.failure() == TransferFailure::disagreement);  // different builds or plans: exit 2, no restart
     CHECK_FALSE(*done0);
   }
 }
@@ -524,6 +529,30 @@ TEST_CASE("ucx: a message of another size than its receive expects fails the rec
     w.member1->recv(Tensor::full({8}, -1.0f), 0, "t", [received] { *received = true; });
     w.member0->send(Tensor::full({sent_floats}, 1.0f), 1, "t", [] {});
     REQUIRE(w.failure_action_ran());
+    CHECK(w.failure() == TransferFailure::disagreement);
     CHECK_FALSE(*received);
   }
+}
+
+TEST_CASE("ucx: a peer that said goodbye is owed nothing, one whose end is only expected still gets the flush",
+          "[comm][ucx]") {
+  PeerEnds ends;
+  ends.said_goodbye({2, 3});
+  ends.end_expected({4, 5});
+  CHECK_FALSE(ends.owed_flush(2));
+  CHECK(ends.owed_flush(4));  // this process ending the job: its last sends to node 2 may be on their way
+  CHECK(ends.owed_flush(6));
+  CHECK(ends.explains(3));
+  CHECK(ends.explains(5));
+  CHECK_FALSE(ends.explains(6));
+  CHECK_FALSE(ends.explains(PeerEnds::kNoPeer));
+
+  CHECK(ends.note_failure(5));  // the first failure is said
+  CHECK_FALSE(ends.failure_unexplained());
+  CHECK_FALSE(ends.note_failure(7));
+  CHECK(ends.failure_unexplained());
+  ends.said_goodbye({7});  // its goodbye arrived after its endpoint broke: explained since
+  CHECK_FALSE(ends.failure_unexplained());
+  ends.note_failure(PeerEnds::kNoPeer);  // a receive that failed: no end explains it
+  CHECK(ends.failure_unexplained());
 }
