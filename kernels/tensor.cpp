@@ -44,7 +44,13 @@ I checked_integer(double v, std::int64_t index) {
 
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
-  for (auto d : shape) n *= d;
+  for (auto d : shape) {
+    // (A product past int64 would wrap to a small size: a buffer far smaller than its indexing.)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
+      throw std::invalid_argument("shape " + shape_string(shape) + ": " +
+                                  (d < 0 ? "a negative size" : "more elements than an int64 counts"));
+    }
+  }
   return n;
 }
 
@@ -74,6 +80,9 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   t.shape_ = std::move(shape);
   t.numel_ = shape_numel(t.shape_);
   t.dtype_ = dtype;
+  if (t.numel_ > std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(element_size(dtype))) {
+    throw std::invalid_argument("Tensor: shape " + shape_string(t.shape_) + " holds more bytes than an int64 counts");
+  }
   t.storage_ = std::make_shared<Storage>(t.bytes(), device);
   return t;
 }

@@ -53,7 +53,7 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
   std::int64_t rows = 0;
   for (const Tensor& t : parts) {
     Shape trailing = t.shape();
-    if (t.rank() != static_cast<std::int64_t>(shape.size()) || t.dtype() != DType::f32 ||
+    if (t.rank() < 1 || t.rank() != static_cast<std::int64_t>(shape.size()) || t.dtype() != DType::f32 ||
         !std::equal(trailing.begin() + 1, trailing.end(), shape.begin() + 1)) {
       throw std::invalid_argument("concat_rows: part " + t.describe() + " does not stack on " +
                                   parts.front().describe());

@@ -198,6 +198,7 @@ void scatter_rows_to_slots(const Tensor& rows, const ExpertDispatch& dispatch, s
 Tensor gather_rows_from_slots(const Tensor& slots, const ExpertDispatch& dispatch, std::int64_t first_row,
                               std::int64_t count) {
   const char* op = "gather_rows_from_slots";
+  detail::require(slots.rank() >= 1, op, [&] { return "slots must be [slots, ...], got " + slots.describe(); });
   Shape shape = slots.shape();
   shape[0] = count;
   Tensor rows = Tensor::empty(shape);

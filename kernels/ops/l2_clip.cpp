@@ -22,9 +22,8 @@ L2ClipForward l2_clip_forward(const Tensor& x, const Tensor& scale, float radius
   KernelScope scope(KernelKind::norm);
   constexpr const char* op = "l2_clip_forward";
   detail::require_dtype(op, "x", x, DType::f32);
-  require(x.rank() >= 1 && x.size(-1) > 0, op, [&] { return "x must be [..., d], got " + x.describe(); });
   require(radius > 0, op, [&] { return "radius must be positive, got " + std::to_string(radius); });
-  const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
+  const auto [rows, dim] = detail::rows_of(op, "x", x);
   L2ClipForward f{Tensor::empty(x.shape()), Tensor::empty({rows})};
   cpu::l2_clip_forward<float>(x.data<float>(), scale_ptr(op, scale, dim), radius, f.y.data<float>(),
                               f.norms.data<float>(), rows, dim, precision == Precision::bf16);
@@ -38,7 +37,7 @@ Tensor l2_clip_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, 
   detail::require_dtype(op, "x", x, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);
   require(dy.shape() == x.shape(), op, [&] { return "dy " + dy.describe() + " must match x " + x.describe(); });
-  const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
+  const auto [rows, dim] = detail::rows_of(op, "x", x);
   detail::require_dtype(op, "norms", norms, DType::f32);
   require(norms.numel() == rows, op, [&] { return "norms " + norms.describe() + " does not match x " + x.describe(); });
   const float* s = scale_ptr(op, scale, dim);

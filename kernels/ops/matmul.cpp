@@ -9,13 +9,20 @@ using detail::as_f32;
 using detail::require;
 
 
-Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands) {
-  constexpr const char* op = "linear_forward";
-  Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
+namespace {
+// x[..., in] and w[out, in]: the rows of x.
+std::int64_t linear_rows(const char* op, const Tensor& x, const Tensor& w) {
   require(w.rank() == 2 && x.rank() >= 1 && x.size(-1) == w.size(1), op, [&] {
     return "x " + x.describe() + " and w " + w.describe() + " do not match (expected x[..., in], w[out, in])";
   });
-  const std::int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  return detail::rows_of(op, "x", x).rows;
+}
+}  // namespace
+
+Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands) {
+  constexpr const char* op = "linear_forward";
+  Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
+  const std::int64_t in = w.size(1), out = w.size(0), rows = linear_rows(op, x, w);
   Shape y_shape = x.shape();
   y_shape.back() = out;
   Tensor y = Tensor::empty(y_shape);
@@ -28,7 +35,7 @@ Tensor linear_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& dy,
                        Precision operands) {
   constexpr const char* op = "linear_backward";
   Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
-  const std::int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  const std::int64_t in = w.size(1), out = w.size(0), rows = linear_rows(op, x, w);
   detail::require_dtype(op, "dy", dy, DType::f32);
   require(dy.numel() == rows * out, op, [&] { return "dy " + dy.describe() + " does not match x " + x.describe(); });
   if (dw) {

@@ -21,7 +21,7 @@ RmsNormForward rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps,
   KernelScope scope(KernelKind::norm);
   constexpr const char* op = "rmsnorm_forward";
   detail::require_dtype(op, "x", x, DType::f32);
-  const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
+  const auto [rows, dim] = detail::rows_of(op, "x", x);
   Tensor w32 = weight.defined() ? detail::as_f32(op, "weight", weight) : Tensor();
   RmsNormForward out{Tensor::empty(x.shape()), Tensor::empty({rows})};
   cpu::rmsnorm_forward<float>(x.data<float>(), weight_ptr(op, weight, w32, dim), out.y.data<float>(),
@@ -36,7 +36,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   detail::require_dtype(op, "x", x, DType::f32);
   detail::require_dtype(op, "dy", dy, DType::f32);
   require(dy.shape() == x.shape(), op, [&] { return "dy " + dy.describe() + " must match x " + x.describe(); });
-  const std::int64_t dim = x.size(-1), rows = x.numel() / dim;
+  const auto [rows, dim] = detail::rows_of(op, "x", x);
   require(rstd.numel() == rows, op, [&] { return "rstd " + rstd.describe() + " does not match x " + x.describe(); });
   Tensor w32 = weight.defined() ? detail::as_f32(op, "weight", weight) : Tensor();
   float* dw = nullptr;

@@ -43,6 +43,17 @@ inline void require_tensor(const char* op, const char* arg, const Tensor& t, DTy
   });
 }
 
+// A tensor as rows of its last dimension, which must not be empty (a row of nothing has no norm
+// or product to take, and rows = numel / width would divide by zero).
+struct Rows {
+  std::int64_t rows, width;
+};
+inline Rows rows_of(const char* op, const char* arg, const Tensor& t) {
+  require(t.rank() >= 1 && t.size(-1) > 0, op,
+          [&] { return std::string(arg) + " must have a last dimension of at least 1, got " + t.describe(); });
+  return {t.numel() / t.size(-1), t.size(-1)};
+}
+
 // fp32 view of a floating tensor: the tensor itself when f32, an upcast copy when bf16.
 inline Tensor as_f32(const char* op, const char* arg, const Tensor& t) {
   require_cpu(op, arg, t);

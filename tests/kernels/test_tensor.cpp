@@ -98,3 +98,11 @@ TEST_CASE("Counter RNG depends only on seed, name and index", "[rng]") {
   CHECK(std::abs(sum / n) < 0.03);
   CHECK(std::abs(sum_sq / n - 1.0) < 0.05);
 }
+
+TEST_CASE("Tensor refuses a shape whose element or byte count would wrap around int64", "[tensor]") {
+  // (A wrapped count is a small buffer that its indexing treats as a huge one.)
+  CHECK_THROWS_WITH(Tensor::empty({std::int64_t{1} << 62, 4}),
+                    Catch::Contains("more elements than an int64 counts"));
+  CHECK_THROWS_WITH(Tensor::empty({std::int64_t{1} << 62}), Catch::Contains("holds more bytes than an int64 counts"));
+  CHECK(shape_numel({std::int64_t{1} << 31, std::int64_t{1} << 31}) == std::int64_t{1} << 62);
+}
