@@ -8,6 +8,7 @@
 #include <optional>
 #include <map>
 
+#include "actors/answer_once.hpp"
 #include "actors/stage_state.hpp"
 #include "actors/supervision.hpp"
 #include "graph/plan/step_program.hpp"
@@ -26,11 +27,16 @@ std::vector<CollectiveNode> scheduled(const StageState& st, const StepInstructio
   return out;
 }
 
+constexpr const char* kFailedBefore = "stage: an earlier step failed on this rank; nothing more runs here";
+
 // Any failure during a step (a unit, a collective, a kernel) ends the step with that error, so
 // the trainer and the engine see it instead of waiting forever.
+// The stage stays broken: callbacks of the failed step still in flight carry no step identity,
+// and its collectives' numbers were taken, so no later step, probe, optimize or export may run.
 void fail(stage_pointer self, const caf::error& error) {
   auto& st = self->state;
   st.active = false;
+  st.failed = true;
   st.runs.clear();
   if (st.done.pending()) st.done.deliver(error);
 }
@@ -302,9 +308,9 @@ void advance(stage_pointer self) {
 // Export, unit by unit in plan order (one unit's buffers at a time): take the unit's shards,
 // all-gather master, exp_avg and exp_avg_sq over the shard group on the rank's stream. Every rank
 // takes part; only a rank asked to `keep` holds on to the gathered tensors (so a process keeps one
-// copy of the model, not one per rank). The promise is answered once, with the first error.
+// copy of the model, not one per rank). The request is answered once, with the first error.
 void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::size_t u, bool keep,
-                  caf::typed_response_promise<GatheredState> rp) {
+                  AnswerOnce<GatheredState> rp) {
   auto& st = self->state;
   if (u == st.setup.units.size()) {
     rp.deliver(std::move(*out));
@@ -334,14 +340,10 @@ void export_units(stage_pointer self, std::shared_ptr<GatheredState> out, std::s
                         if (keep) out->units.push_back(*gathered);
                         export_units(self, out, u + 1, keep, rp);
                       },
-                      [=](caf::error& e) mutable {
-                        if (rp.pending()) rp.deliver(e);
-                      });
+                      [=](caf::error& e) { rp.deliver(e); });
             }
           },
-          [=](caf::error& e) mutable {
-            if (rp.pending()) rp.deliver(e);
-          });
+          [=](caf::error& e) { rp.deliver(e); });
 }
 
 stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup setup) {
@@ -352,6 +354,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
         auto& s = self->state;
         if (step.micro_batches.empty()) return caf::make_error(caf::sec::runtime_error, "stage: no micro-batches");
         if (s.active) return caf::make_error(caf::sec::runtime_error, "stage: a step is already running");
+        if (s.failed) return caf::make_error(caf::sec::runtime_error, kFailedBefore);
         if (static_cast<int>(step.micro_batches.size()) != s.setup.program->micro_batches) {
           return caf::make_error(caf::sec::runtime_error,
                                  "stage: " + std::to_string(step.micro_batches.size()) +
@@ -379,6 +382,9 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
       // Between steps: gather one unit, take its params, reshard it (a gather round trip). It
       // takes the next number of the rank's stream, like a one-collective program.
       [=](probe_atom, std::uint64_t unit) -> caf::result<done_atom> {
+        // (A probe takes the next number of the rank's stream: mid-step it would shift the step's.)
+        if (self->state.active) return caf::make_error(caf::sec::runtime_error, "stage: probe during a step");
+        if (self->state.failed) return caf::make_error(caf::sec::runtime_error, kFailedBefore);
         auto rp = self->make_response_promise<done_atom>();
         const auto u = static_cast<std::size_t>(unit);
         const unit_actor target = self->state.setup.units[u];
@@ -396,22 +402,25 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
       },
       [=](export_atom, bool keep) -> caf::result<GatheredState> {
         if (self->state.active) return caf::make_error(caf::sec::runtime_error, "stage: export during a step");
-        auto rp = self->make_response_promise<GatheredState>();
+        if (self->state.failed) return caf::make_error(caf::sec::runtime_error, kFailedBefore);
+        const AnswerOnce<GatheredState> rp(self->make_response_promise<GatheredState>());
         export_units(self, std::make_shared<GatheredState>(), 0, keep, rp);
-        return rp;
+        return rp.promise();
       },
       [=](optimize_atom, OptimizerStep msg) -> caf::result<done_atom> {
-        auto rp = self->make_response_promise<done_atom>();
+        if (self->state.active) return caf::make_error(caf::sec::runtime_error, "stage: optimize during a step");
+        if (self->state.failed) return caf::make_error(caf::sec::runtime_error, kFailedBefore);
+        const AnswerOnce<done_atom> rp(self->make_response_promise<done_atom>());
         auto remaining = std::make_shared<std::size_t>(self->state.setup.units.size());
         for (const auto& unit : self->state.setup.units) {
           self->request(unit, caf::infinite, optimize_atom::value, msg)
               .then(
-                  [=](done_atom) mutable {
+                  [=](done_atom) {
                     if (--*remaining == 0) rp.deliver(done_atom::value);
                   },
-                  [=](caf::error& e) mutable { rp.deliver(e); });
+                  [=](caf::error& e) { rp.deliver(e); });
         }
-        return rp;
+        return rp.promise();
       },
   };
 }

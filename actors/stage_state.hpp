@@ -30,6 +30,7 @@ struct StageState {
   std::uint64_t next_seq = 0;  // the rank's collective stream position before the next step or probe
   // The step in flight.
   bool active = false;
+  bool failed = false;  // a step failed: the stage refuses everything after (fail())
   StageStep step;
   std::shared_ptr<const StepProgram> program;
   std::size_t pc = 0;          // next instruction
