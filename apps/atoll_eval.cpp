@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <new>
 #include <iostream>
 #include <limits>
 
@@ -27,20 +28,11 @@ namespace {
 // checkpoint (its model file replaced, every later load would fail).
 void check_dump_replaces_no_input(const std::string& dump, const std::string& tokens, const std::string& checkpoint,
                                   const std::string& config_file) {
-  namespace fs = std::filesystem;
-  const fs::path out = fs::weakly_canonical(dump), ck = fs::weakly_canonical(checkpoint);
-  if (out == fs::weakly_canonical(tokens)) {
-    throw atl::ConfigError(config_file, "--dump-logits", "'" + dump + "' is the --tokens file; expected another file");
-  }
-  if (out == fs::weakly_canonical(config_file)) {
-    throw atl::ConfigError(config_file, "--dump-logits", "'" + dump + "' is the config file; expected another file");
-  }
-  const auto [end, at] = std::mismatch(ck.begin(), ck.end(), out.begin(), out.end());
-  if (end == ck.end()) {
-    throw atl::ConfigError(config_file, "--dump-logits",
-                           "'" + dump + "' is inside the --checkpoint directory " + checkpoint +
-                               "; expected a file outside it");
-  }
+  atl::check_replaces_no_input(dump,
+                               {{tokens, "the --tokens file", false},
+                                {config_file, "the config file", false},
+                                {checkpoint, "the --checkpoint directory", true}},
+                               config_file, "--dump-logits");
 }
 
 }  // namespace
@@ -116,6 +108,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const atl::cpu::CpuIsaError& e) {  // bad input: the environment
     std::cerr << "atoll-eval: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {  // a batch is one forward pass: its size is the config's
+    std::cerr << "atoll-eval: out of memory: a batch of train.global_batch x train.seq_len tokens is scored in one "
+                 "forward pass; lower train.global_batch (--set train.global_batch=N)\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "atoll-eval: error: " << e.what() << "\n";

@@ -59,9 +59,16 @@ void apply_set(YAML::Node& root, const std::string& assignment, const std::strin
     value = YAML::Node(std::string());
   } else {
     try {
+      check_config_text(text, source);
       value = YAML::Load(text);
+      // As a config file: one document, each key once (checked before the value joins the tree).
+      check_single_document(text, source);
+      check_no_duplicate_keys(value, source);
     } catch (const YAML::Exception& e) {
       throw ConfigError(source, key, fmt::format("--set value '{}' is not valid YAML: {}", text, e.msg));
+    } catch (const ConfigError& e) {
+      throw ConfigError(source, e.key().empty() ? key : key + "." + e.key(),
+                        fmt::format("--set value '{}': {}", text, e.problem()));
     }
   }
 
@@ -200,17 +207,27 @@ TrainConfig read_train(ConfigReader reader) {
   train.global_batch = positive("global_batch");
   train.micro_batch = positive("micro_batch");
   if (train.global_batch % train.micro_batch != 0) {
-    reader.fail("global_batch", fmt::format("expected a multiple of train.micro_batch ({}), got {}", train.micro_batch,
+    reader.fail(train.seq_len > kMaxStepTokens ? "seq_len" : "global_batch", fmt::format("expected a multiple of train.micro_batch ({}), got {}", train.micro_batch,
                                             train.global_batch));
   }
   train.seq_len = reader.require<std::int64_t>("seq_len");
   reader.check(train.seq_len >= 2, "seq_len", "an integer >= 2");
+  // Steps hold global_batch x seq_len tokens at once (a product that must not overflow anything
+  // downstream either).
+  std::int64_t step_tokens = 0;
+  if (__builtin_mul_overflow(train.global_batch, train.seq_len, &step_tokens) || step_tokens > kMaxStepTokens) {
+    reader.fail(train.seq_len > kMaxStepTokens ? "seq_len" : "global_batch", fmt::format("global_batch x seq_len = {} x {} tokens per step; expected at most {}",
+                                            train.global_batch, train.seq_len, kMaxStepTokens));
+  }
+  // The optimizer runs in fp32: a number it cannot hold is 0 or inf there.
+  const auto fp32_positive = [](double v) { return v >= 1.1754943508222875e-38 && v <= 3.4028234663852886e38; };
   train.lr = reader.require<double>("lr");
-  reader.check(train.lr > 0, "lr", "a positive number");
+  reader.check(fp32_positive(train.lr), "lr", "a positive number that fp32 represents (1.2e-38 .. 3.4e38)");
   train.warmup = reader.get_non_negative("warmup", 0);
   train.seed = reader.get<std::uint64_t>("seed", 0);
   train.min_lr_ratio = number_in("min_lr_ratio", 0.1, [](double v) { return v >= 0 && v <= 1; }, "a number in [0, 1]");
-  train.weight_decay = number_in("weight_decay", 0.1, [](double v) { return v >= 0; }, "a non-negative number");
+  train.weight_decay = number_in("weight_decay", 0.1, [](double v) { return v >= 0 && v <= 3.4028234663852886e38; },
+                                 "a non-negative number that fp32 represents (<= 3.4e38)");
   train.beta1 = number_in("beta1", 0.9, [](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)");
   train.beta2 = number_in("beta2", 0.95, [](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)");
   // AdamW runs in fp32: an eps below fp32's smallest normal number (1.2e-38) is 0 or denormal there.
@@ -411,10 +428,16 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path, "", fmt::format("cannot open config file: {}", std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Read up to the limit and one byte more: a device like /dev/zero must not fill the memory.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw ConfigError(path, "", "cannot read config file");
-  return parse_run_config(text.str(), path, sets);
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError(path, "", fmt::format("more than {} MiB; expected a YAML config file (a few KiB)",
+                                            kMaxConfigBytes >> 20));
+  }
+  return parse_run_config(text, path, sets);
 }
 
 

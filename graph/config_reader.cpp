@@ -21,7 +21,8 @@ std::string join(const std::vector<std::string>& items, const char* separator) {
 ConfigError::ConfigError(const std::string& file, const std::string& key, const std::string& problem)
     : std::runtime_error(key.empty() ? file + ": " + problem : file + ": " + key + ": " + problem),
       file_(file),
-      key_(key) {}
+      key_(key),
+      problem_(problem) {}
 
 // ---------------------------------------------------------------------------------------------
 // Scalars
@@ -262,9 +263,14 @@ void check_single_document(const std::string& text, const std::string& file) {
 }
 
 namespace {
-void check_duplicates(const YAML::Node& node, const std::string& file, const std::string& prefix, int depth) {
+void check_duplicates(const YAML::Node& node, const std::string& file, const std::string& prefix, int depth,
+                      std::int64_t& values) {
   if (depth > kMaxConfigDepth) {
     throw ConfigError(file, prefix, fmt::format("nested more than {} levels deep", kMaxConfigDepth));
+  }
+  if (++values > kMaxConfigValues) {
+    throw ConfigError(file, prefix, fmt::format("more than {} values once its YAML aliases are expanded; expected a "
+                                                "config of a few keys", kMaxConfigValues));
   }
   if (node.IsMap()) {
     std::vector<std::string> seen;
@@ -276,16 +282,19 @@ void check_duplicates(const YAML::Node& node, const std::string& file, const std
                                                   entry.first.Mark().line + 1));
       }
       seen.push_back(key);
-      check_duplicates(entry.second, file, path, depth + 1);
+      check_duplicates(entry.second, file, path, depth + 1, values);
     }
   } else if (node.IsSequence()) {
     for (std::size_t i = 0; i < node.size(); ++i) {
-      check_duplicates(node[i], file, prefix + "[" + std::to_string(i) + "]", depth + 1);
+      check_duplicates(node[i], file, prefix + "[" + std::to_string(i) + "]", depth + 1, values);
     }
   }
 }
 }  // namespace
 
-void check_no_duplicate_keys(const YAML::Node& root, const std::string& file) { check_duplicates(root, file, "", 0); }
+void check_no_duplicate_keys(const YAML::Node& root, const std::string& file) {
+  std::int64_t values = 0;
+  check_duplicates(root, file, "", 0, values);
+}
 
 }  // namespace atl

@@ -31,9 +31,10 @@ class ConfigError : public std::runtime_error {
   ConfigError(const std::string& file, const std::string& key, const std::string& problem);
   const std::string& file() const { return file_; }
   const std::string& key() const { return key_; }
+  const std::string& problem() const { return problem_; }
 
  private:
-  std::string file_, key_;
+  std::string file_, key_, problem_;
 };
 
 // A key nobody reads (ConfigReader::finish): callers that probe which keys a reader takes catch
@@ -99,6 +100,10 @@ std::optional<bool> parse_config_bool(const std::string& text);
 
 // Deepest nesting a config may have (flow brackets or mappings); deeper input is refused.
 inline constexpr int kMaxConfigDepth = 64;
+// The most values a config may hold once YAML aliases are expanded (each alias is a copy: a few
+// lines of nested aliases would be a billion values to walk), and the most bytes a file may have.
+inline constexpr std::int64_t kMaxConfigValues = 100000;
+inline constexpr std::size_t kMaxConfigBytes = std::size_t{16} << 20;
 // Before parsing: throws ConfigError for a binary file (NUL or control bytes) or nesting deeper than
 // kMaxConfigDepth, naming the line, never echoing the input.
 void check_config_text(const std::string& text, const std::string& file);

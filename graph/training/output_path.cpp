@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 
 #include "graph/config_reader.hpp"
 
@@ -61,6 +62,24 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
 
 void create_parent_folders(const std::filesystem::path& file) {
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+}
+
+void check_replaces_no_input(const std::string& out, const std::vector<RunInput>& inputs, const std::string& file,
+                             const std::string& key) {
+  namespace fs = std::filesystem;
+  const fs::path target = fs::weakly_canonical(out);
+  for (const RunInput& input : inputs) {
+    if (input.path.empty()) continue;
+    const fs::path in = fs::weakly_canonical(input.path);
+    if (!input.directory && target == in) {
+      throw ConfigError(file, key, "'" + out + "' is " + input.what + "; expected another file");
+    }
+    const auto [end, at] = std::mismatch(in.begin(), in.end(), target.begin(), target.end());
+    if (input.directory && end == in.end()) {
+      throw ConfigError(file, key, "'" + out + "' is inside " + input.what + " " + input.path +
+                                       "; expected a file outside it");
+    }
+  }
 }
 
 std::string node_trace_path(const std::string& path, int node_rank) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace atl {
 
@@ -10,6 +11,17 @@ namespace atl {
 // process can create or write: an existing one must be writable, a missing one's nearest existing
 // ancestor must be a writable directory (a file's missing folders are created when it is written).
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key);
+// An input an output file must not replace: a file, or a directory (nothing inside it either).
+struct RunInput {
+  std::string path;  // "" for none
+  std::string what;  // "the config file", "the checkpoint.load directory"
+  bool directory = false;
+};
+// Throws ConfigError(`file`, `key`, ...) when the output file `out` is one of `inputs` or lies
+// inside one of their directories (paths compared after resolving links and "..").
+void check_replaces_no_input(const std::string& out, const std::vector<RunInput>& inputs, const std::string& file,
+                             const std::string& key);
+
 // The --trace file of node `node_rank` of a multi-process job: node 0's is `path` itself, node N's
 // has ".nodeN" before the extension ("trace.json" -> "trace.node1.json"), on that node's own disk.
 std::string node_trace_path(const std::string& path, int node_rank);

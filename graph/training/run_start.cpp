@@ -33,7 +33,19 @@ namespace fs = std::filesystem;
 void check_outputs(const RunConfig& config, const RunOptions& options) {
   check_output_path(config.run_dir, false, config.source_file, "run_dir");
   if (config.checkpoint.every > 0) check_output_path(config.checkpoint.dir, false, config.source_file, "checkpoint.dir");
-  if (!options.trace_path.empty()) check_output_path(options.trace_path, true, config.source_file, "--trace");
+  if (options.trace_path.empty()) return;
+  check_output_path(options.trace_path, true, config.source_file, "--trace");
+  // The trace is written at the end: over an input, the run would destroy what it started from.
+  const fs::path run_dir(config.run_dir);
+  check_replaces_no_input(options.trace_path,
+                          {{config.source_file, "the config file", false},
+                           {config.data.path, "the data file (data.path)", false},
+                           {(run_dir / "metrics.jsonl").string(), "the run's metrics.jsonl", false},
+                           {(run_dir / "run.json").string(), "the run's run.json", false},
+                           {config.checkpoint.load, "the checkpoint.load directory", true},
+                           {config.checkpoint.dir, "the checkpoint.dir directory", true},
+                           {options.resume.value_or(""), "the --resume directory", true}},
+                          config.source_file, "--trace");
 }
 
 // The run recorded in run_dir (run.json), if it can be read as one.

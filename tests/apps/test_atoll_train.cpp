@@ -113,6 +113,18 @@ TEST_CASE("apps: atoll-train config errors exit 2, name the key and write nothin
     CHECK_FALSE(fs::exists(run_dir));
   }
 
+  SECTION("a --trace file that is the config (it is written at the end, over what the run started from)") {
+    const fs::path config = tmp.path / "copy.yaml";
+    const std::string yaml = read_file(default_config());
+    write_file(config, yaml);
+    const Result r = run_train({config.string(), "--set", run_dir_set, "--trace", config.string()}, tmp.path);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--trace: '" + config.string() + "' is the config file; expected another file"));
+    CHECK(read_file(config) == yaml);
+    CHECK_FALSE(fs::exists(run_dir));
+  }
+
   SECTION("missing config file") {
     const Result r = run_train({(tmp.path / "absent.yaml").string(), "--set", run_dir_set}, tmp.path);
     INFO("stdout: " << r.out << "\nstderr: " << r.err);

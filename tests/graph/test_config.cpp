@@ -235,7 +235,16 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
       {"steps_float", edited("steps: 100", "steps: 1.5"), "train.steps: expected an integer, got 1.5"},
       {"negative_warmup", edited("lr: 3.0e-3", "lr: 3.0e-3\n  warmup: -1"),
        "train.warmup: expected a non-negative integer, got -1"},
-      {"zero_lr", edited("lr: 3.0e-3", "lr: 0"), "train.lr: expected a positive number, got 0"},
+      {"zero_lr", edited("lr: 3.0e-3", "lr: 0"),
+       "train.lr: expected a positive number that fp32 represents (1.2e-38 .. 3.4e38), got 0"},
+      {"tiny_lr", edited("lr: 3.0e-3", "lr: 1.0e-50"), "train.lr: expected a positive number that fp32 represents"},
+      {"huge_lr", edited("lr: 3.0e-3", "lr: 1.0e39"), "train.lr: expected a positive number that fp32 represents"},
+      {"huge_weight_decay", edited("lr: 3.0e-3", "lr: 3.0e-3\n  weight_decay: 1.0e39"),
+       "train.weight_decay: expected a non-negative number that fp32 represents (<= 3.4e38)"},
+      // Rows x tokens would wrap around int64 (a small buffer written as a huge one).
+      {"tokens_overflow", edited("global_batch: 8", "global_batch: 4611686018427387904"),
+       "train.global_batch: global_batch x seq_len = 4611686018427387904 x 32 tokens per step; expected at most "
+       "2147483648"},
       {"bad_source", std::string(kMinimal) + "data: {source: wiki}\n",
        "data.source: expected 'synthetic', 'text:<path>' or 'tokens:<path>', got 'wiki'"},
       {"empty_path", std::string(kMinimal) + "data: {source: 'text:'}\n", "data.source: expected"},
@@ -355,6 +364,23 @@ TEST_CASE("config: model sizes whose element counts would overflow are refused, 
   }
 }
 
+TEST_CASE("config: a few lines of nested YAML aliases, or a device for a file, are refused, not walked or read whole",
+          "[config]") {
+  ConfigDir dir;
+  // Nine levels of ten aliases each: a billion values once expanded (minutes to walk).
+  std::string bomb = std::string(kMinimal) + "x:\n  l0: &l0 [a, a, a, a, a, a, a, a, a, a]\n";
+  for (int level = 1; level < 9; ++level) {
+    const std::string below = "*l" + std::to_string(level - 1);
+    bomb += "  l" + std::to_string(level) + ": &l" + std::to_string(level) + " [" + below;
+    for (int i = 1; i < 10; ++i) bomb += ", " + below;
+    bomb += "]\n";
+  }
+  const std::string file = dir.write("bomb.yaml", bomb);
+  CHECK_THAT(config_error(file), Catch::StartsWith(file + ": x.l") &&
+                                     Catch::Contains(": more than 100000 values once its YAML aliases are expanded"));
+  CHECK(config_error("/dev/zero") == "/dev/zero: more than 16 MiB; expected a YAML config file (a few KiB)");
+}
+
 TEST_CASE("config: an error about a value a --set gave names that --set", "[config]") {
   ConfigDir dir;
   const std::string file = dir.write("base.yaml", kMinimal);
@@ -366,7 +392,14 @@ TEST_CASE("config: an error about a value a --set gave names that --set", "[conf
     }
     return std::string("no error");
   };
-  CHECK(error_of({"train.lr=-1"}) == file + ": train.lr: expected a positive number, got -1 (given by --set train.lr=-1)");
+  CHECK(error_of({"train.lr=-1"}) == file + ": train.lr: expected a positive number that fp32 represents (1.2e-38 .. "
+                                           "3.4e38), got -1 (given by --set train.lr=-1)");
+  // A --set value is read as a config file is: each key once, one document.
+  CHECK(error_of({"train={steps: 3, steps: 1, global_batch: 8, micro_batch: 2, seq_len: 32, lr: 0.1}"}) ==
+        file + ": train.steps: --set value '{steps: 3, steps: 1, global_batch: 8, micro_batch: 2, seq_len: 32, lr: "
+               "0.1}': duplicated key (line 1); each key may appear once");
+  CHECK_THAT(error_of({"train.steps=2\n---\nfoo"}),
+             Catch::StartsWith(file + ": train.steps: --set value '2\n---\nfoo': line 3: a second YAML document"));
   CHECK(error_of({"train.warmup=3", "train.warmup="}) ==
         file + ": train.warmup: expected an integer, got '' (given by --set train.warmup=; 'train.warmup=null' leaves "
                "the key unset)");
