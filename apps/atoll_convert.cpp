@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "apps/cli_checks.hpp"
 #include "apps/fatal_exit.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/hf_export.hpp"
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
   exp->add_option("--dtype", dtype, "bulk tensors in fp32 (the default) or bf16 (FP32 islands always stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size (default 5 GiB)")
-      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max(), "a positive byte count"));
+      ->check(atl::positive_int64("a positive byte count"));
   auto* imp = app.add_subcommand("import", "read an HF directory into a training checkpoint (step 0)");
   imp->add_option("hf_dir", hf_dir, "the HF directory")->required();
   imp->add_option("out_root", out_root, "checkpoint root; the checkpoint is written to OUT_ROOT/step-00000000 (never over an existing one)")

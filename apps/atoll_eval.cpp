@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "apps/cli_checks.hpp"
 #include "apps/fatal_exit.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/safetensors.hpp"
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
   app.add_option("--set", sets, "override a config key (repeatable)");
   app.add_option("--batches", batches, "batches of train.global_batch x train.seq_len to score (default 8)")
-      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max(), "a positive count"));
+      ->check(atl::positive_int64("a positive count"));
   auto* dump = app.add_option("--dump-logits", dump_logits, "write the fp32 logits of --tokens rows here");
   auto* rows = app.add_option("--tokens", tokens, "safetensors file with input_ids, positions, valid [B, S]");
   bool allow_nonfinite = false;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "graph/config.hpp"
+#include "graph/data/data_source.hpp"
 #include "graph/models/model.hpp"
 #include "graph/plan/format.hpp"
 #include "graph/plan/mesh.hpp"
@@ -46,6 +47,10 @@ int main(int argc, char** argv) {
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
     const atl::Mesh mesh(config.topology.mesh, config.source_file);
     if (world_size) mesh.check_world_size(*world_size);
+    // What atoll-train refuses before it plans: micro-batches that do not split over the ranks,
+    // data that does not fit the model.
+    atl::micro_batches_per_rank(config, mesh);
+    atl::check_data_fits_model(config.data, model->unpadded_vocab_size(), config.source_file);
     const atl::Plan plan = atl::make_plan(model->specs(), model->sharding_rules(), mesh, config.precision);
     if (graph) {
       const atl::StepProgram program =

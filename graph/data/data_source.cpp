@@ -187,13 +187,17 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int6
   throw std::logic_error("make_data_source: unknown source kind");
 }
 
-std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed,
-                                             const std::string& config_file) {
+void check_data_fits_model(const DataConfig& config, std::int64_t usable_vocab, const std::string& config_file) {
   if (config.kind == DataSourceKind::synthetic && config.synthetic_branching > usable_vocab) {
     throw ConfigError(config_file, "data.synthetic_branching",
                       fmt::format("expected an integer in [1, {}] (the model's usable vocab, unpadded_vocab_size), got {}",
                                   usable_vocab, config.synthetic_branching));
   }
+}
+
+std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed,
+                                             const std::string& config_file) {
+  check_data_fits_model(config, usable_vocab, config_file);
   try {
     return make_data_source(config, usable_vocab, seed);
   } catch (const DataError& e) {

@@ -121,8 +121,10 @@ class DocumentListSource : public PackedSource {
 
 // The source a run config names. usable_vocab bounds the token ids (file sources check every token).
 std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed);
-// The same for a run config's `data:` section: a setting that does not fit the model (more
-// synthetic successors than usable tokens) is a ConfigError naming `config_file` and the key.
+// Throws ConfigError naming `config_file` and the key for a `data:` setting that does not fit the
+// model (more synthetic successors than usable tokens).
+void check_data_fits_model(const DataConfig& config, std::int64_t usable_vocab, const std::string& config_file);
+// The same for a run config's `data:` section, checked by check_data_fits_model.
 std::unique_ptr<DataSource> make_data_source(const DataConfig& config, std::int64_t usable_vocab, std::uint64_t seed,
                                              const std::string& config_file);
 

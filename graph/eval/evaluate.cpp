@@ -20,6 +20,7 @@ EvalResult evaluate(const Model& model, const TensorMap& master, Precision preci
   double loss_sum = 0;
   EvalResult r;
   for (std::int64_t b = 0; b < batches; ++b) {
+    if (b > 0 && data.used_up()) break;  // data.loop: false, and nothing left to score: fewer batches
     LossSum l = model.forward(weights, data.next(rows, seq), precision);
     loss_sum += l.loss_sum;
     r.targets += l.targets;

@@ -51,7 +51,8 @@ void check_reference_supports(const RunConfig& c) {
   }
   if (c.topology.backend != Backend::sim) {
     throw ConfigError(c.source_file, "topology.backend",
-                      std::string("only sim runs in this build, got ") + backend_name(c.topology.backend));
+                      std::string("topology.engine reference runs on the sim backend only; got ") +
+                          backend_name(c.topology.backend) + " (the actor runtime, topology.engine: actors, runs it)");
   }
 }
 

@@ -134,7 +134,8 @@ TEST_CASE("atoll-plan --graph: the step program of each tiny family as text, JSO
 
 TEST_CASE("atoll-plan: ep must divide every MoE layer's expert count, and a model without experts takes ep 1",
           "[apps][plan]") {
-  const PlanRun three = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=3", "--set", "topology.mesh.ep=3"});
+  const PlanRun three = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=3", "--set", "topology.mesh.ep=3",
+                                  "--set", "train.global_batch=12"});
   CHECK(three.exit_code == 2);
   CHECK(three.err.find("topology.mesh.ep: expected ep to divide the number of experts of every MoE layer; "
                        "model.layers.0.mlp.experts.gate_and_up_projs holds 8 experts, ep is 3") != std::string::npos);
@@ -143,7 +144,9 @@ TEST_CASE("atoll-plan: ep must divide every MoE layer's expert count, and a mode
   CHECK(dense.exit_code == 2);
   CHECK(dense.err.find("topology.mesh.ep: expected 1 for a model without routed experts (beam), got 2") !=
         std::string::npos);
-  CHECK(run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=8", "--set", "topology.mesh.ep=8"}).exit_code == 0);
+  CHECK(run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=8", "--set", "topology.mesh.ep=8", "--set",
+                  "train.global_batch=32"})
+            .exit_code == 0);
 }
 
 TEST_CASE("atoll-plan: with ep > 1 every MoE layer's experts are an expert-group unit, counted once per owner",
@@ -209,6 +212,14 @@ TEST_CASE("atoll-plan: bad configs exit 2 naming the key, the dense preset has n
   CHECK(preset.err.find("model.preset") != std::string::npos);
 
   CHECK(run_plan({}).exit_code == 2);  // CONFIG is required
+
+  // What atoll-train refuses, atoll-plan refuses too (it would print a plan of a run that never runs).
+  const PlanRun split = run_plan({tiny_config(), "--set", "topology.mesh.dp_shard=3"});
+  CHECK(split.exit_code == 2);
+  CHECK(split.err.find("train.global_batch: expected a multiple of") != std::string::npos);
+  const PlanRun branching = run_plan({tiny_config(), "--set", "data.synthetic_branching=100000"});
+  CHECK(branching.exit_code == 2);
+  CHECK(branching.err.find("data.synthetic_branching: expected an integer in [1, 250]") != std::string::npos);
 
   const PlanRun dense = run_plan({tiny_config(), "--set", "model.preset=beam-tiny-dense", "--set", "precision=fp32"});
   INFO(dense.err);

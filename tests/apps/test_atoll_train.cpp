@@ -76,6 +76,8 @@ TEST_CASE("apps: atoll-train config errors exit 2, name the key and write nothin
       {"non-positive mesh axis", {"topology.mesh.dp_shard=0"}, "topology.mesh.dp_shard"},
       {"mesh the reference engine cannot run", {"topology.engine=reference", "topology.mesh.dp_shard=2"},
        "topology.mesh.dp_shard"},
+      {"backend the reference engine cannot run", {"topology.engine=reference", "topology.backend=ucx"},
+       "topology.backend: topology.engine reference runs on the sim backend only; got ucx"},
       {"axis the actor runtime does not implement yet", {"topology.mesh.pp=2"}, "topology.mesh.pp"},
       {"micro-batches that do not split over the data-parallel ranks", {"topology.mesh.dp_shard=3"},
        "train.global_batch"},

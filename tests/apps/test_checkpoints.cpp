@@ -242,6 +242,25 @@ TEST_CASE("apps: atoll-convert HF export -> import -> export is bitwise, atoll-e
       tmp.path);
   CHECK(no_data.exit_code == 2);
   CHECK(no_data.err.find("none.txt") != std::string::npos);
+  // A short file read once: scored until it is used up, not over batches of padding after it.
+  write_file(tmp.path / "short.txt", "A short text of a few dozen bytes.\n");
+  const Result once = must_run("atoll-eval", {config, "--checkpoint", ckpt.string(), "--batches", "1000000000000",
+                                              "--set", "data.source=text:" + (tmp.path / "short.txt").string(),
+                                              "--set", "data.loop=false"},
+                               tmp.path);
+  CHECK_THAT(once.out, Catch::EndsWith("targets=34 batches=1\n"));
+  // Counts past int64 are refused, not read as the largest int64 (CLI11 2.1 clamps them).
+  for (const char* count : {"99999999999999999999", "18446744073709551615", "0", "-3", "2x"}) {
+    INFO(count);
+    const Result e = run_app("atoll-eval", {config, "--checkpoint", ckpt.string(), "--batches", count}, tmp.path);
+    CHECK(e.exit_code == 2);
+    CHECK_THAT(e.err, Catch::Contains("--batches: expected a positive count (an integer in [1, 9223372036854775807])"));
+    const Result x = run_app("atoll-convert", {"export", ckpt.string(), (tmp.path / "hf-big").string(),
+                                               "--max-shard-bytes", count}, tmp.path);
+    CHECK(x.exit_code == 2);
+    CHECK_THAT(x.err, Catch::Contains("--max-shard-bytes: expected a positive byte count"));
+  }
+  CHECK_FALSE(fs::exists(tmp.path / "hf-big"));
 
   // Export to "out/" (a trailing slash) writes out; an import into a root with training
   // checkpoints adds step 0 and leaves them, and never replaces a step 0.
