@@ -479,3 +479,30 @@ TEST_CASE("config: every model key a family takes is in its config.json (what a 
     }
   }
 }
+
+TEST_CASE("config: a model setting that does not fit the others names both values", "[config]") {
+  // (Set alone, the message names the key set and what it had to fit: the other key kept its value.)
+  auto error_of = [](const std::string& family, const std::string& overrides) {
+    ModelSection section;
+    section.family = family;
+    section.overrides = YAML::Load("{family: " + family + ", " + overrides + "}");
+    try {
+      make_model(section, "run.yaml");
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(built)");
+  };
+  for (const std::string family : {"beam", "flint", "inkling2"}) {
+    INFO(family);
+    CHECK_THAT(error_of(family, "num_key_value_heads: 3"),
+               Catch::Contains("model.num_key_value_heads: must divide num_attention_heads (4), got 3"));
+    CHECK_THAT(error_of(family, "unpadded_vocab_size: 300"),
+               Catch::Contains("model.unpadded_vocab_size: must be in [1, vocab_size = 256], got 300"));
+  }
+  CHECK_THAT(error_of("beam", "n_routed_experts: 3"), Catch::Contains("model.n_group: must divide n_routed_experts (3), got 2"));
+  CHECK_THAT(error_of("inkling2", "topk_group: 2"), Catch::Contains("model.topk_group: must be in [1, n_group = 1], got 2"));
+  CHECK_THAT(error_of("beam", "num_experts_per_tok: 6"),
+             Catch::Contains("model.topk_group: the kept groups must hold at least num_experts_per_tok (6) experts; "
+                             "1 of 2 groups hold 4"));
+}

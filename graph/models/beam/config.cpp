@@ -2,12 +2,12 @@
 
 #include <stdexcept>
 
+#include "graph/models/config_checks.hpp"
+
 namespace atl {
 
 namespace {
-void require(bool ok, const std::string& field, const std::string& expected) {
-  if (!ok) throw std::invalid_argument("model." + field + ": " + expected);
-}
+using model_checks::require;
 
 BeamConfig tiny_moe() {
   BeamConfig c;
@@ -19,21 +19,13 @@ BeamConfig tiny_moe() {
 }  // namespace
 
 void BeamConfig::validate() const {
-  require(hidden_size > 0 && num_hidden_layers > 0 && head_dim > 0, "hidden_size",
-          "hidden_size, num_hidden_layers and head_dim must be positive");
+  model_checks::sizes(hidden_size, num_hidden_layers, head_dim);
   require(head_dim % 2 == 0, "head_dim", "must be even (RoPE rotates half-dims)");
-  require(num_attention_heads > 0 && num_key_value_heads > 0 && num_attention_heads % num_key_value_heads == 0,
-          "num_key_value_heads", "must divide num_attention_heads");
-  require(unpadded_vocab_size > 0 && unpadded_vocab_size <= vocab_size, "unpadded_vocab_size",
-          "must be in [1, vocab_size]");
-  require(static_cast<std::int64_t>(layer_types.size()) == num_hidden_layers, "layer_types",
-          "needs one entry per layer (" + std::to_string(num_hidden_layers) + ")");
+  model_checks::heads(num_attention_heads, num_key_value_heads);
+  model_checks::vocab(unpadded_vocab_size, vocab_size);
+  model_checks::layer_types(layer_types, num_hidden_layers);
   require(static_cast<std::int64_t>(mlp_layer_types.size()) == num_hidden_layers, "mlp_layer_types",
           "needs one entry per layer (" + std::to_string(num_hidden_layers) + ")");
-  for (const auto& t : layer_types) {
-    require(t == "sliding_attention" || t == "full_attention", "layer_types",
-            "entries must be sliding_attention or full_attention, got '" + t + "'");
-  }
   bool any_sparse = false;
   for (const auto& t : mlp_layer_types) {
     require(t == "dense" || t == "sparse", "mlp_layer_types", "entries must be dense or sparse, got '" + t + "'");
@@ -41,12 +33,7 @@ void BeamConfig::validate() const {
   }
   require(sliding_window > 0, "sliding_window", "must be positive");
   if (any_sparse) {
-    require(n_routed_experts > 0 && num_experts_per_tok > 0 && num_experts_per_tok <= n_routed_experts,
-            "num_experts_per_tok", "must be in [1, n_routed_experts]");
-    require(n_group > 0 && n_routed_experts % n_group == 0, "n_group", "must divide n_routed_experts");
-    require(topk_group > 0 && topk_group <= n_group, "topk_group", "must be in [1, n_group]");
-    require(topk_group * (n_routed_experts / n_group) >= num_experts_per_tok, "topk_group",
-            "the kept groups must hold at least num_experts_per_tok experts");
+    model_checks::routing("n_routed_experts", n_routed_experts, num_experts_per_tok, n_group, topk_group);
     require(moe_intermediate_size > 0, "moe_intermediate_size", "must be positive");
   }
   require(n_shared_experts >= 0, "n_shared_experts", "must be >= 0");

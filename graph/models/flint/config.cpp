@@ -4,12 +4,12 @@
 #include <set>
 #include <stdexcept>
 
+#include "graph/models/config_checks.hpp"
+
 namespace atl {
 
 namespace {
-void require(bool ok, const std::string& field, const std::string& expected) {
-  if (!ok) throw std::invalid_argument("model." + field + ": " + expected);
-}
+using model_checks::require;
 
 // Full-attention (NoPE) layers by id; every other layer slides with RoPE.
 std::vector<std::string> layer_types_with_full(std::int64_t layers, const std::set<std::int64_t>& full) {
@@ -58,19 +58,11 @@ bool FlintConfig::is_sparse(std::int64_t layer) const {
 }
 
 void FlintConfig::validate() const {
-  require(hidden_size > 0 && num_hidden_layers > 0 && head_dim > 0, "hidden_size",
-          "hidden_size, num_hidden_layers and head_dim must be positive");
+  model_checks::sizes(hidden_size, num_hidden_layers, head_dim);
   require(head_dim % 2 == 0, "head_dim", "must be even (RoPE rotates half-dims)");
-  require(num_attention_heads > 0 && num_key_value_heads > 0 && num_attention_heads % num_key_value_heads == 0,
-          "num_key_value_heads", "must divide num_attention_heads");
-  require(unpadded_vocab_size > 0 && unpadded_vocab_size <= vocab_size, "unpadded_vocab_size",
-          "must be in [1, vocab_size]");
-  require(static_cast<std::int64_t>(layer_types.size()) == num_hidden_layers, "layer_types",
-          "needs one entry per layer (" + std::to_string(num_hidden_layers) + ")");
-  for (const auto& t : layer_types) {
-    require(t == "sliding_attention" || t == "full_attention", "layer_types",
-            "entries must be sliding_attention or full_attention, got '" + t + "'");
-  }
+  model_checks::heads(num_attention_heads, num_key_value_heads);
+  model_checks::vocab(unpadded_vocab_size, vocab_size);
+  model_checks::layer_types(layer_types, num_hidden_layers);
   std::set<std::int64_t> seen;
   for (std::int64_t l : mlp_only_layers) {
     require(l >= 0 && l < num_hidden_layers, "mlp_only_layers",

@@ -4,12 +4,12 @@
 #include <set>
 #include <stdexcept>
 
+#include "graph/models/config_checks.hpp"
+
 namespace atl {
 
 namespace {
-void require(bool ok, const std::string& field, const std::string& expected) {
-  if (!ok) throw std::invalid_argument("model." + field + ": " + expected);
-}
+using model_checks::require;
 
 Inkling2Config tiny() {
   Inkling2Config c;
@@ -29,14 +29,11 @@ std::int64_t Inkling2Config::qkvr_rows(std::int64_t layer) const {
 }
 
 void Inkling2Config::validate() const {
-  require(hidden_size > 0 && num_hidden_layers > 0 && head_dim > 0, "hidden_size",
-          "hidden_size, num_hidden_layers and head_dim must be positive");
-  require(num_attention_heads > 0 && num_key_value_heads > 0 && num_attention_heads % num_key_value_heads == 0,
-          "num_key_value_heads", "must divide num_attention_heads");
+  model_checks::sizes(hidden_size, num_hidden_layers, head_dim);
+  model_checks::heads(num_attention_heads, num_key_value_heads);
   require(hidden_size % head_dim == 0, "head_dim",
           "must divide hidden_size (attn_sconv and mlp_sconv taps are [hidden_size/head_dim, W])");
-  require(unpadded_vocab_size > 0 && unpadded_vocab_size <= vocab_size, "unpadded_vocab_size",
-          "must be in [1, vocab_size]");
+  model_checks::vocab(unpadded_vocab_size, vocab_size);
   require(n_layers_per_attnres_block > 0, "n_layers_per_attnres_block", "must be positive");
   std::set<std::int64_t> seen;
   for (std::int64_t id : local_layer_ids) {
@@ -48,15 +45,10 @@ void Inkling2Config::validate() const {
   require(d_rel > 0, "d_rel", "must be positive");
   require(rel_extent > 0, "rel_extent", "must be positive");
   require(conv_kernel_size > 0, "conv_kernel_size", "must be positive");
-  require(n_routed_experts > 0 && num_experts_per_tok > 0 && num_experts_per_tok <= n_routed_experts,
-          "num_experts_per_tok", "must be in [1, n_routed_experts]");
   require(moe_intermediate_size > 0, "moe_intermediate_size", "must be positive");
   require(n_shared_experts == 0, "n_shared_experts",
           "Inkling2 has no shared experts (MODELS.md §10.2.7); must be 0, got " + std::to_string(n_shared_experts));
-  require(n_group > 0 && n_routed_experts % n_group == 0, "n_group", "must divide n_routed_experts");
-  require(topk_group > 0 && topk_group <= n_group, "topk_group", "must be in [1, n_group]");
-  require(topk_group * (n_routed_experts / n_group) >= num_experts_per_tok, "topk_group",
-          "the kept groups must hold at least num_experts_per_tok experts");
+  model_checks::routing("n_routed_experts", n_routed_experts, num_experts_per_tok, n_group, topk_group);
   require(expert_gate_cap > 0, "expert_gate_cap", "must be positive");
   require(expert_up_cap > 0, "expert_up_cap", "must be positive");
   require(log_scaling_n_floor >= 0, "log_scaling_n_floor", "must be >= 0 (0 = no log scaling)");
