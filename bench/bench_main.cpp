@@ -47,18 +47,20 @@ Tensor random_tensor(Shape shape, const char* name) {
   return t;
 }
 
-// One GEMM shape of beam-small (MODELS.md §4; 1024 tokens per micro-batch), as training calls it.
+// One GEMM shape of beam-small (MODELS.md §4; 1024 tokens per micro-batch, ~256 rows per expert),
+// as training calls it: C = op(A) op(B), or C += for a weight gradient summed over micro-batches.
 struct GemmCase {
   const char* what;
   bool ta, tb;
   std::int64_t m, n, k;
+  bool accumulate = false;
 };
 
 void bench_gemm(const GemmCase& g) {
   const Tensor a = random_tensor({g.m * g.k}, "a"), b = random_tensor({g.k * g.n}, "b");
   Tensor c = Tensor::empty({g.m * g.n});
   const std::int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
-  const cpu::GemmShape shape{g.ta, g.tb, g.m, g.n, g.k, lda, ldb, g.n, false};
+  const cpu::GemmShape shape{g.ta, g.tb, g.m, g.n, g.k, lda, ldb, g.n, g.accumulate};
   const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
   auto atoll = [&](cpu::GemmOperands operands) {
     return best_seconds(7, [&] { cpu::gemm_f32(shape, a.data<float>(), b.data<float>(), c.data<float>(), operands); });
@@ -67,7 +69,8 @@ void bench_gemm(const GemmCase& g) {
   const double blas_s = best_seconds(7, [&] {
     cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
                 static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a.data<float>(), static_cast<int>(lda),
-                b.data<float>(), static_cast<int>(ldb), 0.0f, c.data<float>(), static_cast<int>(g.n));
+                b.data<float>(), static_cast<int>(ldb), g.accumulate ? 1.0f : 0.0f, c.data<float>(),
+                static_cast<int>(g.n));
   });
   std::printf("  %-22s %c%c [%4lld x %4lld x %4lld]  atoll fp32 %6.1f  sgemm %6.1f  fp32/sgemm %.2f   atoll bf16 %6.1f  "
               "bf16/fp32 %.2f\n",
@@ -151,18 +154,38 @@ void print_step_fractions(const char* what, const TrainerRun& run) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // no options: it measures this machine, all of it, for minutes
+    const bool help = std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h";
+    std::fprintf(help ? stdout : stderr,
+                 "usage: %s\n  GEMM GFLOP/s against OpenBLAS on beam-small's shapes, the reference trainer's "
+                 "tokens/s in fp32 and bf16, and the actor runtime's step times; takes no options\n",
+                 argv[0]);
+    return help ? 0 : 2;
+  }
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("atoll-bench  (OPENBLAS_CORETYPE=%s: the anchor's kernel; atoll's own kernels ignore it)\n",
-              coretype ? coretype : "unset");
+  // (The kernel OpenBLAS chose, not only the variable: unset on a CPU it does not know, it falls
+  // back to an SSE3 kernel several times slower, which would flatter atoll's ratio.)
+  std::printf("atoll-bench  (OpenBLAS anchor kernel %s, OPENBLAS_CORETYPE=%s; atoll's own kernels ignore both)\n",
+              openblas_get_corename(), coretype ? coretype : "unset");
   std::printf("cpu kernels: %s\n", cpu::kernel_description(cpu::cpu_features()).c_str());
   // GFLOP/s on one thread each (OpenBLAS pinned to one thread, atoll without a compute pool).
   openblas_set_num_threads(1);
   std::printf("GEMM, beam-small shapes, one thread, GFLOP/s:\n");
+  // Linear layers: y = x W^T (NT), dx = dy W (NN), dW += dy^T x (TN). Experts (weights [H, 2I] and
+  // [I, H]): y = x W (NN), dx = dy W^T (NT), dW += x^T dy (TN). Every layer is MoE in beam-small.
   const GemmCase cases[] = {
-      {"attn q/o proj fwd", false, true, 1024, 256, 256},  {"dense up fwd", false, true, 1024, 1024, 256},
-      {"dense down fwd", false, true, 1024, 256, 1024},    {"expert gate_up fwd", false, false, 256, 512, 256},
-      {"dense down bwd dx", false, false, 1024, 1024, 256}, {"dense down bwd dw", true, false, 256, 1024, 1024},
+      {"attn q/o proj fwd", false, true, 1024, 256, 256},
+      {"attn k/v proj fwd", false, true, 1024, 128, 256},
+      {"expert gate_up fwd", false, false, 256, 512, 256},
+      {"expert down fwd", false, false, 256, 256, 256},
+      {"attn proj bwd dx", false, false, 1024, 256, 256},
+      {"attn q/o proj bwd dW", true, false, 256, 256, 1024, true},
+      {"attn k/v proj bwd dW", true, false, 128, 256, 1024, true},
+      {"expert gate_up bwd dx", false, true, 256, 256, 512},
+      {"expert gate_up bwd dW", true, false, 256, 512, 256, true},
+      {"expert down bwd dx", false, true, 256, 256, 256},
+      {"expert down bwd dW", true, false, 256, 256, 256, true},
   };
   for (const GemmCase& g : cases) bench_gemm(g);
 

@@ -32,7 +32,8 @@ atoll_shm=$(bench false "")
 
 # ucx_perftest's tag bandwidth for one message size (bytes), one way (one sender, one receiver), or
 # both ways at once (two sender/receiver pairs, one per direction: the load a 2-member exchange
-# puts on the machine, where every process sends and receives); MB/s per direction.
+# puts on the machine, where every process sends and receives); MiB/s per direction (the unit of
+# its "Final:" line's bandwidth column, and of atoll-bench-ucx's figures).
 perftest() {  # $1: bytes, $2: 1 or 2 directions, $3: UCX_TLS ("" for UCX's choice: shared memory)
   local ports=() servers=() out
   if [[ -n "$3" ]]; then local -x UCX_TLS="$3"; fi
@@ -49,7 +50,7 @@ perftest() {  # $1: bytes, $2: 1 or 2 directions, $3: UCX_TLS ("" for UCX's choi
   echo "$out" | awk '{s += $1; n += 1} END {printf "%.0f", n ? s / n : 0}'
 }
 
-echo "MB/s: atoll's all-gather (ag) and reduce-scatter (rs) bus bandwidth between 2 processes, and its"
+echo "MiB/s: atoll's all-gather (ag) and reduce-scatter (rs) bus bandwidth between 2 processes, and its"
 echo "send/recv one way (p2p: one message at a time, the collectives' per-rank message); ucx_perftest tag_bw"
 echo "over the same transport with the same message, one way (1way) and both ways at once (2way, per"
 echo "direction: the load of a 2-member exchange); the ratios"

@@ -16,6 +16,10 @@
 #include "comm/rendezvous/tcp_rendezvous.hpp"
 #include "comm/ucx/ucx_world.hpp"
 
+namespace {
+constexpr double kMiB = 1024.0 * 1024.0;  // ucx_perftest reports bandwidth in MiB/s: compared like for like
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"atoll-bench-ucx: UCX all-gather and reduce-scatter bus bandwidth between processes"};
   int node = 0, nnodes = 2, port = 29512, max_mib = 64;
@@ -25,7 +29,11 @@ int main(int argc, char** argv) {
   app.add_option("--master-port", port);
   app.add_option("--max-mib", max_mib);
   app.add_option("--peer-errors", peer_errors, "UCX peer error handling (tcp on one machine; shared memory without)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // a bad command line exits 2, as the apps' do
+  }
   try {
     atl::UcxWorld world(nnodes, {node}, nullptr, peer_errors);
     atl::RendezvousSettings settings;
@@ -62,7 +70,7 @@ int main(int argc, char** argv) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
         const double bus = static_cast<double>(total) / seconds * (nnodes - 1) / nnodes;
         if (node == 0) {
-          std::printf("ucx %s %d MiB: bus bandwidth %.1f MB/s (peer errors %s)\n", name, mib, bus / 1e6,
+          std::printf("ucx %s %d MiB: bus bandwidth %.1f MiB/s (peer errors %s)\n", name, mib, bus / kMiB,
                       peer_errors ? "on" : "off");
         }
       }
@@ -83,8 +91,8 @@ int main(int argc, char** argv) {
       one_way(iterations);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (node == 0) {
-        std::printf("ucx one_way %d MiB: send-recv bandwidth %.1f MB/s (peer errors %s)\n", mib,
-                    static_cast<double>(part.bytes()) * iterations / seconds / 1e6, peer_errors ? "on" : "off");
+        std::printf("ucx one_way %d MiB: send-recv bandwidth %.1f MiB/s (peer errors %s)\n", mib,
+                    static_cast<double>(part.bytes()) * iterations / seconds / kMiB, peer_errors ? "on" : "off");
       }
     }
     return 0;
