@@ -16,6 +16,7 @@
 #include "graph/data/data_source.hpp"
 #include "graph/models/model.hpp"
 #include "graph/training/run.hpp"
+#include "tests/support/worst_of.hpp"
 
 namespace atl::testing {
 
@@ -84,7 +85,7 @@ inline double max_relative_param_diff(const TensorMap& a, const TensorMap& b) {
     const auto pa = a.at(name).span<float>(), pb = b.at(name).span<float>();
     for (std::size_t i = 0; i < pa.size(); ++i) {
       const double scale = std::max(1e-2, static_cast<double>(std::abs(pa[i])));
-      worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / scale);
+      worst = atl::testing::worst_of(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / scale);
     }
   }
   return worst;

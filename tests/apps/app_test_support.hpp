@@ -54,11 +54,20 @@ inline std::string shell_quote(const std::string& s) {
   return quoted + "'";
 }
 
-inline std::string read_file(const fs::path& path) {
+// The file's bytes, "" when it cannot be read (no Catch macro: run_shell runs on helper threads).
+inline std::string file_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// The file's bytes; a missing or unreadable file fails the test (two missing files would
+// otherwise compare equal as "" == ""). Not on helper threads.
+inline std::string read_file(const fs::path& path) {
+  INFO("reading " << path.string());
+  REQUIRE(std::ifstream(path, std::ios::binary).is_open());
+  return file_text(path);
 }
 
 inline void write_file(const fs::path& path, const std::string& contents) {
@@ -84,8 +93,8 @@ inline Result run_shell(const std::string& command_line, const fs::path& scratch
   const int status = std::system(command.c_str());
   Result r;
   r.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_file(out_path);
-  r.err = read_file(err_path);
+  r.out = file_text(out_path);
+  r.err = file_text(err_path);
   return r;
 }
 

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "graph/param.hpp"
 
 namespace atl::checkpoint_testing {
@@ -34,8 +36,11 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
 };
 
+// The file's bytes; a missing file fails the test (two missing files are not "the same bytes").
 inline std::string read_bytes(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
+  INFO("reading " << file.string());
+  REQUIRE(in.is_open());
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 

@@ -437,9 +437,31 @@ TEST_CASE("config: a resolved config parses back to itself, for every backend's 
        "topology.nodes=[{host: 127.0.0.1, port: 29400, ranks: 1}]"},
       {"topology.engine=reference", "data.source=tokens:data/x.u16", "data.eos_id=0"},
   };
-  for (const auto& sets : cases) {
+  // What each case set, as the resolved config must hold it (a field to_json dropped would be
+  // missing from both sides of the round trip, which alone could not tell).
+  using Pointer = nlohmann::json::json_pointer;
+  const std::vector<std::vector<std::pair<std::string, nlohmann::json>>> expected = {
+      {},
+      {{"/topology/sim_delay_ms/all_gather", 2}},
+      {{"/topology/backend", "ucx"},
+       {"/topology/ucx_peer_errors", false},
+       {"/topology/rendezvous_timeout_s", 30},
+       {"/topology/heartbeat_timeout_s", 9},
+       {"/topology/job_token_file", "/tmp/token"},
+       {"/topology/nodes/0/host", "127.0.0.1"},
+       {"/topology/nodes/0/port", 29400},
+       {"/topology/nodes/0/ranks", 1}},
+      {{"/topology/engine", "reference"}, {"/data/eos_id", 0}},
+  };
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    const auto& sets = cases[c];
     INFO(sets.size());
     nlohmann::json resolved = to_json(load_run_config(beam, sets));
+    for (const auto& [pointer, value] : expected[c]) {
+      INFO(pointer);
+      REQUIRE(resolved.contains(Pointer(pointer)));
+      CHECK(resolved.at(Pointer(pointer)) == value);
+    }
     nlohmann::json again = to_json(parse_run_config(resolved.dump(), "run.json"));
     CHECK(again.at("source_file") == "run.json");  // the file read, not the one it names
     again["source_file"] = resolved.at("source_file");

@@ -10,6 +10,7 @@
 #include "kernels/cpu/gate.hpp"
 #include "kernels/ops/gate.hpp"
 #include "tests/support/gradcheck.hpp"
+#include "tests/support/worst_of.hpp"
 
 using namespace atl;
 using atl::testing::numeric_gradient;
@@ -84,8 +85,8 @@ TEST_CASE("output gate: bf16-rounded inputs agree with fp32 within 2e-2 relative
   const Tensor y_bf16 = output_gate_forward(rounded(o), rounded(gate), bias);
   double err = 0, scale = 0;
   for (std::int64_t i = 0; i < y.numel(); ++i) {
-    err = std::max(err, std::abs(static_cast<double>(y.data<float>()[i]) - y_bf16.data<float>()[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(y.data<float>()[i])));
+    err = atl::testing::worst_of(err, std::abs(static_cast<double>(y.data<float>()[i]) - y_bf16.data<float>()[i]));
+    scale = atl::testing::worst_of(scale, std::abs(static_cast<double>(y.data<float>()[i])));
   }
   REQUIRE(err / scale < 2e-2);
 }

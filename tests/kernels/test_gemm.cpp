@@ -23,6 +23,7 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/gemm_kernels.hpp"
 #include "kernels/dtype.hpp"
+#include "tests/support/worst_of.hpp"
 
 using namespace atl;
 using namespace atl::cpu;
@@ -162,7 +163,7 @@ TEST_CASE("gemm agrees with a double-precision product within a K-derived bound"
           magnitude += std::fabs(x * y);
         }
         // A chain of K fp32 FMAs: |error| <= K * 2^-24 * sum |terms| (first order).
-        worst = std::max(worst, std::fabs(c[i * t.n + j] - exact) / (magnitude * (t.k + 1) * 0x1p-24));
+        worst = atl::testing::worst_of(worst, std::fabs(c[i * t.n + j] - exact) / (magnitude * (t.k + 1) * 0x1p-24));
       }
     CHECK(worst <= 1.0);
   });

@@ -3,6 +3,7 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/ops/matmul.hpp"
 #include "tests/support/gradcheck.hpp"
+#include "tests/support/worst_of.hpp"
 
 using namespace atl;
 using namespace atl::testing;
@@ -103,7 +104,7 @@ TEST_CASE("linear backward with bf16 operands reads the gradient as bf16", "[mat
           ref += term(i, j, k);
           mag += std::abs(term(i, j, k));
         }
-        ratio = std::max(ratio, std::abs(got[i * n + j] - ref) / (static_cast<double>(depth) * 0x1p-24 * mag));
+        ratio = atl::testing::worst_of(ratio, std::abs(got[i * n + j] - ref) / (static_cast<double>(depth) * 0x1p-24 * mag));
       }
     }
     return ratio;

@@ -10,6 +10,7 @@
 #include "kernels/cpu/rope.hpp"
 #include "kernels/ops/rope.hpp"
 #include "tests/support/gradcheck.hpp"
+#include "tests/support/worst_of.hpp"
 
 using namespace atl;
 using atl::testing::numeric_gradient;
@@ -34,14 +35,14 @@ Tensor i64_tensor(Shape shape, const std::vector<std::int64_t>& values) {
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) {
-    m = std::max(m, std::abs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]));
+    m = atl::testing::worst_of(m, std::abs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]));
   }
   return m;
 }
 
 double max_abs(const Tensor& a) {
   double m = 0;
-  for (float x : a.span<float>()) m = std::max(m, std::abs(static_cast<double>(x)));
+  for (float x : a.span<float>()) m = atl::testing::worst_of(m, std::abs(static_cast<double>(x)));
   return m;
 }
 

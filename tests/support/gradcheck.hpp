@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/rng.hpp"
+#include "tests/support/worst_of.hpp"
 
 namespace atl::testing {
 
@@ -30,8 +31,8 @@ inline std::vector<double> numeric_gradient(const std::function<double(const std
 inline double scaled_max_error(const std::vector<double>& a, const std::vector<double>& b) {
   double err = 0, scale = 1;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
+    err = atl::testing::worst_of(err, std::abs(a[i] - b[i]));
+    scale = atl::testing::worst_of(scale, std::abs(b[i]));
   }
   return err / scale;
 }
