@@ -416,7 +416,7 @@ struct SimWorld::Impl {
         continue;
       }
       const Clock::time_point when = timer_queue.begin()->first.first;
-      if (Clock::now() < when) {
+      if (Clock::now() < when && !stopping) {  // a world being destroyed fires what is queued at once
         timer_wake.wait_until(lock, when);
         continue;
       }

@@ -24,9 +24,10 @@
 // process aborts) and should not block.
 //
 // Every finished operation appends one CollectiveRecord per member to the recorder. The
-// destructor fires all timer completions still queued (including ones they cause) and joins the
-// timer thread; operations still waiting for members are dropped. Communicators may outlive the
-// SimWorld, but posting through them afterwards in delay mode throws std::logic_error.
+// destructor fires all timer completions still queued at once, without waiting out their delays
+// (including ones they cause), and joins the timer thread; operations still waiting for members
+// are dropped. Communicators may outlive the SimWorld, but posting through them afterwards in
+// delay mode throws std::logic_error.
 #pragma once
 #include <chrono>
 #include <map>

@@ -753,8 +753,11 @@ TEST_CASE("sim comm: destroying the world fires queued delayed completions", "[c
   std::atomic<int> fired{0};
   Tensor x = Tensor::full({1}, 1.0f);
   {
+    // An hour: only the world's end can fire them within the test's time (a short delay could
+    // expire on a slow machine and fire them the ordinary way; a destructor that waited out the
+    // delay would hang, not pass).
     SimOptions options;
-    options.delay[CollectiveKind::all_reduce] = 20ms;
+    options.delay[CollectiveKind::all_reduce] = std::chrono::hours(1);
     SimWorld world(1, options);
     auto solo = world.communicator(Group{"world", {0}}, 0);
     solo->all_reduce(x, "late", [&] { ++fired; });
