@@ -339,8 +339,12 @@ TEST_CASE("experts split by owner (two halves of local experts with offsets) equ
                                                  dn.slice_rows(first, first + half), cfg));
         down_out.slice_rows(r0, r1).copy_from(owners.back().down_out);
       }
+      const auto same = [](const Tensor& a, const Tensor& b) {  // bits: -0 is not +0, a NaN equals itself
+        return std::equal(a.span<float>().begin(), a.span<float>().end(), b.span<float>().begin(),
+                          [](float u, float v) { return std::bit_cast<std::uint32_t>(u) == std::bit_cast<std::uint32_t>(v); });
+      };
       const Tensor out = combine_forward(down_out, dispatch, H, cfg);
-      CHECK(std::equal(out.span<float>().begin(), out.span<float>().end(), whole.out.span<float>().begin()));
+      CHECK(same(out, whole.out));
 
       CombineGrads c = combine_backward(d_out, down_out, dispatch, cfg);
       Tensor d_x_rows = Tensor::empty({dispatch.rows(), H}), d_w_rows = Tensor::empty({dispatch.rows()});
@@ -356,10 +360,6 @@ TEST_CASE("experts split by owner (two halves of local experts with offsets) equ
       }
       Tensor dx = Tensor::empty({T, H});
       dispatch_backward(d_x_rows, d_w_rows, dispatch, cfg, dx, c.d_weights);
-      auto same = [](const Tensor& a, const Tensor& b) {
-        return std::equal(a.span<float>().begin(), a.span<float>().end(), b.span<float>().begin(),
-                          [](float u, float v) { return std::bit_cast<std::uint32_t>(u) == std::bit_cast<std::uint32_t>(v); });
-      };
       CHECK(same(dx, whole_grads.dx));
       CHECK(same(c.d_weights, whole_grads.d_weights));
       CHECK(same(split_gu, d_gu));

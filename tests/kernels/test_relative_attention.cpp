@@ -4,6 +4,9 @@
 // plain kernel, bf16 agreement.
 #include <catch2/catch.hpp>
 
+#include <bit>
+#include <cstdint>
+
 #include <cmath>
 #include <limits>
 
@@ -134,9 +137,10 @@ TEST_CASE("A -inf sink and zero profiles reproduce the plain attention kernel bi
   Tensor sinks = Tensor::full({B, Hq, S}, -std::numeric_limits<float>::infinity());
   AttentionForward ext =
       relative_attention_forward(q, k, v, positions(), valid(), Tensor::zeros({B, Hq, S, R}), sinks, opts);
-  for (std::int64_t i = 0; i < q.numel(); ++i) CHECK(ext.out.data<float>()[i] == plain.out.data<float>()[i]);
+  const auto bits = [](const Tensor& t, std::int64_t i) { return std::bit_cast<std::uint32_t>(t.data<float>()[i]); };
+  for (std::int64_t i = 0; i < q.numel(); ++i) CHECK(bits(ext.out, i) == bits(plain.out, i));
   AttentionForward none = relative_attention_forward(q, k, v, positions(), valid(), Tensor(), Tensor(), opts);
-  for (std::int64_t i = 0; i < q.numel(); ++i) CHECK(none.out.data<float>()[i] == plain.out.data<float>()[i]);
+  for (std::int64_t i = 0; i < q.numel(); ++i) CHECK(bits(none.out, i) == bits(plain.out, i));
   // And a finite sink only shrinks every output: out = out_plain · sigmoid(lse_plain - σ).
   Tensor zero_sinks = Tensor::zeros({B, Hq, S});
   AttentionForward with_sink = relative_attention_forward(q, k, v, positions(), valid(), Tensor(), zero_sinks, opts);
