@@ -21,6 +21,7 @@ class AnswerOnce {
     state_->done = true;
     state_->promise.deliver(std::forward<X>(x));
   }
+  bool pending() const { return !state_->done; }
   caf::typed_response_promise<T> promise() const { return state_->promise; }
 
  private:

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <map>
 
+#include "actors/answer_once.hpp"
 #include "actors/spawn.hpp"
 #include "actors/supervision.hpp"
 #include "kernels/ops/optim.hpp"
@@ -40,20 +41,18 @@ using trainer_pointer = trainer_actor::stateful_pointer<TrainerState>;
 template <class T>
 class Answer {
  public:
-  explicit Answer(trainer_pointer self) : self_(self), promise_(self->make_response_promise<T>()) {}
+  explicit Answer(trainer_pointer self) : self_(self), once_(self->make_response_promise<T>()) {}
   template <class X>
   void deliver(X&& x) {
-    if (done_) return;
-    done_ = true;
+    if (!once_.pending()) return;
     self_->state.fail_in_flight = nullptr;  // answered: a later failure belongs to no request
-    promise_.deliver(std::forward<X>(x));
+    once_.deliver(std::forward<X>(x));
   }
-  caf::typed_response_promise<T> promise() const { return promise_; }
+  caf::typed_response_promise<T> promise() const { return once_.promise(); }
 
  private:
   trainer_pointer self_;
-  caf::typed_response_promise<T> promise_;
-  bool done_ = false;
+  AnswerOnce<T> once_;
 };
 
 // The request in flight: a failing actor answers it with the failure.
