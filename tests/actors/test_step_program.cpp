@@ -56,11 +56,13 @@ TEST_CASE("Every rank records exactly the step program's collectives in its orde
     const Plan& plan = actors.plan();
     const auto model = make_model(config.model, config.source_file);
     const int per_rank = static_cast<int>(c.global_batch / c.micro_batch / (c.layout.dp_shard * c.layout.dp_replicate));
-    // The engine's program, compiled once, is the one compiled here from the plan.
-    const StepProgram program = compile_step_program(plan, model->ops(), per_rank, c.schedule);
-    CHECK(actors.program().instructions.size() == program.instructions.size());
-    CHECK(actors.program().collectives.size() == program.collectives.size());
-    CHECK(actors.program().schedule == c.schedule);
+    // The records are checked against the program the engine ran; it is the one compiled here
+    // from the plan, instruction for instruction.
+    const StepProgram& program = actors.program();
+    const StepProgram compiled = compile_step_program(plan, model->ops(), per_rank, c.schedule);
+    CHECK(format_step_program(plan, program) == format_step_program(plan, compiled));
+    CHECK(program.micro_batches == per_rank);
+    CHECK(program.schedule == c.schedule);
     REQUIRE(!program.collectives.empty());
 
     // Per (step, rank, axis): the records in completion order (a group completes in issue order).
@@ -235,8 +237,8 @@ TEST_CASE("A step's compute spans are the program's forwards and backwards, one 
       },
       2, false, &engine);
   auto& actors = dynamic_cast<ActorEngine&>(*engine);
-  const auto model = make_model(config.model, config.source_file);
-  const StepProgram program = compile_step_program(actors.plan(), model->ops(), 2);
+  const StepProgram& program = actors.program();  // the one the engine ran
+  REQUIRE(program.micro_batches == 2);
   // Without EngineInputs::trace nothing is kept (a long run would hold every span).
   run_engine(config, make_actor_engine, 1, false, &untraced);
   CHECK(dynamic_cast<ActorEngine&>(*untraced).spans().empty());
