@@ -46,10 +46,15 @@ double activation_estimate(const RunMemoryEstimate& e) {
 }  // namespace
 
 TEST_CASE("Sim memory grows about linearly with the rank count", "[actors][memory]") {
-  const double at4 = peak_tensor_bytes(4), at16 = peak_tensor_bytes(16);
-  INFO("peak tensor bytes: 4 ranks " << at4 << ", 16 ranks " << at16);
-  CHECK(at16 > at4);               // more ranks hold more (each its own gathers and gradients)
-  CHECK(at16 <= 4.0 * 1.25 * at4);  // 4x the ranks: at most ~4x the bytes (quadratic would be 16x)
+  const double at4 = peak_tensor_bytes(4), at8 = peak_tensor_bytes(8), at16 = peak_tensor_bytes(16);
+  INFO("peak tensor bytes: 4 ranks " << at4 << ", 8 ranks " << at8 << ", 16 ranks " << at16);
+  CHECK(at8 > at4);  // more ranks hold more (each its own gathers and gradients)
+  CHECK(at16 > at8);
+  // Growth linear in the ranks doubles the increment when the added ranks double (8 -> 16 adds
+  // twice the ranks 4 -> 8 did); a term per pair of ranks quadruples it. Measured: the second
+  // increment is 0.8-1.4x the first (activations per rank shrink as the batch spreads); the
+  // peak varies ~5% run to run with the ranks' interleaving, hence the 10% of at4 margin.
+  CHECK(at16 - at8 <= 2.0 * (at8 - at4) + 0.1 * at4);
 }
 
 TEST_CASE("The memory preflight is within 2x of the sim's peak, with every micro-batch alive under all_forward_first",
