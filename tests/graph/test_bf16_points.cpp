@@ -8,7 +8,9 @@
 // for backward (graph/models/*/block_cache.hpp, inkling2/caches.hpp): Inkling2 through
 // embed_forward, layer_forward (and once more through its pieces, checked bitwise against it),
 // head_forward and the loss op; Beam and Flint through the embedding, every block's sublayers
-// (the MoE steps and the dense MLP with the model's spec), the head and the loss op. What stays
+// (the MoE steps and the dense MLP with the model's spec), the head and the loss op. For every
+// family the logits the loss op saw equal the model's own forward's, bit for bit, so the pieces
+// checked are the ones training runs. What stays
 // out of reach: attention probabilities (the kernels keep only the log-sum-exp, checked fp32) and
 // the convolutions' outputs that are added to a residual at once (the sum is checked).
 #include <catch2/catch.hpp>
@@ -186,13 +188,24 @@ void gqa_points(const std::string& prefix, const GqaAttentionCache& a, Points& p
 }
 
 // The loss op on the head's logits: the softcapped logits (fp32 cap, mask) and the CE softmax.
-void loss_points(const LmHeadSpec& spec, const Tensor& logits, const Batch& batch, const TokenContext& ctx,
-                 Points& pts) {
+// Returns the logits the loss sees, [B, S, V].
+Tensor loss_points(const LmHeadSpec& spec, const Tensor& logits, const Batch& batch, const TokenContext& ctx,
+                   Points& pts) {
   LmLossCache loss;
   Tensor capped;
   lm_loss_forward(spec, logits, batch.targets, ctx, loss, &capped);
   if (spec.softcap > 0) pts.keep("softcapped logits (loss op)", capped);
   pts.keep("cross-entropy softmax probabilities (loss op)", loss.loss.probs);
+  return capped;
+}
+
+// The pieces are the model: its own forward gives the logits the loss saw, bit for bit.
+template <class Model>
+void check_same_as_forward(const Model& model, const TensorMap& w, const Batch& batch, Precision prec,
+                           const Tensor& loss_logits) {
+  Tensor forward_logits;
+  model.forward(w, batch, prec, &forward_logits);
+  CHECK(same_bits(forward_logits, loss_logits));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -294,7 +307,7 @@ Points inkling2_points(const Inkling2Model& model, const TensorMap& master, cons
   // lm_head is bulk but its logits are never rounded (MODELS.md §10.2.8).
   const Tensor logits = model.head_forward(w, state, ctx, nullptr);
   pts.keep("lm_head logits (never rounded, MODELS.md 10.2.8)", logits);
-  loss_points(model.head_spec(), logits, batch, ctx, pts);
+  check_same_as_forward(model, w, batch, prec, loss_points(model.head_spec(), logits, batch, ctx, pts));
   return pts;
 }
 
@@ -377,7 +390,7 @@ void check_model_points(const Model& model, std::uint32_t seed, bool head_rounde
     } else {
       pts.keep("lm_head logits (fp32 island head, MODELS.md 10.3.4)", logits);
     }
-    loss_points(model.head_spec(), logits, batch, ctx, pts);
+    check_same_as_forward(model, w, batch, prec, loss_points(model.head_spec(), logits, batch, ctx, pts));
     check_points(pts, prec);
   }
 }
