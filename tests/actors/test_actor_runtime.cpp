@@ -57,7 +57,7 @@ TEST_CASE("Actor runtime matches the reference trainer on every dp / hsdp layout
         RunOutput act = run_engine(make_config(preset, precision, c.layout, c.global_batch, 1), make_actor_engine, 10, true);
         REQUIRE(act.steps.size() == ref.steps.size());
         // The same router choices at step 0 (identical forward at init).
-        CHECK(same_routing(act.steps[0].routing, ref.steps[0].routing));
+        CHECK(same_routing(act.steps[0].routing, ref.steps[0].routing, std::string(preset) == "beam-tiny-moe"));
         const double tolerance = precision == Precision::fp32 ? 1e-5 : 1e-2;
         check_same_steps(act, ref, tolerance, c.bitwise);
         CHECK(max_relative_param_diff(act.master, ref.master) <= (precision == Precision::fp32 ? 1e-5 : 1e-2));
