@@ -63,6 +63,7 @@ void ComputePool::run(int tasks, const std::function<void(int)>& task) {
     for (int t = 0; t < tasks; ++t) task(t);
     return;
   }
+  shared_runs_.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(mutex_);
   task_ = &task;
   tasks_ = tasks;

@@ -3,6 +3,7 @@
 // A pool is made current for a thread with ComputePoolScope; without one, kernels run on the
 // calling thread alone.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -25,6 +26,9 @@ class ComputePool {
   // rethrows the first exception a task threw. Calls from inside a task run serially. One pool
   // serves one thread (a rank's compute thread); it is not shared.
   void run(int tasks, const std::function<void(int)>& task);
+  // How many run() calls were shared with the workers (not run serially): lets a test show that
+  // a kernel really split its work, so that its thread-invariance check compared something.
+  std::uint64_t shared_runs() const { return shared_runs_.load(std::memory_order_relaxed); }
 
  private:
   void worker_loop();
@@ -38,6 +42,7 @@ class ComputePool {
   std::uint64_t generation_ = 0;
   bool stopping_ = false;
   std::exception_ptr error_;
+  std::atomic<std::uint64_t> shared_runs_{0};
 };
 
 class ComputePoolScope {

@@ -194,6 +194,7 @@ TEST_CASE("gemm results are bitwise independent of the thread count (1..4)", "[g
         ComputePoolScope scope(&pool);
         INFO("threads=" << threads);
         CHECK(same_bits(run(t, op), serial));
+        CHECK(pool.shared_runs() > 0);  // the GEMM really split its output over the threads
       }
     });
   }
@@ -275,6 +276,7 @@ TEST_CASE("bf16 operands: denormal inputs and results count as zero at every lev
       CHECK(same_bits(run(t, GemmOperands::f32), want_fp32));
     }
     use_cpu_features(saved);
+    CHECK((pool.shared_runs() > 0) == (z.threads > 1));  // the rule held on the workers too
   }
   constexpr unsigned kControl = ~0x3Fu;  // not the sticky exception flags, which any arithmetic sets
   CHECK((_mm_getcsr() & kControl) == (csr & kControl));  // the rule does not leak into the caller's thread
