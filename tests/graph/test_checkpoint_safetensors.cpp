@@ -333,7 +333,17 @@ TEST_CASE("safetensors: sharding with a tiny shard size writes shards and an ind
   std::set<std::string> files;
   for (const auto& [name, file] : index.at("weight_map").items()) files.insert(file.get<std::string>());
   const int count = static_cast<int>(files.size());
-  CHECK(count >= 4);
+  // Filled in name order until the next tensor would pass 64 bytes, by hand: layers.0 + layers.1
+  // (12 + 24 bytes); layers.2 (36: 36 + 48 would pass); layers.3 (48); layers.4 (60); layers.5 to
+  // layers.8 and big each alone (72..160, over the limit); mask (5 bytes, after big's 160).
+  CHECK(count == 10);
+  const std::vector<std::pair<std::string, int>> expected_shard = {
+      {"layers.0.w", 1}, {"layers.1.w", 1}, {"layers.2.w", 2}, {"layers.3.w", 3}, {"layers.4.w", 4}, {"layers.5.w", 5},
+      {"layers.6.w", 6}, {"layers.7.w", 7}, {"layers.8.w", 8}, {"big", 9},         {"mask", 10}};
+  for (const auto& [name, shard] : expected_shard) {
+    INFO(name);
+    CHECK(index.at("weight_map").at(name) == shard_file_name(shard, 10));
+  }
   for (int i = 1; i <= count; ++i) {
     std::string name = shard_file_name(i, count);
     INFO(name);
