@@ -201,7 +201,10 @@ TEST_CASE("Relative attention gradients through the Tensor API match the double 
   for (std::size_t i = 0; i < dv.size(); ++i) CHECK(g.dv.data<float>()[i] == Approx(dv[i]).margin(1e-5));
 }
 
-TEST_CASE("Relative attention in bf16 inputs agrees with fp32", "[relative_attention][bf16]") {
+// The kernel has no bf16 path (attention runs in fp32 in both precisions; what precision bf16
+// rounds around it is checked in tests/graph/test_bf16_points.cpp): this measures how much the
+// rounding of its inputs moves its output, i.e. the conditioning the model's bf16 runs rely on.
+TEST_CASE("Relative attention on bf16-rounded inputs agrees with fp32 within 2e-2", "[relative_attention]") {
   Inputs in;
   Tensor q = tensor_of({B, S, Hq, D}, in.q), k = tensor_of({B, S, Hkv, D}, in.k), v = tensor_of({B, S, Hkv, D}, in.v);
   Tensor p = tensor_of({B, Hq, S, R}, in.p), s = tensor_of({B, Hq, S}, in.sink);
@@ -211,9 +214,12 @@ TEST_CASE("Relative attention in bf16 inputs agrees with fp32", "[relative_atten
   Tensor qb = q.clone(), kb = k.clone(), vb = v.clone(), pb = p.clone(), sb = s.clone();
   for (const Tensor& t : {qb, kb, vb, pb, sb}) round_to_bf16_inplace(t);
   AttentionForward f16 = relative_attention_forward(qb, kb, vb, positions(), valid(), pb, sb, opts);
+  std::int64_t moved = 0;
   for (std::int64_t i = 0; i < q.numel(); ++i) {
     CHECK(f16.out.data<float>()[i] == Approx(f32.out.data<float>()[i]).epsilon(2e-2).margin(2e-2));
+    moved += f16.out.data<float>()[i] != f32.out.data<float>()[i];
   }
+  CHECK(moved > q.numel() / 2);  // the rounding changed the output: the comparison measured something
 }
 
 TEST_CASE("Relative attention rejects wrong profile and sink shapes", "[relative_attention]") {
