@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/libm_float.hpp"
 #include "kernels/cpu/lane_sum.hpp"
 #include "kernels/cpu/vector_math.hpp"
 
@@ -184,7 +185,7 @@ void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* p
           exp_values(p, keys.count);  // unnormalised probabilities
           const T sink_term = sinks.enabled() ? exp_value(sink - m) : T(0);
           const T sum = sink_term + key_sum<T>(keys, [&](std::int64_t j) { return p[j]; });
-          *lse_t = m + std::log(sum);
+          *lse_t = m + log_rounded(sum);
           const T inv_sum = T(1) / sum;
           for (std::int64_t j = 0; j < keys.count; ++j) p[j] *= inv_sum;
           keys.zero_outside(row, nk);

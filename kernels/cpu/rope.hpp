@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/libm_float.hpp"
+
 namespace atl::cpu {
 
 // cos/sin of the angles of each distinct position among `positions`, first half only (the NeoX
@@ -24,15 +26,15 @@ struct RopeHalfTables {
     std::vector<float> inv_freq(static_cast<std::size_t>(half));
     for (std::int64_t i = 0; i < half; ++i) {
       inv_freq[static_cast<std::size_t>(i)] =
-          1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+          1.0f / pow_rounded(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
     }
     cos_half.resize(positions.size() * static_cast<std::size_t>(half));
     sin_half.resize(cos_half.size());
     for (std::size_t k = 0; k < positions.size(); ++k) {
       for (std::int64_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(positions[k]) * inv_freq[static_cast<std::size_t>(i)];
-        cos_half[k * static_cast<std::size_t>(half) + static_cast<std::size_t>(i)] = std::cos(angle);
-        sin_half[k * static_cast<std::size_t>(half) + static_cast<std::size_t>(i)] = std::sin(angle);
+        cos_half[k * static_cast<std::size_t>(half) + static_cast<std::size_t>(i)] = cos_rounded(angle);
+        sin_half[k * static_cast<std::size_t>(half) + static_cast<std::size_t>(i)] = sin_rounded(angle);
       }
     }
   }
@@ -80,9 +82,10 @@ void rope_backward(const T* dy, const std::int64_t* positions, T* dx, std::int64
   rope_apply(dy, positions, dx, tokens, heads, head_dim, theta, /*inverse=*/true);
 }
 
-// SSMax factor (1 + (pos+1)/base)^exponent, in fp32 like the reference.
+// SSMax factor (1 + (pos+1)/base)^exponent, an fp32 value like the reference's (pow in double,
+// rounded once: kernels/cpu/libm_float.hpp).
 inline float ssmax_factor(std::int64_t position, float base, float exponent) {
-  return std::pow(1.0f + (static_cast<float>(position) + 1.0f) / base, exponent);
+  return pow_rounded(1.0f + (static_cast<float>(position) + 1.0f) / base, exponent);
 }
 
 // y = x * factor(pos) per token; the op is linear in x, so the backward is the same scaling.

@@ -215,8 +215,8 @@ HalfTables fp32_tables(const std::vector<std::int64_t>& pos, const std::vector<f
   for (std::int64_t p : pos) {
     for (float inv : inv_freq) {
       const float angle = static_cast<float>(p) * inv;
-      tb.cos.push_back(std::cos(angle));
-      tb.sin.push_back(std::sin(angle));
+      tb.cos.push_back(static_cast<float>(std::cos(static_cast<double>(angle))));  // the fp32 nearest cos(angle)
+      tb.sin.push_back(static_cast<float>(std::sin(static_cast<double>(angle))));
     }
   }
   return tb;
@@ -386,11 +386,13 @@ TEST_CASE("spec numerics: expert combine sums in fp32 in ascending expert id and
 }
 
 // inv_freq: MODELS.md §10.1.11 writes θ^(-2i/D) in fp32 and does not fix how that fp32 value is
-// evaluated. The kernel (kernels/cpu/rope.hpp RopeHalfTables) uses 1 / powf(θ, 2i/D), as HF's
-// `1.0 / base**(arange(0, D, 2) / D)`; the literal powf(θ, -2i/D) may differ from it by an ulp
-// (which frequencies depends on the libm). So each frequency of rope_forward's output must match,
-// bitwise, one of the two fp32 evaluations (pinning the fp32 angle and tables, not the pow form). The angle pos·inv_freq is a float product and
-// cos/sin are taken of the float angle. Fails if the angle (or inv_freq and angle) is computed in
+// evaluated. The kernel (kernels/cpu/rope.hpp RopeHalfTables) uses 1 / pow(θ, 2i/D), as HF's
+// `1.0 / base**(arange(0, D, 2) / D)`; the literal pow(θ, -2i/D) may differ from it by an ulp. So
+// each frequency of rope_forward's output must match, bitwise, one of the two fp32 evaluations
+// (pinning the fp32 angle and tables, not the pow form). The angle pos·inv_freq is a float
+// product, and cos/sin are the fp32 values nearest the cosine and sine of the float angle: libm's
+// double functions rounded once (kernels/cpu/libm_float.hpp; glibc's cosf/sinf differ from those
+// in the last bit at some of these positions, and glibc's float functions change between releases). Fails if the angle (or inv_freq and angle) is computed in
 // double: at positions 4000..4100 and near 30000 that moves cos/sin by far more than an ulp, which
 // the test checks on the double variants.
 TEST_CASE("spec numerics: rope inv_freq and angles are fp32 at large positions", "[rope][spec]") {
@@ -424,8 +426,8 @@ TEST_CASE("spec numerics: rope inv_freq and angles are fp32 at large positions",
     std::vector<float> inv_pow(static_cast<std::size_t>(half)), inv_recip(static_cast<std::size_t>(half));
     for (std::int64_t i = 0; i < half; ++i) {
       const float e = static_cast<float>(2 * i) / static_cast<float>(D);  // exact: D is a power of two
-      inv_pow[i] = std::pow(theta, -e);                                   // θ^(-2i/D), literally
-      inv_recip[i] = 1.0f / std::pow(theta, e);                           // HF's form
+      inv_pow[i] = static_cast<float>(std::pow(double{theta}, double{-e}));      // θ^(-2i/D), literally
+      inv_recip[i] = 1.0f / static_cast<float>(std::pow(double{theta}, double{e}));  // HF's form
     }
     const HalfTables ref_pow = fp32_tables(pos, inv_pow), ref_recip = fp32_tables(pos, inv_recip);
     const std::vector<float> y_pow = rotate(x, ref_pow, T, heads, D), y_recip = rotate(x, ref_recip, T, heads, D);
