@@ -20,15 +20,7 @@ namespace {
 // blocks per tensor. Stated tolerance: testing::kGradientTolerance.
 double worst_directional_error(const BeamConfig& config, std::string* worst_name) {
   BeamModel model(config);
-  TensorMap w = TensorMap::initialized(model.specs(), 11, 0.02f);
-  // Non-trivial norm gammas and gate biases so their gradients are generic.
-  for (const auto& s : model.specs()) {
-    if (s.init != Init::normal && !s.name.ends_with("e_score_correction_bias")) {
-      CounterRng rng(5, s.name);
-      float* p = w.at(s.name).data<float>();
-      for (std::int64_t i = 0; i < s.numel(); ++i) p[i] += static_cast<float>(0.1 * rng.normal(i));
-    }
-  }
+  TensorMap w = testing::beam_gradient_check_weights(model, 11);
   testing::GradientCheckOptions options;
   options.zero_gradient = [](const std::string& name) { return name.ends_with("e_score_correction_bias"); };
   const testing::GradientCheck check =
