@@ -132,8 +132,11 @@ __attribute__((target("avx2"))) void swapped_rows_avx2(const float* src, std::in
     for (std::int64_t p = 0; p < panels; ++p, row += depth * width) {
       const std::int64_t first = p * width, lines = count - first < width ? count - first : width;
       for (std::int64_t i = 0; i < width; i += 8) {
-        const __m256 lo = round_bf16(load_lanes(even + first + i, lines - i));
-        const __m256 hi = odd ? round_bf16(load_lanes(odd + first + i, lines - i)) : _mm256_setzero_ps();
+        // Lanes past this panel's lines but within the rows (the next panel's) may be read whole:
+        // masked loads (vmaskmovps) held most of this function's samples on Zen 3.
+        const std::int64_t n = count - first - i >= 8 ? 8 : lines - i;
+        const __m256 lo = round_bf16(load_lanes(even + first + i, n));
+        const __m256 hi = odd ? round_bf16(load_lanes(odd + first + i, n)) : _mm256_setzero_ps();
         store_lanes(row + i, hi, width - i);
         store_lanes(row + width + i, lo, width - i);
       }
