@@ -26,8 +26,9 @@ class ComputePool {
   // rethrows the first exception a task threw. Calls from inside a task run serially. One pool
   // serves one thread (a rank's compute thread); it is not shared.
   void run(int tasks, const std::function<void(int)>& task);
-  // How many run() calls were shared with the workers (not run serially): lets a test show that
-  // a kernel really split its work, so that its thread-invariance check compared something.
+  // How many run() calls were split into tasks offered to the workers (not run serially): lets a
+  // test show that a kernel split its work, so that its thread-invariance check compared
+  // something. (Which thread took each task is not counted: the caller may take them all.)
   std::uint64_t shared_runs() const { return shared_runs_.load(std::memory_order_relaxed); }
 
  private:

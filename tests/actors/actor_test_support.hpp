@@ -123,8 +123,8 @@ inline void check_same_steps(const RunOutput& act, const RunOutput& ref, double 
 }
 
 // The same router choices, per micro-batch and layer. Something must have been recorded: at least
-// one micro-batch, each with a record per sparse layer when the model `routes` (none when dense),
-// so two runs that recorded nothing never agree.
+// one micro-batch, each with records (one per sparse layer, as many in both runs) when the model
+// `routes` and none when it is dense, so two runs that recorded nothing never agree.
 inline bool same_routing(const std::vector<std::vector<RoutingRecord>>& a,
                          const std::vector<std::vector<RoutingRecord>>& b, bool routes = true) {
   if (a.empty() || a.size() != b.size()) return false;

@@ -333,7 +333,7 @@ TEST_CASE("safetensors: sharding with a tiny shard size writes shards and an ind
   std::set<std::string> files;
   for (const auto& [name, file] : index.at("weight_map").items()) files.insert(file.get<std::string>());
   const int count = static_cast<int>(files.size());
-  // Filled in name order until the next tensor would pass 64 bytes, by hand: layers.0 + layers.1
+  // Filled in insertion order until the next tensor would pass 64 bytes, by hand: layers.0 + layers.1
   // (12 + 24 bytes); layers.2 (36: 36 + 48 would pass); layers.3 (48); layers.4 (60); layers.5 to
   // layers.8 and big each alone (72..160, over the limit); mask (5 bytes, after big's 160).
   CHECK(count == 10);

@@ -1,6 +1,7 @@
 // compute.threads (issue 7, item 4): a whole model's forward and backward on a compute pool of 2
 // or 3 threads gives the serial run's loss and gradients bit for bit, for every family and both
-// precisions; and the pool really shared work (else the comparison would hold trivially).
+// precisions; and the kernels split work into parts offered to the pool's workers (else the
+// comparison would hold trivially).
 #include <catch2/catch.hpp>
 
 #include <string>

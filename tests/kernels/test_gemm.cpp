@@ -14,6 +14,9 @@
 #include <random>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #if defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
@@ -194,7 +197,7 @@ TEST_CASE("gemm results are bitwise independent of the thread count (1..4)", "[g
         ComputePoolScope scope(&pool);
         INFO("threads=" << threads);
         CHECK(same_bits(run(t, op), serial));
-        CHECK(pool.shared_runs() > 0);  // the GEMM really split its output over the threads
+        CHECK(pool.shared_runs() > 0);  // the GEMM split its output into parts offered to the workers
       }
     });
   }
@@ -276,7 +279,7 @@ TEST_CASE("bf16 operands: denormal inputs and results count as zero at every lev
       CHECK(same_bits(run(t, GemmOperands::f32), want_fp32));
     }
     use_cpu_features(saved);
-    CHECK((pool.shared_runs() > 0) == (z.threads > 1));  // the rule held on the workers too
+    CHECK((pool.shared_runs() > 0) == (z.threads > 1));  // split into parts offered to the workers
   }
   constexpr unsigned kControl = ~0x3Fu;  // not the sticky exception flags, which any arithmetic sets
   CHECK((_mm_getcsr() & kControl) == (csr & kControl));  // the rule does not leak into the caller's thread
@@ -368,6 +371,79 @@ TEST_CASE("gemm packing: bf16 pairs of many panels equal the panels packed one b
 // The packing helpers fill exactly the panel: each value is the documented one (rounded to bf16
 // where the route rounds), lines past `lines` are zero (never read from past the source), and every
 // level's helpers agree with the portable ones bit for bit.
+namespace {
+
+// n floats that end where an unreadable page begins: a read past the last one faults.
+class GuardedFloats {
+ public:
+  explicit GuardedFloats(std::size_t n) {
+    page_ = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    bytes_ = (n * sizeof(float) + page_ - 1) / page_ * page_;
+    base_ = mmap(nullptr, bytes_ + page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(base_ != MAP_FAILED);
+    REQUIRE(mprotect(static_cast<char*>(base_) + bytes_, page_, PROT_NONE) == 0);
+    data_ = reinterpret_cast<float*>(static_cast<char*>(base_) + bytes_) - n;
+  }
+  ~GuardedFloats() { munmap(base_, bytes_ + page_); }
+  GuardedFloats(const GuardedFloats&) = delete;
+  GuardedFloats& operator=(const GuardedFloats&) = delete;
+  float* data() { return data_; }
+
+ private:
+  std::size_t page_ = 0, bytes_ = 0;
+  void* base_ = nullptr;
+  float* data_ = nullptr;
+};
+
+}  // namespace
+
+// Loads may be wider than a panel (a whole vector where the rows go on), never wider than the
+// source: every packer reads a source that ends at an unreadable page, lines and k tight (a read
+// past the last line or k faults), and packs what it packs from an ordinary copy.
+TEST_CASE("gemm packing reads nothing past its source's last line or k", "[gemm]") {
+  using namespace cpu::gemm_detail;
+  const std::vector<float> values = pack_source(0.5f, 89);
+  for (const PackKernels& pk : pack_levels()) {
+    for (const std::int64_t width : {6, 12, 16, 32}) {
+      for (const std::int64_t lines : {1, 5, 7, 13, 29}) {
+        for (const std::int64_t kc : {1, 6, 9, 27}) {
+          INFO("width " << width << " lines " << lines << " kc " << kc);
+          const auto n = static_cast<std::size_t>(lines * kc);
+          GuardedFloats guarded(n);
+          std::copy_n(values.begin(), n, guarded.data());
+          const std::vector<float> copy(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n));
+          const std::int64_t pairs = (kc + 1) / 2, panels = (lines + width - 1) / width;
+          const auto panel_floats = static_cast<std::size_t>(panels * 2 * pairs * width);
+          const auto pair_words = static_cast<std::size_t>(panels * pairs * width);
+          // Lines contiguous (line l, k at src[k * lines + l]): the packers that read rows.
+          std::vector<float> rows_g(panel_floats), rows_c(panel_floats);
+          pk.swapped_rows(guarded.data(), lines, kc, lines, rows_g.data(), width);
+          pk.swapped_rows(copy.data(), lines, kc, lines, rows_c.data(), width);
+          CHECK(std::memcmp(rows_g.data(), rows_c.data(), panel_floats * sizeof(float)) == 0);
+          std::vector<std::uint32_t> pairs_g(pair_words), pairs_c(pair_words);
+          pk.bf16_pairs(guarded.data(), lines, kc, lines, pairs_g.data(), width);
+          pk.bf16_pairs(copy.data(), lines, kc, lines, pairs_c.data(), width);
+          CHECK(pairs_g == pairs_c);
+          // k contiguous (line l, k at src[l * kc + k]), one panel of at most `width` lines.
+          if (lines > width) continue;
+          std::vector<float> lines_g(static_cast<std::size_t>(2 * pairs * width)), lines_c = lines_g;
+          pk.swapped_lines(guarded.data(), kc, lines, kc, lines_g.data(), width);
+          pk.swapped_lines(copy.data(), kc, lines, kc, lines_c.data(), width);
+          CHECK(std::memcmp(lines_g.data(), lines_c.data(), lines_g.size() * sizeof(float)) == 0);
+          std::vector<std::uint32_t> t_g(static_cast<std::size_t>(kc * width)), t_c = t_g;
+          pk.transpose(reinterpret_cast<const std::uint32_t*>(guarded.data()), kc, lines, kc, t_g.data(), width);
+          pk.transpose(reinterpret_cast<const std::uint32_t*>(copy.data()), kc, lines, kc, t_c.data(), width);
+          CHECK(t_g == t_c);
+          std::vector<std::uint32_t> pl_g(static_cast<std::size_t>(pairs * width)), pl_c = pl_g;
+          pk.pair_lines(guarded.data(), kc, lines, kc, pl_g.data(), width);
+          pk.pair_lines(copy.data(), kc, lines, kc, pl_c.data(), width);
+          CHECK(pl_g == pl_c);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("gemm packing: panels are zero past the real lines and equal at every level", "[gemm]") {
   using namespace cpu::gemm_detail;
   const std::vector<float> src = pack_source(0.25f, 97);

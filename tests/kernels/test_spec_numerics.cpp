@@ -209,7 +209,8 @@ struct HalfTables {
   std::vector<float> cos, sin;  // [tokens, D/2]
 };
 
-// The spec: angle = pos · inv_freq as a float product, cos/sin of the float angle (float overloads).
+// The spec: angle = pos · inv_freq as a float product; cos/sin of the float angle, the fp32 values
+// nearest them (double libm rounded once).
 HalfTables fp32_tables(const std::vector<std::int64_t>& pos, const std::vector<float>& inv_freq) {
   HalfTables tb;
   for (std::int64_t p : pos) {
