@@ -729,3 +729,22 @@ TEST_CASE("attention: queries given as a part of the key row (context parallelis
   CHECK_THROWS_WITH(attention_forward(t.q, t.k, t.v, t.positions, t.valid, t.sinks, t.options),
                     Catch::Contains("query_index"));
 }
+
+// The log-sum-exp is the fp32 value nearest log(sum) (double libm rounded once,
+// kernels/cpu/libm_float.hpp), not glibc's logf, whose bits vary between builds and releases:
+// 1579 keys of equal score make the sum exactly 1579, where this glibc's logf is an ulp off.
+TEST_CASE("attention: the log-sum-exp is the fp32 value nearest log(sum)", "[attention][spec]") {
+  constexpr std::int64_t S = 1579, D = 4;
+  const Tensor zeros = Tensor::zeros({1, S, 1, D});  // every score 0: every key weighs exp(0) = 1
+  Tensor positions = Tensor::empty({1, S}, DType::i64), valid = Tensor::empty({1, S}, DType::boolean);
+  for (std::int64_t t = 0; t < S; ++t) {
+    positions.data<std::int64_t>()[t] = t;
+    valid.data<bool>()[t] = true;
+  }
+  const AttentionForward f = attention_forward(zeros, zeros, zeros, positions, valid, Tensor(), AttentionOptions{});
+  const float last = f.lse.data<float>()[S - 1];  // the last query sees all S keys
+  CHECK(last == static_cast<float>(std::log(static_cast<double>(S))));
+  volatile float s = static_cast<float>(S);  // not folded at compile time (GCC folds correctly rounded)
+  INFO("glibc logf(1579) = " << std::log(s) << ", the nearest fp32 " << last);  // differ on glibc 2.36
+  CHECK(f.lse.data<float>()[0] == 0.0f);  // the first query sees one key: log(1)
+}
