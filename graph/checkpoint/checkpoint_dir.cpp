@@ -59,19 +59,26 @@ void retire_directory(const fs::path& root, const fs::path& dir) {
   fs::remove_all(aside);
 }
 
+// The moments against the weights (the model files): `file` names the moments, but either side may
+// be the damaged one, so the messages say both.
 void check_optimizer_matches(const fs::path& file, const TensorMap& model, const TensorMap& moments,
                              std::string_view prefix) {
+  constexpr std::string_view kEither = "(one of the two files is damaged or from another save)";
   for (const auto& name : model.names()) {
-    if (!moments.contains(name)) fail(file, fmt::format("no {}{} for parameter '{}'", prefix, name, name));
+    if (!moments.contains(name)) {
+      fail(file, fmt::format("no {}{} for the model files' parameter '{}' {}", prefix, name, name, kEither));
+    }
     const Tensor& m = moments.at(name);
     const Tensor& p = model.at(name);
     if (m.shape() != p.shape()) {
-      fail(file, fmt::format("{}{} has shape {} but parameter '{}' has shape {}", prefix, name, shape_string(m.shape()),
-                             name, shape_string(p.shape())));
+      fail(file, fmt::format("{}{} has shape {} but the model files' parameter '{}' has shape {} {}", prefix, name,
+                             shape_string(m.shape()), name, shape_string(p.shape()), kEither));
     }
   }
   for (const auto& name : moments.names()) {
-    if (!model.contains(name)) fail(file, fmt::format("{}{} has no parameter '{}' in the model", prefix, name, name));
+    if (!model.contains(name)) {
+      fail(file, fmt::format("{}{} has no parameter '{}' in the model files {}", prefix, name, name, kEither));
+    }
   }
 }
 
@@ -102,9 +109,28 @@ fs::path normalised_directory(const fs::path& dir) {
 
 std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:08d}", step); }
 
+std::optional<fs::path> enclosing_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) return std::nullopt;  // (unresolvable: the writer's own checks name it)
+  for (;; p = p.parent_path()) {
+    if (fs::is_regular_file(p / kComplete, ec)) return p;
+    if (!p.has_relative_path()) return std::nullopt;  // the root: nothing above
+  }
+}
+
+void refuse_inside_checkpoint(const fs::path& path, const std::string& what) {
+  if (const auto checkpoint = enclosing_checkpoint(path)) {
+    fail(path, fmt::format("{} would be written inside the saved checkpoint {}, which could then not be loaded (a "
+                           "checkpoint holds exactly the files its manifest lists); expected a path outside it",
+                           what, checkpoint->string()));
+  }
+}
+
 fs::path save_checkpoint(const fs::path& root, const CheckpointContents& contents, int keep) {
   const std::string name = checkpoint_dir_name(contents.step);
   const fs::path final_dir = root / name;
+  refuse_inside_checkpoint(root, "the checkpoint");
   if (contents.step < 0) fail(final_dir, fmt::format("step must be non-negative, got {}", contents.step));
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg, kExpAvgPrefix);
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg_sq, kExpAvgSqPrefix);

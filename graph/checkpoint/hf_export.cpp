@@ -55,6 +55,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   const fs::path out_dir = normalised_directory(out_dir_given);  // "out/" names out, for the temp name
   require_complete_checkpoint(checkpoint_dir);
   if (fs::exists(out_dir)) throw CheckpointError(out_dir.string() + ": already exists; export writes a new directory");
+  refuse_inside_checkpoint(out_dir, "the export");
   const RunConfig config = checkpoint_run_config(checkpoint_dir);
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   CheckpointContents contents = load_checkpoint(checkpoint_dir);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <algorithm>
 
+#include "graph/checkpoint/checkpoint_dir.hpp"
 #include "graph/config_reader.hpp"
 
 namespace atl {
@@ -34,6 +35,11 @@ void require_can_create_in(const std::filesystem::path& dir, const std::string& 
 
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
   namespace fs = std::filesystem;
+  if (const auto checkpoint = enclosing_checkpoint(path)) {
+    throw ConfigError(file, key, "'" + path.string() + "' is inside the saved checkpoint " + checkpoint->string() +
+                                     ", which could then not be loaded (a checkpoint holds exactly the files its "
+                                     "manifest lists); expected a path outside it");
+  }
   std::error_code ec;
   if (fs::exists(path, ec)) {
     if (as_file && fs::is_directory(path, ec)) throw ConfigError(file, key, "'" + path.string() + "' is a directory");

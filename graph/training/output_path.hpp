@@ -9,7 +9,8 @@ namespace atl {
 
 // Throws ConfigError(`file`, `key`, ...) unless `path` is a directory (a file, for `as_file`) this
 // process can create or write: an existing one must be writable, a missing one's nearest existing
-// ancestor must be a writable directory (a file's missing folders are created when it is written).
+// ancestor must be a writable directory (a file's missing folders are created when it is written),
+// and none may lie inside a saved checkpoint (which would then fail to load).
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key);
 // An input an output file must not replace: a file, or a directory (nothing inside it either).
 struct RunInput {

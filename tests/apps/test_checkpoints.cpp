@@ -37,6 +37,15 @@ Result must_run(const std::string& app, const std::vector<std::string>& args, co
   return r;
 }
 
+// Trains beam-tiny for `steps` steps into `run_dir`, saving every `every`; returns the checkpoint of
+// the last step.
+fs::path trained_checkpoint(const fs::path& run_dir, int steps, int every, const fs::path& scratch) {
+  auto args = train_args(run_dir);
+  add_sets(args, {"train.steps=" + std::to_string(steps), "checkpoint.every=" + std::to_string(every)});
+  must_run("atoll-train", args, scratch);
+  return run_dir / "checkpoints" / atl::checkpoint_dir_name(steps);
+}
+
 std::vector<nlohmann::json> metrics_without_timing_lines(const fs::path& file) {
   std::vector<nlohmann::json> lines;
   for (auto m : read_metrics(file)) {
@@ -141,10 +150,7 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
 TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault named", "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";
-  auto args = train_args(run);
-  add_sets(args, {"train.steps=4", "checkpoint.every=2"});
-  must_run("atoll-train", args, tmp.path);
-  const fs::path good = run / "checkpoints" / "step-00000004";
+  const fs::path good = trained_checkpoint(run, 4, 2, tmp.path);
   const fs::path bad = tmp.path / "bad" / "step-00000004";
   fs::create_directories(bad.parent_path());
   fs::copy(good, bad);
@@ -737,6 +743,50 @@ TEST_CASE("apps: a checkpoint of another family is refused as such by --resume, 
     CHECK_THAT(r.err, Catch::Contains(step2 + ": holds a beam model (config.json model_type), the config describes flint"));
   }
   CHECK_FALSE(fs::exists(tmp.path / "flint"));
+}
+
+TEST_CASE("apps: nothing writes inside a saved checkpoint, which would then fail to load", "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path ckpt = trained_checkpoint(tmp.path / "run", 2, 2, tmp.path);
+  const fs::path hf = tmp.path / "hf";
+  must_run("atoll-convert", {"export", ckpt.string(), hf.string()}, tmp.path);
+  const std::string config = source_path("configs/beam-tiny.yaml").string();
+  auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(ckpt)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> before = entries();
+  struct Attempt {
+    const char* what;
+    std::string binary;
+    std::vector<std::string> args;
+  };
+  auto train_into = [&](const std::string& key, const fs::path& where) {
+    auto a = train_args(tmp.path / "other");
+    add_sets(a, {"train.steps=1", "checkpoint.every=1", key + "=" + where.string()});
+    return a;
+  };
+  auto traced = train_args(tmp.path / "traced");
+  add_sets(traced, {"train.steps=1"});
+  traced.insert(traced.end(), {"--trace", (ckpt / "trace.json").string()});
+  const std::vector<Attempt> attempts = {
+      {"an export into it", "atoll-convert", {"export", ckpt.string(), (ckpt / "hf").string()}},
+      {"an import into it", "atoll-convert", {"import", hf.string(), ckpt.string()}},
+      {"a run_dir inside it", "atoll-train", train_into("run_dir", ckpt / "sub")},
+      {"a checkpoint.dir inside it", "atoll-train", train_into("checkpoint.dir", ckpt / "more")},
+      {"a trace into it", "atoll-train", traced},
+  };
+  for (const Attempt& a : attempts) {
+    INFO(a.what);
+    const Result r = run_app(a.binary, a.args, tmp.path);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("inside the saved checkpoint " + fs::weakly_canonical(ckpt).string()));
+    CHECK(entries() == before);
+  }
+  must_run("atoll-eval", {config, "--checkpoint", ckpt.string(), "--batches", "1"}, tmp.path);  // still loads
 }
 
 TEST_CASE("apps: atoll-convert names a subcommand it does not have", "[apps][checkpoint]") {
