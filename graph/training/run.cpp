@@ -370,11 +370,18 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       line["nonfinite"] = r.nonfinite;
     }
     if (options.writer) {
+      std::error_code size_ec;
+      const std::uintmax_t size_before = std::filesystem::file_size(metrics_path, size_ec);
       errno = 0;
       metrics << line.dump() << "\n" << std::flush;
       if (!metrics) {  // the record of the run cannot go on: stop rather than train unrecorded
+        const int error = errno;
+        // What reached the file of this line (a full disk takes part of it) is cut off again, so the
+        // file stays whole lines that a JSON reader takes.
+        metrics.close();
+        if (!size_ec) std::filesystem::resize_file(metrics_path, size_before, size_ec);
         throw FileWriteError(fmt::format("{}: cannot append step {}'s line: {}", metrics_path.string(), s,
-                                         errno != 0 ? std::strerror(errno) : "the stream failed"));
+                                         error != 0 ? std::strerror(error) : "the stream failed"));
       }
     }
     if (no_targets) {

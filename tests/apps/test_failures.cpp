@@ -145,6 +145,12 @@ TEST_CASE("failures: a checkpoint the file system refuses is exit 1, named, and 
   CHECK(m.exit_code == 1);
   CHECK_THAT(m.err, Catch::Contains("metrics.jsonl: cannot append step ") && Catch::Contains("line: File too large"));
   CHECK(m.out.find("step    30/30") == std::string::npos);
+  // The part of the failed line that fitted is cut off again: whole JSON lines only.
+  const std::string metrics = read_file(tmp.path / "m" / "run" / "metrics.jsonl");
+  REQUIRE(!metrics.empty());
+  CHECK(metrics.back() == '\n');
+  const std::vector<nlohmann::json> lines = read_metrics(tmp.path / "m" / "run" / "metrics.jsonl");
+  CHECK(lines.size() >= 5);  // some steps' lines before the limit
 }
 
 TEST_CASE("failures: on_nonfinite skip_step drops steps and stops after max_skipped_steps", "[apps][failures]") {
