@@ -70,7 +70,9 @@ void write_le64(DurableFileWriter& out, std::uint64_t value) {
 class InputFile {
  public:
   explicit InputFile(fs::path path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused below as not a regular
+    // file (the flag changes nothing for a regular file's reads).
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) fail(path_, fmt::format("cannot open: {}", std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {

@@ -21,6 +21,13 @@ namespace {
 
 constexpr std::int64_t kMaxInt = std::numeric_limits<std::int64_t>::max();
 
+// The epoch after `epoch`: a counter restored at its limit (a hand-edited cursor: a real run never
+// gets near it) must not wrap to negative and be saved, which its own load would then refuse.
+std::int64_t next_epoch(std::int64_t epoch, const std::string& what) {
+  if (epoch == kMaxInt) throw DataError(fmt::format("{}: the epoch counter is at its limit ({})", what, kMaxInt));
+  return epoch + 1;
+}
+
 std::int64_t mtime_ns(const struct stat& info) {
   return static_cast<std::int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
 }
@@ -60,7 +67,9 @@ std::uint64_t hash_bytes(const unsigned char* p, std::size_t n) {
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused below as not a regular file
+  // (the flag changes nothing for a regular file's reads or mapping).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw DataError(fmt::format("{}: cannot open data file: {}", path, std::strerror(errno)));
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
@@ -190,7 +199,7 @@ void TextFileSource::advance() {
       pad_position_ = 0;
       return;
     }
-    ++epoch_;
+    epoch_ = next_epoch(epoch_, "text data " + file_.path());
     next = first_token_;
   }
   position_ = starts_document(next) ? 0 : position_ + 1;
@@ -308,7 +317,7 @@ void TokenFileSource::advance() {
       pad_position_ = 0;
       return;
     }
-    ++epoch_;
+    epoch_ = next_epoch(epoch_, "token data " + file_.path());
     next = 0;
   }
   position_ = starts_document(next) ? 0 : position_ + 1;

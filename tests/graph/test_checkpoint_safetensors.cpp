@@ -1,6 +1,8 @@
 // safetensors files: bitwise round trips of every dtype, the header layout of MODELS.md §10.5
 // (padding, ordering, alignment, metadata), rejection of corrupt files with the file and fault
 // named, and HF sharding with its index.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -442,4 +444,13 @@ TEST_CASE("safetensors: index faults are rejected with the file and fault named"
   fs::path empty = tmp.path / "empty";
   fs::create_directories(empty);
   CHECK_THAT(model_files_error(empty), Contains(empty.string()) && Contains("no model.safetensors"));
+}
+
+// A FIFO where a safetensors file is expected (a shard an index names, say) is refused at once:
+// opening it for reading would otherwise wait for a writer forever.
+TEST_CASE("safetensors: a FIFO is refused as not a regular file, not waited on", "[checkpoint][safetensors]") {
+  TempDir tmp;
+  const fs::path fifo = tmp.path / "model.safetensors";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(read_safetensors(fifo), Catch::Contains(fifo.string()) && Catch::Contains("not a regular file"));
 }

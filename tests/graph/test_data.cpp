@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -599,4 +601,36 @@ TEST_CASE("a token file truncated while mapped ends the process naming the file,
   CHECK(WEXITSTATUS(status) == 1);
   CHECK_THAT(said, Catch::Contains("atoll: data file " + path + " could not be read: it was truncated while the run "
                                    "read it") && Catch::EndsWith("(exit 1)\n"));
+}
+
+// A cursor restored with its epoch counter at the int64 limit (only a hand edit makes one): the
+// next pass over the file is refused by name instead of wrapping to a negative epoch that the run
+// would save and its own load refuse.
+TEST_CASE("a file source's epoch counter at its limit stops the next pass instead of wrapping", "[data]") {
+  TempDir dir;
+  const std::string text_path = dir.write("tiny.txt", "abcdef\n\nghij\n");
+  std::vector<std::uint32_t> tokens = {1, 2, 3, 0, 4, 5};
+  const std::string token_path = dir.write("tiny.u16", little_endian(tokens, 2));
+  auto check = [](auto make, const std::string& path) {
+    auto source = make();
+    nlohmann::json cursor = source->cursor();
+    cursor["epoch"] = std::numeric_limits<std::int64_t>::max();
+    auto resumed = make();
+    resumed->restore(cursor);
+    CHECK_THROWS_WITH(resumed->next(4, 16), Catch::Contains(path) && Catch::Contains("epoch counter is at its limit"));
+  };
+  SECTION("text") { check([&] { return std::make_unique<TextFileSource>(text_path, 250); }, text_path); }
+  SECTION("tokens") {
+    check([&] { return std::make_unique<TokenFileSource>(token_path, 250, 0, std::int64_t{0}); }, token_path);
+  }
+}
+
+// A FIFO named as data (or a shell's <(...)) is refused as not a regular file at once: opening it
+// for reading would otherwise wait for a writer forever.
+TEST_CASE("a FIFO named as a data file is refused, not waited on", "[data]") {
+  TempDir dir;
+  const std::string fifo = (dir.path / "pipe.u16").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(TokenFileSource(fifo, 250, 0, std::int64_t{0}),
+                    Catch::Contains(fifo) && Catch::Contains("not a regular file"));
 }
