@@ -379,7 +379,11 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::string& sour
   }
   check_single_document(yaml_text, source_name);
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  check_no_duplicate_keys(root, source_name);
+  try {
+    check_no_duplicate_keys(root, source_name);
+  } catch (const ConfigError& e) {
+    throw FileTextError(e.file(), e.key(), e.problem());
+  }
   if (!root.IsMap()) {
     throw ConfigError(source_name, "",
                       "expected a mapping of keys at the top level, got " + ConfigReader::describe_value(root));
@@ -396,6 +400,7 @@ namespace {
 
 // e's problem ending "(given by --set key=value)", when a --set gave its key and it does not say so yet.
 std::optional<std::string> problem_naming_set(const ConfigError& e, const std::vector<std::string>& sets) {
+  if (dynamic_cast<const FileTextError*>(&e)) return std::nullopt;  // the file's text, before any --set
   const std::string* given = set_giving(e.key(), sets);
   const std::string what = e.what();
   if (!given || what.find(" (given by --set ") != std::string::npos) return std::nullopt;

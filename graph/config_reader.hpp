@@ -44,6 +44,13 @@ class UnknownKeyError : public ConfigError {
   using ConfigError::ConfigError;
 };
 
+// A fault in the config file's own text, found before any --set is applied (a duplicated key, say):
+// never attributed to a --set that names the same key.
+class FileTextError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 class ConfigReader {
  public:
   // `node` must be a mapping, or null/undefined for an empty section; `prefix` is the node's dotted

@@ -408,6 +408,16 @@ TEST_CASE("config: an error about a value a --set gave names that --set", "[conf
                "0}})");
   CHECK(error_of({"train.warmup=null"}) == "no error");
   CHECK(error_of({"train.warmup=~"}) == "no error");
+  // A fault of the file's own text is not the --set's, even when the --set names the same key.
+  const std::string twice = dir.write("twice.yaml", std::string(kMinimal) + "precision: bf16\nprecision: fp32\n");
+  try {
+    load_run_config(twice, {"precision=fp32"});
+    FAIL("a duplicated key was accepted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::StartsWith(twice + ": precision: duplicated key (line ") &&
+                                          Catch::EndsWith("); each key may appear once"));
+    CHECK(message_naming_set(e, {"precision=fp32"}) == e.what());
+  }
   // 'key: value' with a space is YAML's mapping: the message shows it and says how to write a string.
   CHECK(error_of({"data.source=text: corpus.txt"}) ==
         file + ": data.source: expected a string, got a mapping {'text': 'corpus.txt'} (YAML reads 'a: b' as a "
