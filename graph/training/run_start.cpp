@@ -39,7 +39,7 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
   const fs::path run_dir(config.run_dir);
   check_replaces_no_input(options.trace_path,
                           {{config.source_file, "the config file", false},
-                           {config.data.path, "the data file (data.path)", false},
+                           {config.data.path, "the data file (data.source)", false},
                            {(run_dir / "metrics.jsonl").string(), "the run's metrics.jsonl", false},
                            {(run_dir / "run.json").string(), "the run's run.json", false},
                            {config.checkpoint.load, "the checkpoint.load directory", true},
