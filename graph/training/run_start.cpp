@@ -32,6 +32,11 @@ namespace fs = std::filesystem;
 
 void check_outputs(const RunConfig& config, const RunOptions& options) {
   check_output_path(config.run_dir, false, config.source_file, "run_dir");
+  // The files the run writes there: a directory in their place is bad input, found before any
+  // write (else the first rename into place failed mid-run, exit 1).
+  for (const char* name : {"metrics.jsonl", "run.json"}) {
+    check_output_path(fs::path(config.run_dir) / name, true, config.source_file, "run_dir");
+  }
   if (config.checkpoint.every > 0) check_output_path(config.checkpoint.dir, false, config.source_file, "checkpoint.dir");
   if (options.trace_path.empty()) return;
   check_output_path(options.trace_path, true, config.source_file, "--trace");

@@ -287,6 +287,7 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
   write_file(tmp.path / "dup.yaml", "model: {family: beam}\ntrain: {steps: 2, global_batch: 4, micro_batch: 2,\n"
                                     "  seq_len: 32, lr: 1.0e-3, steps: 3}\n");
   write_file(tmp.path / "long.yaml", "model: {family: " + std::string(5000, 'q') + "}\n");
+  fs::create_directories(tmp.path / "with-dir" / "metrics.jsonl");
   struct Case {
     const char* what;
     std::vector<std::string> args;
@@ -313,6 +314,9 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
       {"a text source without its path", {base.string(), "--set", "data.source=text:"},
        {"data.source", "'text:' names no file; expected 'text:<path>'"}},
       {"run_dir is a file", {base.string(), "--set", "run_dir=" + file.string()}, {"run_dir", "not a directory"}},
+      {"a directory where run_dir's metrics.jsonl goes",
+       {base.string(), "--set", "run_dir=" + (tmp.path / "with-dir").string()},
+       {"run_dir", "with-dir/metrics.jsonl' is a directory"}},
       {"checkpoint.dir under a file",
        {base.string(), "--set", "checkpoint.every=2", "--set", "checkpoint.dir=" + (file / "ck").string()},
        {"checkpoint.dir", "is not a directory"}},
