@@ -114,15 +114,17 @@ std::optional<fs::path> enclosing_checkpoint(const fs::path& path) {
   fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
   if (ec) return std::nullopt;  // (unresolvable: the writer's own checks name it)
   for (;; p = p.parent_path()) {
-    if (fs::is_regular_file(p / kComplete, ec)) return p;
+    // COMPLETE beside trainer_state.json: a save's marker, not a pipeline's "done" file of that name.
+    if (fs::is_regular_file(p / kComplete, ec) && fs::is_regular_file(p / kTrainerStateFile, ec)) return p;
     if (!p.has_relative_path()) return std::nullopt;  // the root: nothing above
   }
 }
 
 void refuse_inside_checkpoint(const fs::path& path, const std::string& what) {
   if (const auto checkpoint = enclosing_checkpoint(path)) {
-    fail(path, fmt::format("{} would be written inside the saved checkpoint {}, which could then not be loaded (a "
-                           "checkpoint holds exactly the files its manifest lists); expected a path outside it",
+    fail(path, fmt::format("{} would be written in the saved checkpoint {} (the path is or lies inside it), which "
+                           "could then not be loaded (a checkpoint holds exactly the files its manifest lists); "
+                           "expected a path outside it",
                            what, checkpoint->string()));
   }
 }

@@ -59,12 +59,12 @@ std::vector<std::filesystem::path> complete_checkpoints(const std::filesystem::p
 // The complete checkpoint with the highest step; nullopt when there is none (or no root).
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
 
-// The saved checkpoint (a directory holding COMPLETE) that `path` is, or lies inside, after
-// resolving links and "..": nullopt when none. Nothing may be written there: a checkpoint holds
-// exactly the files its manifest lists, and a load refuses any other.
+// The saved checkpoint (a directory holding COMPLETE and trainer_state.json) that `path` is, or
+// lies inside, after resolving links and "..": nullopt when none. Nothing may be written there: a
+// checkpoint holds exactly the files its manifest lists, and a load refuses any other.
 std::optional<std::filesystem::path> enclosing_checkpoint(const std::filesystem::path& path);
-// CheckpointError("<path>: inside the saved checkpoint <dir>: ...") when enclosing_checkpoint
-// finds one; `what` says what would be written there ("the export", "the checkpoint root").
+// CheckpointError("<path>: <what> would be written in the saved checkpoint <dir> ...") when
+// enclosing_checkpoint finds one; `what` says what ("the export", "the import").
 void refuse_inside_checkpoint(const std::filesystem::path& path, const std::string& what);
 
 // CheckpointError unless `dir` is a directory holding COMPLETE (a finished save). A checkpoint

@@ -95,6 +95,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
 
 std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunConfig& config,
                                 const std::filesystem::path& checkpoint_root) {
+  refuse_inside_checkpoint(checkpoint_root, "the import");  // before any weight is read
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   // The file's tensors and their fp32 copies are gone once the native masters exist (a lambda's
   // locals): the save that follows holds the masters and both moments, not three more copies.

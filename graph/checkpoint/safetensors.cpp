@@ -84,6 +84,8 @@ class InputFile {
       ::close(fd_);
       fail(path_, "not a regular file");
     }
+    // Blocking again for the reads: some network and FUSE file systems answer EAGAIN otherwise.
+    if (const int flags = ::fcntl(fd_, F_GETFL); flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
     size_ = static_cast<std::uint64_t>(st.st_size);
   }
   ~InputFile() { ::close(fd_); }

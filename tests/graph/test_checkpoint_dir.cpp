@@ -501,3 +501,23 @@ TEST_CASE("checkpoint dir: a save process killed at arbitrary points leaves a lo
   for (const auto& name : entries(root)) CHECK(name.rfind("step-", 0) == 0);
   CHECK(complete_checkpoints(root).size() == 2);
 }
+
+TEST_CASE("enclosing_checkpoint: a saved checkpoint at or above a path, not any folder with a COMPLETE file",
+          "[checkpoint]") {
+  TempDir tmp;
+  const fs::path ck = tmp.path / "run" / "checkpoints" / "step-00000002";
+  fs::create_directories(ck);
+  write_bytes(ck / "COMPLETE", "{}");
+  CHECK_FALSE(enclosing_checkpoint(ck / "sub").has_value());  // a marker alone: a pipeline's "done" file
+  write_bytes(ck / "trainer_state.json", "{}");
+  const fs::path found = fs::weakly_canonical(ck);
+  CHECK(enclosing_checkpoint(ck) == found);
+  CHECK(enclosing_checkpoint(ck / "hf" / "model.safetensors") == found);  // not there yet: still inside
+  CHECK(enclosing_checkpoint(ck / ".." / "step-00000002" / "x") == found);
+  CHECK_FALSE(enclosing_checkpoint(ck / ".." / "step-00000004").has_value());  // beside it
+  CHECK_FALSE(enclosing_checkpoint(tmp.path / "run").has_value());             // above it
+  fs::create_directory_symlink(ck, tmp.path / "link");
+  CHECK(enclosing_checkpoint(tmp.path / "link" / "t.json") == found);
+  CHECK_THROWS_WITH(refuse_inside_checkpoint(ck / "hf", "the export"),
+                    Contains("the export would be written in the saved checkpoint " + found.string()));
+}
