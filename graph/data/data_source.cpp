@@ -10,6 +10,15 @@
 
 namespace atl {
 
+namespace {
+const std::string kDocumentsSource = "DocumentListSource";  // how its errors name it
+}  // namespace
+
+void throw_counter_at_limit(const std::string& source, const char* counter) {
+  throw DataError(fmt::format("{}: the {} counter is at its limit ({}); only an edited cursor holds such a value", source, counter,
+                              std::numeric_limits<std::int64_t>::max()));
+}
+
 Batch PackedSource::next(std::int64_t rows, std::int64_t seq) {
   if (rows < 1 || seq < 1) {
     throw std::invalid_argument(fmt::format("DataSource::next: expected rows >= 1 and seq >= 1, got {} and {}", rows, seq));
@@ -115,14 +124,14 @@ StreamToken DocumentListSource::peek() const {
 
 void DocumentListSource::advance() {
   if (exhausted()) {
-    ++pad_position_;
+    pad_position_ = next_count(pad_position_, kDocumentsSource, "pad_position");
     return;
   }
   if (++offset_ < documents_[document_].size()) return;
   offset_ = 0;
   if (++document_ == documents_.size() && loop_) {
     document_ = 0;
-    ++epoch_;
+    epoch_ = next_count(epoch_, kDocumentsSource, "epoch");
   }
 }
 
@@ -135,7 +144,7 @@ nlohmann::json DocumentListSource::cursor() const {
 }
 
 void DocumentListSource::restore(const nlohmann::json& cursor) {
-  const std::string what = "DocumentListSource";
+  const std::string& what = kDocumentsSource;
   check_cursor_source(cursor, "documents", what);
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   const std::int64_t n = static_cast<std::int64_t>(documents_.size());

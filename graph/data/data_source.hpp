@@ -13,6 +13,7 @@
 // next() gives exactly the batches that would have followed cursor().
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -40,6 +41,15 @@ class DataError : public std::runtime_error {
  private:
   std::string key_;
 };
+
+// A cursor counter (epoch, pad position) plus one. A counter restored at the int64 limit (only a
+// hand-edited cursor holds one) is refused by name instead of wrapping to a negative value the run
+// would save and its own load refuse.
+[[noreturn]] void throw_counter_at_limit(const std::string& source, const char* counter);
+inline std::int64_t next_count(std::int64_t value, const std::string& source, const char* counter) {
+  if (value == std::numeric_limits<std::int64_t>::max()) throw_counter_at_limit(source, counter);
+  return value + 1;
+}
 
 class DataSource {
  public:

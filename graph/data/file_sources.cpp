@@ -21,13 +21,6 @@ namespace {
 
 constexpr std::int64_t kMaxInt = std::numeric_limits<std::int64_t>::max();
 
-// The epoch after `epoch`: a counter restored at its limit (a hand-edited cursor: a real run never
-// gets near it) must not wrap to negative and be saved, which its own load would then refuse.
-std::int64_t next_epoch(std::int64_t epoch, const std::string& what) {
-  if (epoch == kMaxInt) throw DataError(fmt::format("{}: the epoch counter is at its limit ({})", what, kMaxInt));
-  return epoch + 1;
-}
-
 std::int64_t mtime_ns(const struct stat& info) {
   return static_cast<std::int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
 }
@@ -189,7 +182,7 @@ StreamToken TextFileSource::peek() const {
 
 void TextFileSource::advance() {
   if (exhausted()) {
-    ++pad_position_;
+    pad_position_ = next_count(pad_position_, file_.path(), "pad_position");
     return;
   }
   std::size_t next = skip_separators(offset_ + 1);
@@ -199,7 +192,7 @@ void TextFileSource::advance() {
       pad_position_ = 0;
       return;
     }
-    epoch_ = next_epoch(epoch_, "text data " + file_.path());
+    epoch_ = next_count(epoch_, file_.path(), "epoch");
     next = first_token_;
   }
   position_ = starts_document(next) ? 0 : position_ + 1;
@@ -307,7 +300,7 @@ StreamToken TokenFileSource::peek() const {
 
 void TokenFileSource::advance() {
   if (exhausted()) {
-    ++pad_position_;
+    pad_position_ = next_count(pad_position_, file_.path(), "pad_position");
     return;
   }
   std::size_t next = index_ + 1;
@@ -317,7 +310,7 @@ void TokenFileSource::advance() {
       pad_position_ = 0;
       return;
     }
-    epoch_ = next_epoch(epoch_, "token data " + file_.path());
+    epoch_ = next_count(epoch_, file_.path(), "epoch");
     next = 0;
   }
   position_ = starts_document(next) ? 0 : position_ + 1;

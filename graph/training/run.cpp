@@ -380,8 +380,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
         // file stays whole lines that a JSON reader takes.
         metrics.close();
         if (!size_ec) std::filesystem::resize_file(metrics_path, size_before, size_ec);
-        throw FileWriteError(fmt::format("{}: cannot append step {}'s line: {}", metrics_path.string(), s,
-                                         error != 0 ? std::strerror(error) : "the stream failed"));
+        const std::string cut = size_ec ? "; what reached the file of that line may remain (cutting it off failed: " +
+                                              size_ec.message() + ")"
+                                        : "";
+        throw FileWriteError(fmt::format("{}: cannot append step {}'s line: {}{}", metrics_path.string(), s,
+                                         error != 0 ? std::strerror(error) : "the stream failed", cut));
       }
     }
     if (no_targets) {
