@@ -41,7 +41,8 @@
 namespace atl::testing {
 
 // The stated tolerance on the worst relative error (the worst measured on the seven model checks:
-// 1.4e-3). A gradient 2% off in one tensor fails it (tests/graph/test_gradient_check_power.cpp).
+// 1.1e-3). A gradient 2% off in one tensor fails it unless the tensor is listed as blind to that
+// (GradientCheck::blind_to_2_percent; tests/graph/test_gradient_check_power.cpp).
 inline constexpr double kGradientTolerance = 5e-3;
 
 struct GradientCheckOptions {
@@ -73,64 +74,39 @@ struct GradientCheck {
 
 namespace gradient_check_detail {
 
-// A unit direction supported on [begin, end): (g/|g| + r)/sqrt(2) with r a random unit vector
-// orthogonal to g there, g/|g| alone when `mix` is false, r alone where g is zero there.
+// A unit direction supported on [begin, end): g/|g| there when `mix` is false; else
+// (g/|g| + r)/sqrt(2) with r a random unit vector orthogonal to g there, or r alone where g is 0.
 inline std::optional<std::vector<double>> direction(std::span<const float> g, std::size_t begin, std::size_t end,
                                                     bool mix, const CounterRng& rng) {
-  std::vector<double> d(g.size(), 0.0);
   double g_norm = 0;
   for (std::size_t i = begin; i < end; ++i) g_norm += static_cast<double>(g[i]) * g[i];
   g_norm = std::sqrt(g_norm);
-  if (!mix) {
-    if (g_norm == 0) return std::nullopt;
-    for (std::size_t i = begin; i < end; ++i) d[i] = g[i] / g_norm;
-    return d;
+  std::vector<double> unit_g(g.size(), 0.0);  // g/|g| on the block (0 where g is 0)
+  if (g_norm > 0) {
+    for (std::size_t i = begin; i < end; ++i) unit_g[i] = g[i] / g_norm;
   }
+  if (!mix) return g_norm > 0 ? std::optional(unit_g) : std::nullopt;
   std::vector<double> r(g.size(), 0.0);
   double along = 0;
   for (std::size_t i = begin; i < end; ++i) {
     r[i] = rng.normal(static_cast<std::int64_t>(i));
-    if (g_norm > 0) along += r[i] * g[i] / g_norm;
+    along += r[i] * unit_g[i];
   }
   double r_norm = 0;
   for (std::size_t i = begin; i < end; ++i) {
-    if (g_norm > 0) r[i] -= along * g[i] / g_norm;  // orthogonal to g
+    r[i] -= along * unit_g[i];  // orthogonal to g
     r_norm += r[i] * r[i];
   }
   r_norm = std::sqrt(r_norm);
   if (r_norm == 0) return std::nullopt;  // a 1-element block has no orthogonal direction
-  const double g_part = g_norm > 0 ? 1.0 / std::sqrt(2.0) : 0.0;
-  const double r_part = g_norm > 0 ? 1.0 / std::sqrt(2.0) : 1.0;
-  for (std::size_t i = begin; i < end; ++i) d[i] = g_part * (g_norm > 0 ? g[i] / g_norm : 0.0) + r_part * r[i] / r_norm;
-  return d;
+  const double weight = g_norm > 0 ? 1.0 / std::sqrt(2.0) : 1.0;
+  for (std::size_t i = begin; i < end; ++i) r[i] = weight * (unit_g[i] + r[i] / r_norm);
+  return r;
 }
-
 
 // The noise floor in standard deviations of an estimate's fp32 noise: thousands of directions are
 // compared per model, and none may fail by chance when a change moves the rounding.
 inline constexpr double kFloorSigmas = 4.5;
-
-// The same experts chosen for every token of every layer, in any order: two chosen experts trading
-// places in the score order change no loss (the weighted sum over them is the same up to rounding),
-// so such a shift is kept; only a different set is a jump.
-inline bool same_choices(const std::vector<RoutingRecord>& a, const std::vector<RoutingRecord>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t l = 0; l < a.size(); ++l) {
-    const Tensor& x = a[l].indices;
-    const Tensor& y = b[l].indices;
-    if (a[l].layer != b[l].layer || x.shape() != y.shape()) return false;
-    const std::int64_t tokens = x.size(0), k = x.size(1);
-    std::vector<std::int32_t> xs(static_cast<std::size_t>(k)), ys(static_cast<std::size_t>(k));
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      std::copy_n(x.data<std::int32_t>() + t * k, k, xs.begin());
-      std::copy_n(y.data<std::int32_t>() + t * k, k, ys.begin());
-      std::sort(xs.begin(), xs.end());
-      std::sort(ys.begin(), ys.end());
-      if (xs != ys) return false;
-    }
-  }
-  return true;
-}
 
 struct Estimate {
   double value = NAN;  // the directional derivative
@@ -138,36 +114,35 @@ struct Estimate {
   std::string steps;   // the steps tried, "(flip)" where a router choice flipped (for GRAD_VERBOSE)
 };
 
-// Central differences c(h) down a ladder of steps; Richardson's extrapolation of two neighbours
-// (9 c(s) - c(3s)) / 8 removes the h^2 term. The estimate is the first one that agrees with the
-// one from the next larger pair (so the steps are small enough for the extrapolation to hold; NaN
-// never agrees);
-// the ladder's last one otherwise. Where no two neighbouring steps keep every router choice on
-// both sides, a one-sided extrapolation (3 f(s) - f(3s)) / 2 on a side that does, from steps
-// <= 1e-2 (its error is first order in the step before the extrapolation). The choice never
-// looks at the analytic value. Noise gains (std per unit of loss noise, times s): 0.80 central
+// Central differences c(h) down a ladder of steps h = 3e-2 / 3^i; Richardson's extrapolation of
+// two neighbours, (9 c(s) - c(3s)) / 8, removes the h^2 term. The estimate is the first
+// extrapolation that agrees with the one before it (the steps are then small enough for it to
+// hold), else the ladder's last. Where no two neighbouring steps keep every router choice on both
+// sides, a one-sided extrapolation (3 f(s) - f(3s)) / 2 on a side that does, from 3s <= 1e-2 (its
+// error is first order in the step before the extrapolation). The choice never looks at the
+// analytic value. Noise gains (std per unit of loss noise, times s): 0.80 central
 // (sqrt(81/2 + 1/18) / 8), 2.01 one-sided (coefficients 3/2, -1/6 and -4/3 on the base loss).
 inline Estimate estimate_derivative(const std::function<std::optional<double>(double)>& shifted_loss,
                                     double base_loss, double loss_noise) {
-  constexpr std::size_t kCount = 7;  // steps 3e-2 / 3^i: the extrapolations assume a ratio of 3
-  double kSteps[kCount];
-  for (std::size_t i = 0; i < kCount; ++i) kSteps[i] = 3e-2 / std::pow(3.0, static_cast<double>(i));
-  std::vector<double> up(kCount, NAN), down(kCount, NAN);
+  constexpr std::size_t kCount = 7;
+  std::vector<double> steps(kCount), up(kCount, NAN), down(kCount, NAN);  // NaN: a router choice flipped
+  for (std::size_t i = 0; i < kCount; ++i) steps[i] = 3e-2 / std::pow(3.0, static_cast<double>(i));
   Estimate previous, out;
-  auto central = [&](std::size_t i) { return (up[i] - down[i]) / (2 * kSteps[i]); };
+  auto central = [&](std::size_t i) { return (up[i] - down[i]) / (2 * steps[i]); };
   for (std::size_t i = 0; i < kCount; ++i) {
-    up[i] = shifted_loss(kSteps[i]).value_or(NAN);
-    down[i] = shifted_loss(-kSteps[i]).value_or(NAN);
+    up[i] = shifted_loss(steps[i]).value_or(NAN);
+    down[i] = shifted_loss(-steps[i]).value_or(NAN);
     char step[32];
-    std::snprintf(step, sizeof step, " %g%s", kSteps[i], std::isnan(up[i] - down[i]) ? "(flip)" : "");
+    std::snprintf(step, sizeof step, " %g%s", steps[i], std::isnan(up[i] - down[i]) ? "(flip)" : "");
     out.steps += step;
     if (i == 0 || std::isnan(central(i) - central(i - 1))) {
       previous.value = NAN;
       continue;
     }
-    Estimate current{(9 * central(i) - central(i - 1)) / 8, kFloorSigmas * 0.80 * loss_noise / kSteps[i], {}};
+    Estimate current{(9 * central(i) - central(i - 1)) / 8, kFloorSigmas * 0.80 * loss_noise / steps[i], {}};
     // Within two standard deviations of their difference's noise (a kink near the base point, an
     // L2 clip switching on, drifts the extrapolations by less than the floor but more than this).
+    // False while `previous` is NaN.
     const double sigmas = std::hypot(previous.floor, current.floor) / kFloorSigmas;
     const bool agrees = std::abs(current.value - previous.value) <= 2 * sigmas + 3e-4 * std::abs(current.value);
     previous = current;
@@ -178,13 +153,13 @@ inline Estimate estimate_derivative(const std::function<std::optional<double>(do
     return out;
   }
   for (std::size_t i = 1; i < kCount; ++i) {
-    if (kSteps[i - 1] > 1e-2) continue;
-    for (const std::vector<double>* side : {&up, &down}) {
-      const double sign = side == &up ? 1 : -1;
-      const double f3s = sign * ((*side)[i - 1] - base_loss) / kSteps[i - 1];
-      const double fs = sign * ((*side)[i] - base_loss) / kSteps[i];
-      if (std::isnan(f3s - fs) || !std::isnan(out.value)) continue;
-      out.value = (3 * fs - f3s) / 2, out.floor = kFloorSigmas * 2.01 * loss_noise / kSteps[i];
+    if (steps[i - 1] > 1e-2) continue;
+    for (const double sign : {1.0, -1.0}) {
+      const std::vector<double>& side = sign > 0 ? up : down;
+      const double f3s = sign * (side[i - 1] - base_loss) / steps[i - 1], fs = sign * (side[i] - base_loss) / steps[i];
+      if (std::isnan(f3s - fs)) continue;
+      out.value = (3 * fs - f3s) / 2, out.floor = kFloorSigmas * 2.01 * loss_noise / steps[i];
+      return out;
     }
   }
   return out;
@@ -262,7 +237,7 @@ inline GradientCheck check_whole_model_gradient(const Model& model, TensorMap& w
         for (std::size_t i = 0; i < n; ++i) pp[i] = ps[i] + static_cast<float>(eps * d[i]);
         std::vector<RoutingRecord> routing;
         const double loss = mean_loss_with_routing(model, w, batch, &routing);
-        if (!gradient_check_detail::same_choices(routing, base_routing)) return std::nullopt;
+        if (!same_expert_sets(routing, base_routing)) return std::nullopt;
         return loss;
       };
       const gradient_check_detail::Estimate estimate =
@@ -271,7 +246,10 @@ inline GradientCheck check_whole_model_gradient(const Model& model, TensorMap& w
       CHECK(!std::isnan(estimate.value));  // two neighbouring steps kept every router choice on one side
       const double numeric = estimate.value, floor = estimate.floor;
       const double scale = std::max(std::abs(numeric), std::abs(analytic));
-      const double err = scale == 0 ? 0 : std::max(0.0, std::abs(numeric - analytic) - floor) / scale;
+      // A NaN or infinite analytic value (a NaN gradient) is the worst error, never a quiet 0.
+      const double err = !std::isfinite(analytic) ? INFINITY
+                         : scale == 0            ? 0
+                                                 : std::max(0.0, std::abs(numeric - analytic) - floor) / scale;
       if (scale > 10 * floor) ++out.resolved;
       if (scale > 0) best_floor_ratio = std::min(best_floor_ratio, floor / scale);
       ++out.directions;

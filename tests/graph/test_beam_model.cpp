@@ -16,8 +16,8 @@ using namespace atl;
 namespace {
 
 
-// The whole-model gradient check (tests/graph/gradient_check.hpp) along g, 2 random mixes and 3 row
-// blocks per tensor. Stated tolerance: testing::kGradientTolerance.
+// The whole-model gradient check (tests/graph/gradient_check.hpp, its default directions). Stated
+// tolerance: testing::kGradientTolerance.
 double worst_directional_error(const BeamConfig& config, std::string* worst_name) {
   BeamModel model(config);
   TensorMap w = testing::beam_gradient_check_weights(model, 11);

@@ -10,9 +10,9 @@
 // head_forward and the loss op; Beam and Flint through the embedding, every block's sublayers
 // (the MoE steps and the dense MLP with the model's spec), the head and the loss op. For every
 // family the logits the loss op saw equal the model's own forward's, bit for bit, so the pieces
-// checked are the ones training runs. What stays
-// out of reach: attention probabilities (the kernels keep only the log-sum-exp, checked fp32) and
-// the convolutions' outputs that are added to a residual at once (the sum is checked).
+// checked are the ones training runs. What stays out of reach: attention probabilities (the
+// kernels keep only the log-sum-exp, checked fp32) and the convolutions' outputs that are added
+// to a residual at once (the sum is checked).
 #include <catch2/catch.hpp>
 
 #include <cmath>

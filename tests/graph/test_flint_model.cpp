@@ -23,10 +23,9 @@ using namespace atl;
 
 namespace {
 
-// The whole-model gradient check (tests/graph/gradient_check.hpp) along g, 2 random mixes and 3 row
-// blocks per tensor; shifts that flip a router choice are not used (Flint's router weights are
-// small, ~1/E each, so a flip dominates a difference quotient). Stated tolerance:
-// testing::kGradientTolerance.
+// The whole-model gradient check (tests/graph/gradient_check.hpp, its default directions); shifts
+// that flip a router choice are not used (Flint's router weights are small, ~1/E each, so a flip
+// dominates a difference quotient). Stated tolerance: testing::kGradientTolerance.
 double worst_directional_error(const FlintConfig& config, std::string* worst_name) {
   FlintModel model(config);
   TensorMap w = TensorMap::initialized(model.specs(), 11, 0.02f);

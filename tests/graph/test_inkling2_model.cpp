@@ -62,8 +62,8 @@ TensorMap generic_weights(const Inkling2Model& model, std::uint64_t seed) {
   return w;
 }
 
-// The whole-model gradient check (tests/graph/gradient_check.hpp) along g, 2 random mixes and 3 row
-// blocks per tensor. Returns the worst relative error. Stated tolerance: testing::kGradientTolerance.
+// The whole-model gradient check (tests/graph/gradient_check.hpp, its default directions). Returns
+// the worst relative error. Stated tolerance: testing::kGradientTolerance.
 double worst_directional_error(const Inkling2Config& config, std::string* worst_name) {
   Inkling2Model model(config);
   TensorMap w = generic_weights(model, 11);
