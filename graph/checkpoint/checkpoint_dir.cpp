@@ -120,12 +120,15 @@ std::optional<fs::path> enclosing_checkpoint(const fs::path& path) {
   }
 }
 
+std::string inside_checkpoint_problem(const fs::path& checkpoint) {
+  return "is or lies inside the saved checkpoint " + checkpoint.string() +
+         ", which could then not be loaded (a checkpoint holds exactly the files its manifest lists); expected a "
+         "path outside it";
+}
+
 void refuse_inside_checkpoint(const fs::path& path, const std::string& what) {
   if (const auto checkpoint = enclosing_checkpoint(path)) {
-    fail(path, fmt::format("{} would be written in the saved checkpoint {} (the path is or lies inside it), which "
-                           "could then not be loaded (a checkpoint holds exactly the files its manifest lists); "
-                           "expected a path outside it",
-                           what, checkpoint->string()));
+    fail(path, what + " " + inside_checkpoint_problem(*checkpoint));
   }
 }
 

@@ -63,7 +63,10 @@ std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::pa
 // lies inside, after resolving links and "..": nullopt when none. Nothing may be written there: a
 // checkpoint holds exactly the files its manifest lists, and a load refuses any other.
 std::optional<std::filesystem::path> enclosing_checkpoint(const std::filesystem::path& path);
-// CheckpointError("<path>: <what> would be written in the saved checkpoint <dir> ...") when
+// "is or lies inside the saved checkpoint <checkpoint>, which could then not be loaded ...": the
+// problem every writer names when enclosing_checkpoint finds one.
+std::string inside_checkpoint_problem(const std::filesystem::path& checkpoint);
+// CheckpointError("<path>: <what> is or lies inside the saved checkpoint ...") when
 // enclosing_checkpoint finds one; `what` says what ("the export", "the import").
 void refuse_inside_checkpoint(const std::filesystem::path& path, const std::string& what);
 

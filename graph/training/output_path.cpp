@@ -36,10 +36,7 @@ void require_can_create_in(const std::filesystem::path& dir, const std::string& 
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
   namespace fs = std::filesystem;
   if (const auto checkpoint = enclosing_checkpoint(path)) {
-    throw ConfigError(file, key, "'" + path.string() + "' is or lies inside the saved checkpoint " +
-                                     checkpoint->string() +
-                                     ", which could then not be loaded (a checkpoint holds exactly the files its "
-                                     "manifest lists); expected a path outside it");
+    throw ConfigError(file, key, "'" + path.string() + "' " + inside_checkpoint_problem(*checkpoint));
   }
   std::error_code ec;
   if (fs::exists(path, ec)) {

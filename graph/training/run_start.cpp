@@ -35,7 +35,12 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
   // The files the run writes there: a directory in their place is bad input, found before any
   // write (else the first rename into place failed mid-run, exit 1).
   for (const char* name : {"metrics.jsonl", "run.json"}) {
-    check_output_path(fs::path(config.run_dir) / name, true, config.source_file, "run_dir");
+    const fs::path file = fs::path(config.run_dir) / name;
+    std::error_code ec;
+    if (fs::is_directory(file, ec)) {
+      throw ConfigError(config.source_file, "run_dir", "'" + file.string() + "' is a directory; the run writes its " +
+                                                           name + " there");
+    }
   }
   if (config.checkpoint.every > 0) check_output_path(config.checkpoint.dir, false, config.source_file, "checkpoint.dir");
   if (options.trace_path.empty()) return;

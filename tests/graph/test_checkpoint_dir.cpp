@@ -519,5 +519,5 @@ TEST_CASE("enclosing_checkpoint: a saved checkpoint at or above a path, not any 
   fs::create_directory_symlink(ck, tmp.path / "link");
   CHECK(enclosing_checkpoint(tmp.path / "link" / "t.json") == found);
   CHECK_THROWS_WITH(refuse_inside_checkpoint(ck / "hf", "the export"),
-                    Contains("the export would be written in the saved checkpoint " + found.string()));
+                    Contains("the export is or lies inside the saved checkpoint " + found.string()));
 }
