@@ -15,8 +15,8 @@ const std::string kDocumentsSource = "DocumentListSource";  // how its errors na
 }  // namespace
 
 void throw_counter_at_limit(const std::string& source, const char* counter) {
-  throw DataError(fmt::format("{}: the {} counter is at its limit ({}); only an edited cursor holds such a value", source, counter,
-                              std::numeric_limits<std::int64_t>::max()));
+  throw DataError(fmt::format("{}: the {} counter is at its limit ({}); only an edited cursor holds such a value",
+                              source, counter, std::numeric_limits<std::int64_t>::max()));
 }
 
 Batch PackedSource::next(std::int64_t rows, std::int64_t seq) {

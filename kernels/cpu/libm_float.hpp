@@ -2,8 +2,9 @@
 // correctly rounded results and has replaced float implementations between releases; its double
 // functions err by well under an ulp of double, so the float they round to is the same from one
 // libm to the next unless the exact value lies within an ulp of double of a midpoint between two
-// floats (a band 2^-28 of an fp32 ulp wide). Used where a libm result feeds training bits: RoPE tables, SSMax factors and
-// attention's log-sum-exp (exp and tanh are atoll's own, kernels/cpu/vector_math.hpp).
+// floats (a band 2^-28 of an fp32 ulp wide). Used where a libm result feeds training bits: RoPE
+// tables, SSMax factors and attention's log-sum-exp (exp and tanh are atoll's own,
+// kernels/cpu/vector_math.hpp).
 #pragma once
 #include <cmath>
 

@@ -189,7 +189,8 @@ TEST_CASE("An expert that gets no token on any rank completes the step and chang
             const float b = before.data<float>()[e * per_expert + i];
             const float a = after.data<float>()[e * per_expert + i];
             // Relative to the value: AdamW moves a trained weight by about lr (1e-3), decay by lr x wd.
-            starved_worst = atl::testing::worst_of(starved_worst, std::abs(static_cast<double>(a) - (b - decay * b)) / std::abs(b));
+            const double moved = std::abs(static_cast<double>(a) - (b - decay * b)) / std::abs(b);
+            starved_worst = atl::testing::worst_of(starved_worst, moved);
           }
         }
         for (std::int64_t i = 0; i < per_expert; ++i) {

@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include "graph/param.hpp"
+#include "tests/support/same_bits.hpp"
 
 namespace atl::checkpoint_testing {
 
@@ -88,9 +89,7 @@ inline Tensor random_tensor(Shape shape, DType dtype, std::uint64_t seed) {
   return t;
 }
 
-inline bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
-}
+using atl::testing::same_bits;
 
 // Same names (in any order) and bitwise-equal tensors.
 inline bool same_tensors(const TensorMap& a, const TensorMap& b) {

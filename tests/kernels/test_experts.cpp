@@ -1,7 +1,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -10,6 +9,7 @@
 #include "kernels/ops/experts.hpp"
 #include "kernels/rng.hpp"
 #include "tests/support/gradcheck.hpp"
+#include "tests/support/same_bits.hpp"
 
 using namespace atl;
 using atl::testing::numeric_gradient;
@@ -339,12 +339,8 @@ TEST_CASE("experts split by owner (two halves of local experts with offsets) equ
                                                  dn.slice_rows(first, first + half), cfg));
         down_out.slice_rows(r0, r1).copy_from(owners.back().down_out);
       }
-      const auto same = [](const Tensor& a, const Tensor& b) {  // bits: -0 is not +0, a NaN equals itself
-        return std::equal(a.span<float>().begin(), a.span<float>().end(), b.span<float>().begin(),
-                          [](float u, float v) { return std::bit_cast<std::uint32_t>(u) == std::bit_cast<std::uint32_t>(v); });
-      };
       const Tensor out = combine_forward(down_out, dispatch, H, cfg);
-      CHECK(same(out, whole.out));
+      CHECK(testing::same_bits(out, whole.out));
 
       CombineGrads c = combine_backward(d_out, down_out, dispatch, cfg);
       Tensor d_x_rows = Tensor::empty({dispatch.rows(), H}), d_w_rows = Tensor::empty({dispatch.rows()});
@@ -360,10 +356,10 @@ TEST_CASE("experts split by owner (two halves of local experts with offsets) equ
       }
       Tensor dx = Tensor::empty({T, H});
       dispatch_backward(d_x_rows, d_w_rows, dispatch, cfg, dx, c.d_weights);
-      CHECK(same(dx, whole_grads.dx));
-      CHECK(same(c.d_weights, whole_grads.d_weights));
-      CHECK(same(split_gu, d_gu));
-      CHECK(same(split_dn, d_dn));
+      CHECK(testing::same_bits(dx, whole_grads.dx));
+      CHECK(testing::same_bits(c.d_weights, whole_grads.d_weights));
+      CHECK(testing::same_bits(split_gu, d_gu));
+      CHECK(testing::same_bits(split_dn, d_dn));
     }
   }
 }

@@ -393,9 +393,10 @@ TEST_CASE("spec numerics: expert combine sums in fp32 in ascending expert id and
 // (pinning the fp32 angle and tables, not the pow form). The angle pos·inv_freq is a float
 // product, and cos/sin are the fp32 values nearest the cosine and sine of the float angle: libm's
 // double functions rounded once (kernels/cpu/libm_float.hpp; glibc's cosf/sinf differ from those
-// in the last bit at some of these positions, and glibc's float functions change between releases). Fails if the angle (or inv_freq and angle) is computed in
-// double: at positions 4000..4100 and near 30000 that moves cos/sin by far more than an ulp, which
-// the test checks on the double variants.
+// in the last bit at some of these positions, and glibc's float functions change between
+// releases). Fails if the angle (or inv_freq and angle) is computed in double: at positions
+// 4000..4100 and near 30000 that moves cos/sin by far more than an ulp, which the test checks on
+// the double variants.
 TEST_CASE("spec numerics: rope inv_freq and angles are fp32 at large positions", "[rope][spec]") {
   // Through a volatile so that the compiler cannot fold std::pow / std::cos below at compile time
   // (GCC folds with correctly rounded MPFR; the kernel calls libm at run time).
