@@ -207,8 +207,8 @@ TrainConfig read_train(ConfigReader reader) {
   train.global_batch = positive("global_batch");
   train.micro_batch = positive("micro_batch");
   if (train.global_batch % train.micro_batch != 0) {
-    reader.fail(train.seq_len > kMaxStepTokens ? "seq_len" : "global_batch", fmt::format("expected a multiple of train.micro_batch ({}), got {}", train.micro_batch,
-                                            train.global_batch));
+    reader.fail("global_batch",
+                fmt::format("expected a multiple of train.micro_batch ({}), got {}", train.micro_batch, train.global_batch));
   }
   train.seq_len = reader.require<std::int64_t>("seq_len");
   reader.check(train.seq_len >= 2, "seq_len", "an integer >= 2");
@@ -216,8 +216,9 @@ TrainConfig read_train(ConfigReader reader) {
   // downstream either).
   std::int64_t step_tokens = 0;
   if (__builtin_mul_overflow(train.global_batch, train.seq_len, &step_tokens) || step_tokens > kMaxStepTokens) {
-    reader.fail(train.seq_len > kMaxStepTokens ? "seq_len" : "global_batch", fmt::format("global_batch x seq_len = {} x {} tokens per step; expected at most {}",
-                                            train.global_batch, train.seq_len, kMaxStepTokens));
+    reader.fail(train.seq_len > kMaxStepTokens ? "seq_len" : "global_batch",
+                fmt::format("global_batch x seq_len = {} x {} tokens per step; expected at most {}",
+                            train.global_batch, train.seq_len, kMaxStepTokens));
   }
   // The optimizer runs in fp32: a number it cannot hold is 0 or inf there.
   const auto fp32_positive = [](double v) { return v >= 1.1754943508222875e-38 && v <= 3.4028234663852886e38; };

@@ -164,6 +164,8 @@ template <class T> T convert(const ConfigReader& reader, const std::string& key,
     const std::string& text = node.Scalar();
     if constexpr (std::is_same_v<T, std::string>) {
       return text;
+    } else if (node.Tag() == "!") {
+      reader.fail_expected(key, type_phrase<T>());  // quoted: a string, as YAML (and run.json) read it
     } else if constexpr (std::is_same_v<T, bool>) {
       if (auto v = parse_config_bool(text)) return *v;
     } else if constexpr (std::is_floating_point_v<T>) {

@@ -275,6 +275,11 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
        "data.synthetic_max_doc: expected an integer <= 16777216 (2^24 tokens)"},
       {"peer_errors_with_sim", std::string(kMinimal) + "topology: {ucx_peer_errors: false}\n",
        "topology.ucx_peer_errors: a setting of multi-process jobs"},
+      // Quoted, a scalar is a string (as YAML and run.json read it), not the number it spells.
+      {"quoted_integer", std::string(kMinimal) + "topology: {mesh: {dp_shard: \"2\"}}\n",
+       "topology.mesh.dp_shard: expected an integer, got '2'"},
+      {"quoted_number", edited("lr: 3.0e-3", "lr: '3.0e-3'"), "train.lr: expected a number, got '3.0e-3'"},
+      {"quoted_bool", std::string(kMinimal) + "data: {loop: \"true\"}\n", "data.loop: expected true or false, got 'true'"},
   };
   for (const Case& c : cases) {
     INFO(c.name);
@@ -327,6 +332,11 @@ TEST_CASE("ConfigReader: typed reads, list elements and unknown keys for family 
         "m.yaml: model.layers[2]: expected an integer, got 'x'");
   CHECK(message([&] { reader.get<std::vector<std::int64_t>>("hidden", {}); }) ==
         "m.yaml: model.hidden: expected a list of integers, got 64");
+  YAML::Node quoted = YAML::Load("{ids: [1, '2'], name: '64'}");
+  ConfigReader quoted_reader(quoted, "q.yaml", "model");
+  CHECK(message([&] { quoted_reader.get<std::vector<std::int64_t>>("ids", {}); }) ==
+        "q.yaml: model.ids[1]: expected an integer, got '2'");
+  CHECK(quoted_reader.get<std::string>("name", "") == "64");  // a quoted string stays one
   CHECK(message([&] { reader.require<double>("missing"); }) ==
         "m.yaml: model.missing: required key is missing (expected a number)");
   CHECK(message([&] { reader.finish(); }) == "(no ConfigError)");
