@@ -73,8 +73,14 @@ int main(int argc, char** argv) {
               << atl::format_plan(plan, program ? &*program : nullptr);
     if (mesh.pp() > 1) {
       // What each cut sends per micro-batch (MODELS.md §5.6), from the family's parallelize rules.
-      const std::int64_t rows = config.train.micro_batch, seq = config.train.seq_len / mesh.cp();
-      std::cout << fmt::format("\npipeline boundaries (per micro-batch: {} rows x {} tokens per rank):\n", rows, seq);
+      const std::int64_t rows = config.train.micro_batch;
+      const std::int64_t seq =
+          atl::cp_local_tokens(config.train.seq_len, mesh.cp(), model->sharding_rules().cp_chunks_per_rank);
+      std::cout << fmt::format("\npipeline boundaries (per micro-batch: {} rows x {} tokens per rank{}):\n", rows, seq,
+                               seq * mesh.cp() == config.train.seq_len
+                                   ? ""
+                                   : fmt::format(", seq_len {} padded to {} for cp", config.train.seq_len,
+                                                 seq * mesh.cp()));
       for (int stage = 1; stage < mesh.pp(); ++stage) {
         std::int64_t cut = -1;
         for (const auto& u : plan.units) {

@@ -194,6 +194,11 @@ MixedPrecisionPolicy bulk_policy(Precision precision) {
 
 MixedPrecisionPolicy island_policy() { return {DType::f32, DType::f32, DType::f32, false}; }
 
+std::int64_t cp_local_tokens(std::int64_t seq_len, int cp, int chunks_per_rank) {
+  const std::int64_t chunks = std::int64_t{cp} * chunks_per_rank;
+  return (seq_len + chunks - 1) / chunks * chunks_per_rank;
+}
+
 std::size_t Plan::unit_index(const std::string& name) const {
   for (std::size_t i = 0; i < units.size(); ++i) {
     if (units[i].name == name) return i;
@@ -366,11 +371,10 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
     plan.units.push_back(std::move(u));
   }
   assign_stages(plan);
-  if (mesh.pp() > 1) {  // MODELS.md §5.2: no reshard and no prefetch under pipeline parallelism
-    for (std::size_t b : blocks) plan.units[b].schedule = {false, 0, 0, false};
-    for (auto& u : plan.units) {
-      if (u.role == UnitRole::experts) u.schedule = {false, 0, 0, false};
-    }
+  // MODELS.md §5.2, §6.17: no reshard and no prefetch under pipeline parallelism, for every unit
+  // (the embedding too): nothing is gathered again for each micro-batch.
+  if (mesh.pp() > 1) {
+    for (auto& u : plan.units) u.schedule = {false, 0, 0, u.schedule.resident_for_step};
   }
   // MODELS.md §5.2: every layer reshards after forward except the last, needed first in backward:
   // its block and, under expert parallelism, its experts (a unit of their own, of that layer).

@@ -133,7 +133,14 @@ struct FamilyShardingRules {
   bool head_is_island = false;             // head takes the island policy (Flint)
   bool block_casts_inputs_itself = false;  // block units get cast_forward_inputs = false (Beam)
   std::string experts_module = "mlp.experts";  // under each layer: the routed experts, [E, ...] on dim 0
+  // How context parallelism splits a row (MODELS.md §5.7): 1 = contiguous, 2 = load-balanced
+  // (head-tail: 2 x cp chunks, rank r holds chunks r and 2 cp - 1 - r).
+  int cp_chunks_per_rank = 1;
 };
+
+// Tokens of one row that a CP rank holds: the row padded to a multiple of cp x chunks_per_rank
+// (pad slots are a document of their own, §5.7), then split evenly.
+std::int64_t cp_local_tokens(std::int64_t seq_len, int cp, int chunks_per_rank);
 
 // The axis name of an expert-group unit's shard group.
 inline constexpr const char* kExpertShardAxis = "ep_shard";

@@ -183,6 +183,17 @@ TEST_CASE("atoll-plan: prints layouts for pp and cp > 1 that atoll-train does no
   CHECK(r.out.find("atoll-train does not run pp or cp > 1 yet") != std::string::npos);
   // beam-tiny: 4 layers over 2 stages; micro_batch 4 rows x (seq_len 32 / cp 2) tokens, hidden 64, bf16.
   CHECK(r.out.find("stage 0 -> 1 (before layer 2): hidden bf16[4, 16, 64]") != std::string::npos);
+  CHECK(r.out.find("padded to") == std::string::npos);  // 32 tokens split into 2 x 2 chunks evenly
+
+  // MODELS.md §5.7: a row is padded, not cut, to what cp splits evenly: Beam's load-balanced split
+  // needs 2 x cp chunks (32 -> 36 for cp 3: two chunks of 6 per rank), Inkling2's contiguous one
+  // cp (32 -> 33: 11 per rank).
+  const PlanRun cp3 = run_plan({tiny_config(), "--set", "topology.mesh.pp=2", "--set", "topology.mesh.cp=3",
+                                "--world-size", "6"});
+  INFO(cp3.out << cp3.err);
+  REQUIRE(cp3.exit_code == 0);
+  CHECK(cp3.out.find("4 rows x 12 tokens per rank, seq_len 32 padded to 36 for cp") != std::string::npos);
+  CHECK(cp3.out.find("hidden bf16[4, 12, 64]") != std::string::npos);
 
   // Inkling2 sends its depth history (completed blocks + the partial one) and the layout.
   const fs::path inkling2 = fs::path(env_or_fail("ATOLL_SOURCE_DIR")) / "configs" / "inkling2-tiny.yaml";
@@ -191,6 +202,11 @@ TEST_CASE("atoll-plan: prints layouts for pp and cp > 1 that atoll-train does no
   REQUIRE(ink.exit_code == 0);
   CHECK(ink.out.find("): history ") != std::string::npos);
   CHECK(ink.out.find("): layout i64[") != std::string::npos);
+  const PlanRun ink_cp3 = run_plan({inkling2.string(), "--set", "topology.mesh.pp=2", "--set", "topology.mesh.cp=3",
+                                    "--world-size", "6"});
+  INFO(ink_cp3.out << ink_cp3.err);
+  REQUIRE(ink_cp3.exit_code == 0);
+  CHECK(ink_cp3.out.find("x 11 tokens per rank, seq_len 32 padded to 33 for cp") != std::string::npos);
 }
 
 TEST_CASE("atoll-plan: bad configs exit 2 naming the key, the dense preset has no islands", "[apps][plan]") {

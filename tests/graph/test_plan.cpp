@@ -251,6 +251,17 @@ TEST_CASE("plan mesh: cp, pp, ep and ep_shard groups partition the world as MODE
   for (const auto& g : Mesh(mesh_config(4), "test.yaml").all_groups()) CHECK((g.axis == "dp_shard" || g.axis == "dp_replicate"));
 }
 
+TEST_CASE("plan cp: a CP rank holds its share of the row padded to cp x chunks (contiguous, load-balanced)",
+          "[plan][cp]") {
+  CHECK(cp_local_tokens(32, 1, 1) == 32);
+  CHECK(cp_local_tokens(32, 2, 2) == 16);  // 4 chunks of 8, two per rank
+  CHECK(cp_local_tokens(32, 3, 2) == 12);  // padded to 36: 6 chunks of 6
+  CHECK(cp_local_tokens(32, 3, 1) == 11);  // padded to 33
+  CHECK(cp_local_tokens(33, 2, 1) == 17);  // padded to 34
+  CHECK(cp_local_tokens(1, 4, 2) == 2);    // padded to 8: one token and seven pad slots
+  CHECK(beam_sharding_rules().cp_chunks_per_rank == 2);  // §5.7: Beam's split is load-balanced
+}
+
 TEST_CASE("plan stages: layers split evenly, the first L mod pp stages one more, embeddings first, head last",
           "[plan][pp]") {
   const BeamModel model(beam_preset("beam-tiny-moe"));  // 4 layers
@@ -267,11 +278,10 @@ TEST_CASE("plan stages: layers split evenly, the first L mod pp stages one more,
       }
       if (u.role == UnitRole::embedding) CHECK(u.stage == 0);
       if (u.role == UnitRole::head || u.role == UnitRole::root) CHECK(u.stage == pp - 1);
-      if (u.role == UnitRole::block) {
-        CHECK(u.schedule == GatherSchedule{false, 0, 0, false});  // §5.2: no reshard, no prefetch with PP
-        CHECK(u.forward_prefetch_units.empty());
-        CHECK(u.backward_prefetch_units.empty());
-      }
+      // §5.2, §6.17: no unit reshards or prefetches with PP (none is gathered again per micro-batch).
+      CHECK(u.schedule == GatherSchedule{false, 0, 0, u.role == UnitRole::island});
+      CHECK(u.forward_prefetch_units.empty());
+      CHECK(u.backward_prefetch_units.empty());
     }
     std::vector<int> per_stage(static_cast<std::size_t>(pp), 0);
     for (const auto& [layer, stage] : stage_of_layer) ++per_stage[static_cast<std::size_t>(stage)];

@@ -7,6 +7,7 @@ FamilyShardingRules beam_sharding_rules() {
   rules.family = "beam";
   rules.fp32_modules = {"mlp.gate"};
   rules.block_casts_inputs_itself = true;
+  rules.cp_chunks_per_rank = 2;  // load-balanced (MODELS.md §5.7)
   return rules;
 }
 
