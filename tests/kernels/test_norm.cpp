@@ -53,14 +53,24 @@ TEST_CASE("RMSNorm in bf16 rounds twice and stays within bf16 of fp32", "[norm][
     CHECK(v == round_to_bf16(v));  // output is bf16-representable
     CHECK(v == Approx(f32.y.data<float>()[i]).epsilon(1e-2).margin(1e-2));
   }
-  // The spec's two roundings: gamma multiplies the already rounded normalised value. rstd is the
-  // kernel's (its exact float), checked here against a double computation.
-  float rstd = b16.rstd.data<float>()[0];
-  double mean_square = 0;
-  for (int c = 0; c < 32; ++c) mean_square += double(xt.data<float>()[c]) * xt.data<float>()[c] / 32;
-  CHECK(rstd == Approx(1 / std::sqrt(mean_square + 1e-6)).epsilon(1e-6));
-  float expect = round_to_bf16(wt.data<float>()[3] * round_to_bf16(xt.data<float>()[3] * rstd));
-  CHECK(b16.y.data<float>()[3] == expect);
+  // The spec's two roundings, on every element: gamma multiplies the already rounded normalised
+  // value. rstd is the kernel's (its exact float), checked here against a double computation.
+  int single_rounding_differs = 0;
+  for (int r = 0; r < 2; ++r) {
+    const float rstd = b16.rstd.data<float>()[r];
+    const float* xr = xt.data<float>() + r * 32;
+    double mean_square = 0;
+    for (int c = 0; c < 32; ++c) mean_square += double(xr[c]) * xr[c] / 32;
+    CHECK(rstd == Approx(1 / std::sqrt(mean_square + 1e-6)).epsilon(1e-6));
+    for (int c = 0; c < 32; ++c) {
+      const float w_c = wt.data<float>()[c];
+      CHECK(b16.y.data<float>()[r * 32 + c] == round_to_bf16(w_c * round_to_bf16(xr[c] * rstd)));
+      if (round_to_bf16(w_c * (xr[c] * rstd)) != round_to_bf16(w_c * round_to_bf16(xr[c] * rstd))) {
+        ++single_rounding_differs;
+      }
+    }
+  }
+  CHECK(single_rounding_differs > 0);  // the inputs tell the two roundings from one
 }
 
 TEST_CASE("Embedding backward accumulates repeated ids in token order", "[embedding][grad]") {
