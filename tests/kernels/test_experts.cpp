@@ -305,6 +305,35 @@ TEST_CASE("experts bf16 matches the bf16 reference and agrees with fp32", "[expe
   }
 }
 
+TEST_CASE("experts bf16: the routing weight's place (before or after down) rounds where the spec says, bitwise",
+          "[experts][bf16]") {
+  // H = I = 1: every GEMM element is one product, the same bits in any kernel, so the kernel must
+  // equal the per-token reference bit for bit; only the rounding points (w·a rounded before down,
+  // or w·y after it, MODELS.md §10.1.8, §10.1.12) decide the result.
+  const std::int64_t T = 64, K = 2, E = 4;
+  const Problem p = make_problem(T, K, E, 1, 1, 131);
+  auto rounded = [](const std::vector<double>& v) {
+    std::vector<float> f(v.begin(), v.end());
+    for (float& x : f) x = round_to_bf16(x);
+    return f;
+  };
+  const auto xf = rounded(p.x), guf = rounded(p.gate_up), dnf = rounded(p.down), wf = rounded(p.weights);
+  std::vector<std::vector<float>> ref(2);
+  for (bool after : {false, true}) {
+    INFO("weight after down: " << after);
+    ExpertsConfig cfg;
+    cfg.weight_after_down = after;
+    cfg.precision = Precision::bf16;
+    const auto out = kernel_forward(xf, guf, dnf, p.indices, wf, mask_ptr(p), p.d, cfg);
+    ref[after] = reference_forward(xf, guf, dnf, p.indices, wf, p.mask, p.d, cfg);
+    CHECK(testing::same_bits(out, ref[after]));
+  }
+  // The inputs tell the two places apart (else the check above could not see a swapped place).
+  int differ = 0;
+  for (std::int64_t t = 0; t < T; ++t) differ += ref[0][t] != ref[1][t];
+  CHECK(differ >= 8);
+}
+
 TEST_CASE("experts split by owner (two halves of local experts with offsets) equal the one-process experts bitwise",
           "[experts][ep]") {
   // What expert parallelism does: dispatch on the tokens' rank, each owner runs its local experts
