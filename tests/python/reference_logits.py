@@ -42,7 +42,7 @@ def main(hf_dir, tokens_file, atoll_file, *overrides):
         return 2
     diff = np.abs(ref[:, :usable] - got[:, :usable])
     scale = np.abs(ref[:, :usable]).max()
-    tolerance = 2e-5 * max(1.0, scale)  # fp32 against float64 on a tiny model: observed <= 2.3e-5 absolute
+    tolerance = 2e-6 * max(1.0, scale)  # fp32 against float64 on a tiny model: observed <= 0.25 of it
     print(f"{config['model_type']}: max |reference - atoll| {diff.max():.3e} over {diff.size} logits "
           f"(largest |logit| {scale:.3f}, tolerance {tolerance:.1e}, ratio {diff.max() / tolerance:.3f})")
     return 0 if diff.max() <= tolerance else 1
