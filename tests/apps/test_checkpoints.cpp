@@ -386,12 +386,19 @@ TEST_CASE("apps: each family's fp32 logits equal an independent float64 NumPy re
            // (SSMax at base 4 moves the logits far more than at the preset's 2048.)
            {"configs/beam-tiny.yaml", {eps, "model.n_shared_experts=1", "model.norm_topk_prob=false",
                                        "model.ssmax_base=4"}},
+           // The dense preset; top-1 routing with the raw sigmoid score as the weight, one group.
+           {"configs/beam-tiny.yaml", {eps, "model.preset=beam-tiny-dense"}},
+           {"configs/beam-tiny.yaml", {eps, "model.num_experts_per_tok=1", "model.norm_topk_prob_top1=false",
+                                       "model.n_group=1", "model.topk_group=1"}},
            {"configs/flint-tiny.yaml", {eps}},
            {"configs/flint-tiny.yaml", {eps, "model.norm_topk_prob=true"}},
            {"configs/inkling2-tiny.yaml", {eps}},
            {"configs/inkling2-tiny.yaml",  // a full layer 0, and every optional attention feature
             {eps, "model.local_layer_ids=[1, 2]", "model.use_attention_gate=true",
-             "model.use_value_norm_no_gamma=true", "model.log_scaling_n_floor=2"}}}) {
+             "model.use_value_norm_no_gamma=true", "model.log_scaling_n_floor=2"}},
+           // Six layers (a full layer inside an AttnRes block), and grouped expert selection.
+           {"configs/inkling2-tiny.yaml", {eps, "model.preset=inkling2-tiny-deep"}},
+           {"configs/inkling2-tiny.yaml", {eps, "model.n_group=2", "model.topk_group=1"}}}) {
     const std::string config = v.config;
     INFO(config << " " << Catch::Detail::stringify(v.model));
     TempDir tmp;
