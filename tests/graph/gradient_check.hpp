@@ -274,7 +274,9 @@ inline GradientCheck check_whole_model_gradient(const Model& model, TensorMap& w
     for (const auto& [name, ratio] : out.blind_to_2_percent) std::printf(" %s (%.3f)", name.c_str(), ratio);
     std::printf("\n");
   }
-  CHECK(2 * out.resolved >= out.directions);  // a check that resolves little proves little
+  // A check that resolves little proves little. (A check of one tensor, as the power test runs,
+  // shows what it proves by failing on corruptions.)
+  if (!options.only) CHECK(2 * out.resolved >= out.directions);
   return out;
 }
 

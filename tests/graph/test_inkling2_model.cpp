@@ -24,6 +24,7 @@
 #include "kernels/ops/optim.hpp"
 #include "kernels/rng.hpp"
 #include "tests/graph/beam_test_support.hpp"
+#include "tests/graph/inkling2_test_support.hpp"
 #include "tests/support/worst_of.hpp"
 
 using namespace atl;
@@ -42,31 +43,11 @@ Inkling2Config features_config(const std::string& preset) {
   return c;
 }
 
-// Weights with every ones/zeros-initialised parameter (gammas, clip scales, depth queries)
-// perturbed, so their gradients are generic and the AttnRes mixes are not uniform.
-TensorMap generic_weights(const Inkling2Model& model, std::uint64_t seed) {
-  TensorMap w = TensorMap::initialized(model.specs(), seed, 0.02f);
-  for (const auto& s : model.specs()) {
-    if (s.init != Init::normal && !s.name.ends_with("e_score_correction_bias")) {
-      CounterRng rng(5, s.name);
-      float* p = w.at(s.name).data<float>();
-      const double scale = s.name.ends_with("query.weight") ? 0.5 : 0.1;
-      for (std::int64_t i = 0; i < s.numel(); ++i) p[i] += static_cast<float>(scale * rng.normal(i));
-    }
-    // Relative logits of a useful size (at init_std they are ~1e-3 and their gradients sit at
-    // the fp32 noise floor of a finite difference).
-    if (s.name.ends_with("relative_table")) scale_inplace(w.at(s.name), 10.0f);
-    // Well separated router scores: fewer top-k near-ties for a finite difference to cross.
-    if (s.name.ends_with("mlp.gate.weight")) scale_inplace(w.at(s.name), 10.0f);
-  }
-  return w;
-}
-
 // The whole-model gradient check (tests/graph/gradient_check.hpp, its default directions). Returns
 // the worst relative error. Stated tolerance: testing::kGradientTolerance.
 double worst_directional_error(const Inkling2Config& config, std::string* worst_name) {
   Inkling2Model model(config);
-  TensorMap w = generic_weights(model, 11);
+  TensorMap w = testing::inkling2_generic_weights(model, 11);
   testing::GradientCheckOptions options;
   options.zero_gradient = [](const std::string& name) { return name.ends_with("e_score_correction_bias"); };
   const testing::GradientCheck check =
@@ -319,7 +300,7 @@ TEST_CASE("Inkling2 sinks: the sink column of the relative table is live", "[ink
   // tests/kernels/test_relative_attention.cpp. Here: the model wires σ = clip(r) · table[:, R] into
   // every layer, so that column gets a gradient and changes the output.
   const Inkling2Model model(inkling2_preset("inkling2-tiny"));
-  TensorMap w = generic_weights(model, 4);
+  TensorMap w = testing::inkling2_generic_weights(model, 4);
   const Batch batch = testing::synthetic_batch(2, 32, 8);
   TensorMap grads = TensorMap::zeros_like(model.specs());
   model.forward_backward(w, batch, Precision::fp32, 1.0f, grads);
@@ -350,7 +331,7 @@ TEST_CASE("Inkling2 sinks: the sink column of the relative table is live", "[ink
 
 TEST_CASE("Inkling2 keeps documents isolated and ignores padding", "[inkling2]") {
   const Inkling2Model model(inkling2_preset("inkling2-tiny-deep"));
-  const TensorMap w = generic_weights(model, 2);
+  const TensorMap w = testing::inkling2_generic_weights(model, 2);
   Batch a = testing::synthetic_batch(1, 32, 5);
   testing::check_document_isolation(model, w, a);
 
@@ -404,7 +385,7 @@ TEST_CASE("Inkling2 logits obey the softcap and the unused-vocabulary mask", "[i
 
 TEST_CASE("Inkling2 HF adapter: HF -> native -> HF is bitwise and names follow §10.2.10", "[inkling2][hf]") {
   const Inkling2Model model(inkling2_preset("inkling2-tiny"));
-  const TensorMap native = generic_weights(model, 3);  // non-zero queries so the split is visible
+  const TensorMap native = testing::inkling2_generic_weights(model, 3);  // non-zero queries so the split is visible
   TensorMap hf = model.to_hf(native);
   std::set<std::string> names(hf.names().begin(), hf.names().end());
   CHECK(names.count("layers.3.attn_query.0.weight"));
@@ -530,7 +511,7 @@ TEST_CASE("Inkling2 experts: an interleaved HF gate_up_proj computes capped SwiG
 
 TEST_CASE("Inkling2 in bf16 tracks fp32 and picks mostly the same experts at init", "[inkling2][bf16]") {
   const Inkling2Model model(inkling2_preset("inkling2-tiny"));
-  const TensorMap master = generic_weights(model, 3);
+  const TensorMap master = testing::inkling2_generic_weights(model, 3);
   const Batch batch = testing::synthetic_batch(2, 32, 6);
   TensorMap g32 = TensorMap::zeros_like(model.specs()), g16 = TensorMap::zeros_like(model.specs());
   std::vector<RoutingRecord> r32, r16;
