@@ -186,8 +186,15 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
         model.erase(key);  // not a model key of this family (e.g. torch_dtype); checked below if it matters
       } catch (const ConfigError& e) {
         std::string named_in_file;  // a renamed field is named as the file has it too
-        for (const auto& [hf_key, key] : kModelKeyOf) {
-          if (e.key() == "model." + key && hf.contains(hf_key)) named_in_file = " (config.json's " + hf_key + ")";
+        std::string hf_key = e.key().rfind("model.", 0) == 0 ? e.key().substr(6) : "";
+        for (const auto& [from, key] : kModelKeyOf) {
+          if (e.key() == "model." + key && hf.contains(from)) named_in_file = " (config.json's " + from + ")", hf_key = from;
+        }
+        // "64" for 64: a JSON string reaches the config reader quoted, a string; name its form.
+        if (!hf_key.empty() && hf.contains(hf_key) && hf.at(hf_key).is_string()) {
+          const bool boolean = e.problem().find("true or false") != std::string::npos;
+          throw CheckpointError(fmt::format("{}: {}: expected a JSON {}, got the string {}", file.string(), hf_key,
+                                            boolean ? "boolean" : "number", hf.at(hf_key).dump()));
         }
         throw CheckpointError(e.what() + named_in_file);
       }

@@ -60,8 +60,12 @@ TEST_CASE("hf import config: a field of the wrong JSON type says what type was e
   TempDir dir;
   write_bytes(dir.path / "config.json", written.dump(2));
   CHECK_THROWS_WITH(hf_import_config(dir.path, std::nullopt, nullptr),
-                    Catch::Contains("config.json: hidden_size: expected a JSON number (the model built from it has 64), "
-                                    "got the string \"64\""));
+                    Catch::Contains("config.json: hidden_size: expected a JSON number, got the string \"64\""));
+  written["hidden_size"] = 64;
+  written["norm_topk_prob"] = "true";
+  write_bytes(dir.path / "config.json", written.dump(2));
+  CHECK_THROWS_WITH(hf_import_config(dir.path, std::nullopt, nullptr),
+                    Catch::Contains("config.json: norm_topk_prob: expected a JSON boolean, got the string \"true\""));
 }
 
 namespace {
