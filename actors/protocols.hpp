@@ -1,7 +1,7 @@
 // Every typed actor interface of the runtime in one place, with the messages they exchange.
 // Messages carry tensors by reference-counted storage (never copied inside a process), so they
-// are in-process types: CAF_ALLOW_UNSAFE_MESSAGE_TYPE, never serialized. Only actors/*.cpp
-// include this header (CAF headers are heavy).
+// are in-process types: CAF_ALLOW_UNSAFE_MESSAGE_TYPE, never serialized. Only actors/*.cpp (and
+// the comm actor's test) include this header (CAF headers are heavy).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "apps/cli_checks.hpp"
+#include "apps/end_message.hpp"
 #include "apps/fatal_exit.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/hf_export.hpp"
@@ -67,14 +68,7 @@ int main(int argc, char** argv) {
       }
     }
     return 0;
-  } catch (const atl::ConfigError& e) {
-    std::cerr << "atoll-convert: config error: " << atl::message_naming_set(e, sets) << "\n";
-    return 2;
-  } catch (const atl::CheckpointError& e) {
-    std::cerr << "atoll-convert: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "atoll-convert: error: " << e.what() << "\n";
-    return 1;
+    return atl::report_failure("atoll-convert", e, sets);
   }
 }

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "apps/cli_checks.hpp"
+#include "apps/end_message.hpp"
 #include "apps/fatal_exit.hpp"
 #include "graph/checkpoint/checkpoint_error.hpp"
 #include "graph/checkpoint/safetensors.hpp"
@@ -98,24 +99,11 @@ int main(int argc, char** argv) {
       return 3;
     }
     return 0;
-  } catch (const atl::ConfigError& e) {
-    std::cerr << "atoll-eval: config error: " << atl::message_naming_set(e, sets) << "\n";
-    return 2;
-  } catch (const atl::CheckpointError& e) {
-    std::cerr << "atoll-eval: " << e.what() << "\n";
-    return 2;
-  } catch (const atl::DataError& e) {  // bad input: a data file
-    std::cerr << "atoll-eval: " << e.what() << "\n";
-    return 2;
-  } catch (const atl::cpu::CpuIsaError& e) {  // bad input: the environment
-    std::cerr << "atoll-eval: " << e.what() << "\n";
-    return 2;
   } catch (const std::bad_alloc&) {  // a batch is one forward pass: its size is the config's
     std::cerr << "atoll-eval: out of memory: a batch of train.global_batch x train.seq_len tokens is scored in one "
                  "forward pass; lower train.global_batch (--set train.global_batch=N)\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "atoll-eval: error: " << e.what() << "\n";
-    return 1;
+    return atl::report_failure("atoll-eval", e, sets);
   }
 }

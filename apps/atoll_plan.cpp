@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "apps/end_message.hpp"
 #include "graph/config.hpp"
 #include "graph/data/data_source.hpp"
 #include "graph/models/model.hpp"
@@ -105,11 +106,7 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("  {:>10.1f} MiB  total; available here: {}\n", run.total() / (1 << 20),
                              room ? fmt::format("{:.1f} MiB", *room / (1 << 20)) : std::string("unknown"));
     return 0;
-  } catch (const atl::ConfigError& e) {
-    std::cerr << "atoll-plan: config error: " << atl::message_naming_set(e, sets) << "\n";
-    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "atoll-plan: error: " << e.what() << "\n";
-    return 1;
+    return atl::report_failure("atoll-plan", e, sets);
   }
 }

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/actor_engine.hpp"
+#include "apps/end_message.hpp"
 #include "apps/fatal_exit.hpp"
 #include "apps/node_launch.hpp"
 #include "comm/rendezvous/control_plane.hpp"
@@ -48,17 +49,6 @@ void refuse_torchrun_nodes(const atl::RunConfig& config) {
                                atl::backend_name(config.topology.backend) +
                                " runs the whole job in each process; expected ucx (--set topology.backend=ucx)");
   }
-}
-
-// What ended the run, for its last line (the exit code is atl::exit_code_for's).
-std::string end_message(const std::exception& e, const std::vector<std::string>& sets) {
-  if (const auto* config = dynamic_cast<const atl::ConfigError*>(&e)) {
-    return "config error: " + atl::message_naming_set(*config, sets);
-  }
-  if (dynamic_cast<const atl::NonFiniteError*>(&e)) return "non-finite training: " + std::string(e.what());
-  // The rest name their file, checkpoint or signal; an unforeseen failure says it is an error.
-  const bool unforeseen = atl::exit_code_for(e) == 1 && !dynamic_cast<const atl::StartFailed*>(&e);
-  return std::string(unforeseen ? "error: " : "").append(e.what());
 }
 
 }  // namespace
@@ -172,7 +162,7 @@ int main(int argc, char** argv) {
         launch.control->finish();
         throw;
       } catch (const atl::DivergedWeights& e) {  // node 0's alone: every node ends with its exit code
-        launch.control->abort(atl::exit_code_for(e), end_message(e, sets));
+        launch.control->abort(atl::exit_code_for(e), atl::end_message(e, sets));
         throw;
       } catch (const atl::NonFiniteError&) {
         launch.control->finish();
@@ -186,7 +176,7 @@ int main(int argc, char** argv) {
         } else if (atl::exit_code_for(e) == 2) {
           // Bad input this node alone met (its copy of the data file changed, say): every node
           // exits 2 with its message, not 1 for a lost node, which a launcher would restart.
-          launch.control->abort(2, end_message(e, sets));
+          launch.control->abort(2, atl::end_message(e, sets));
         }
         throw;
       }
@@ -206,7 +196,7 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     const int code = atl::exit_code_for(e);
-    say(code == 0 ? std::cout : std::cerr, end_message(e, sets));
+    say(code == 0 ? std::cout : std::cerr, atl::end_message(e, sets));
     return code;
   }
 }

@@ -24,7 +24,6 @@ class FamilyModel : public Model {
   std::int64_t vocab_size() const override { return config_.vocab_size; }
   std::int64_t unpadded_vocab_size() const override { return config_.unpadded_vocab_size; }
   float init_std() const override { return config_.init_std; }
-  std::int64_t num_layers() const override { return config_.num_hidden_layers; }
 
  protected:
   explicit FamilyModel(Config config) : config_(std::move(config)) { config_.validate(); }

@@ -139,9 +139,6 @@ namespace {
 constexpr const char* kGateUp = "mlp.experts.gate_and_up_projs";
 constexpr const char* kDown = "mlp.experts.down_projs";
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 std::string without_tail(const std::string& s, const std::string& tail) { return s.substr(0, s.size() - tail.size()); }
 std::string experts_prefix(const std::string& native_gate_up) { return without_tail(native_gate_up, kGateUp) + "mlp.experts"; }
 }  // namespace
@@ -149,8 +146,8 @@ std::string experts_prefix(const std::string& native_gate_up) { return without_t
 TensorMap per_expert_layout_to_hf(const std::vector<ParamSpec>& specs, const TensorMap& native, HfName hf_name) {
   TensorMap hf;
   for (const auto& s : specs) {
-    if (ends_with(s.name, kDown)) continue;  // written together with its gate_and_up
-    if (ends_with(s.name, kGateUp)) {
+    if (s.name.ends_with(kDown)) continue;  // written together with its gate_and_up
+    if (s.name.ends_with(kGateUp)) {
       per_expert_to_hf(experts_prefix(s.name), native.at(s.name), native.at(without_tail(s.name, kGateUp) + kDown), hf);
     } else {
       hf.insert(hf_name(s.name), native.at(s.name));
@@ -165,7 +162,7 @@ TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const T
   std::set<std::string> used;
   Tensor pending_down;
   for (const auto& s : specs) {
-    if (ends_with(s.name, kGateUp)) {
+    if (s.name.ends_with(kGateUp)) {
       const std::string prefix = experts_prefix(s.name);
       auto [gate_up, down] = per_expert_from_hf(prefix, s.shape, hf);
       for (std::int64_t e = 0; e < s.shape[0]; ++e) {
@@ -173,7 +170,7 @@ TensorMap per_expert_layout_from_hf(const std::vector<ParamSpec>& specs, const T
       }
       native.insert(s.name, gate_up);
       pending_down = down;
-    } else if (ends_with(s.name, kDown)) {
+    } else if (s.name.ends_with(kDown)) {
       native.insert(s.name, pending_down);
     } else {
       const std::string name = hf_name(s.name);

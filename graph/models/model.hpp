@@ -23,7 +23,6 @@ class Model : public StagedModel {
   virtual std::int64_t vocab_size() const = 0;
   virtual std::int64_t unpadded_vocab_size() const = 0;
   virtual float init_std() const = 0;
-  virtual std::int64_t num_layers() const = 0;
 
   virtual FamilyShardingRules sharding_rules() const = 0;
   // The tensors one micro-batch (rows x seq tokens per rank) sends across a pipeline cut before

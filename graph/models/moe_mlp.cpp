@@ -155,14 +155,4 @@ Tensor moe_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x
   return moe_combine_forward(p, w, spec, prec, k);
 }
 
-Tensor moe_mlp_backward(const std::string& p, const TensorMap& w, const Tensor& d_out,
-                        const MoeMlpSpec& spec, Precision prec, const MoeMlpCache& k, const TensorMap& grads) {
-  MoeMlpBackward b;
-  moe_combine_backward(p, w, d_out, spec, prec, k, b, grads);
-  moe_experts_backward(p, w, spec, prec, k, b, grads);
-  if (spec.shared_expert) moe_shared_backward(p, w, prec, k, b, grads);
-  moe_dispatch_backward(spec, prec, k, b);
-  return moe_route_backward(p, w, spec, k, b, grads);
-}
-
 }  // namespace atl

@@ -49,16 +49,12 @@ struct MoeMlpBackward {
 Tensor moe_mlp_forward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
                        const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
 
-// Returns d_x (x is the cache's); accumulates the MLP's parameter gradients into `grads`.
-Tensor moe_mlp_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& d_out,
-                        const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, const TensorMap& grads);
-
 // The same as steps, the runtime's ops (forward in this order, backward in reverse); the cache
 // carries what one step hands the next. route: router on x, dispatch plan. dispatch: the token
 // rows in expert order. shared (only with a shared expert): the shared expert on every token (under
 // expert parallelism it runs while the dispatch's all-to-all is in flight). experts: the grouped
 // expert MLPs on the rows. combine: the weighted sum over K, plus the shared expert's output: the
-// MLP output. moe_mlp_forward/backward run them all.
+// MLP output. moe_mlp_forward runs them all; SublayerRun (sublayer_run.hpp) runs the backward steps.
 void moe_route_forward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
                        const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
 void moe_dispatch_forward(MoeMlpCache& cache);

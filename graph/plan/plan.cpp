@@ -13,10 +13,6 @@ namespace atl {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The module that holds a param: its name without the last segment ("" for a top-level param).
 std::string module_of(const std::string& param) {
@@ -42,7 +38,7 @@ std::string without_checkpoint_segments(const std::string& path) {
 bool matches_fp32_entry(const std::string& module_path, const std::vector<std::string>& entries) {
   const std::string path = without_checkpoint_segments(module_path);
   for (const auto& entry : entries) {
-    if (path == entry || ends_with(path, "." + entry)) return true;
+    if (path == entry || path.ends_with("." + entry)) return true;
   }
   return false;
 }
@@ -64,7 +60,7 @@ std::string island_module(const std::string& parent, const std::string& module_p
 
 // "model.layers.3.mlp.gate.weight" with prefix "model.layers." -> 3; -1 if not a layer param.
 std::int64_t layer_of(const std::string& param, const std::string& prefix) {
-  if (prefix.empty() || !starts_with(param, prefix)) return -1;
+  if (prefix.empty() || !param.starts_with(prefix)) return -1;
   std::size_t i = prefix.size();
   std::int64_t layer = 0;
   const std::size_t digits_begin = i;
@@ -76,7 +72,7 @@ std::int64_t layer_of(const std::string& param, const std::string& prefix) {
   return layer;
 }
 
-bool under_module(const std::string& param, const std::string& module) { return starts_with(param, module + "."); }
+bool under_module(const std::string& param, const std::string& module) { return param.starts_with(module + "."); }
 
 std::string block_name(const FamilyShardingRules& rules, std::int64_t layer) {
   std::string prefix = rules.layer_prefix;

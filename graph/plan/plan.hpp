@@ -65,7 +65,7 @@ namespace atl {
 struct MixedPrecisionPolicy {
   DType param_dtype = DType::f32;   // dtype of the all-gather buffer and of the gathered params
   DType reduce_dtype = DType::f32;  // dtype of the gradient reduce-scatter (and HSDP all-reduce)
-  DType output_dtype = DType::f32;  // floating outputs are cast to this
+  DType output_dtype = DType::f32;  // floating outputs' dtype (§5.2): recorded; the models round, no cast
   bool cast_forward_inputs = false;  // cast floating forward inputs to param_dtype
   bool operator==(const MixedPrecisionPolicy&) const = default;
 };

@@ -81,17 +81,17 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
       if (record_routing) r.routing[static_cast<std::size_t>(m)] = std::move(routing[i]);
     }
   }
-  last_grads_ = grad_tree.finish();
+  const TensorMap summed = grad_tree.finish();  // held for this step only
   r.loss = r.targets > 0 ? loss_tree.finish() / static_cast<double>(r.targets) : 0.0;
   r.expert_load = load.max_over_mean();
 
-  const std::vector<Tensor> grads = last_grads_.tensors();
+  const std::vector<Tensor> grads = summed.tensors();
   r.grad_norm = global_grad_norm(grads);
   r.lr = warmup_cosine_lr(r.step, opt_.warmup, opt_.total_steps, opt_.lr, opt_.min_lr_ratio);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     std::string first;  // the first parameter (spec order) whose gradient is not finite
     for (const auto& s : specs) {
-      if (!std::isfinite(grad_sum_of_squares(last_grads_.at(s.name)))) {
+      if (!std::isfinite(grad_sum_of_squares(summed.at(s.name)))) {
         first = s.name;
         break;
       }
@@ -108,7 +108,7 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   for (const auto& s : specs) {
     AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
                  static_cast<float>(opt_.eps), s.weight_decay ? static_cast<float>(opt_.weight_decay) : 0.0f};
-    adamw_step(master_.at(s.name), last_grads_.at(s.name), exp_avg_.at(s.name), exp_avg_sq_.at(s.name), h, r.step);
+    adamw_step(master_.at(s.name), summed.at(s.name), exp_avg_.at(s.name), exp_avg_sq_.at(s.name), h, r.step);
   }
   return r;
 }

@@ -37,17 +37,10 @@ class ReferenceTrainer : public TrainingEngine {
   TrainingState state() const override { return {step_, master_.clone(), exp_avg_.clone(), exp_avg_sq_.clone()}; }
 
   const TensorMap& master() const { return master_; }
-  const TensorMap& exp_avg() const { return exp_avg_; }
-  const TensorMap& exp_avg_sq() const { return exp_avg_sq_; }
-  std::int64_t steps_done() const { return step_; }
-  const Model& model() const { return *model_; }
-
-  // The summed gradient of the last step, after clipping (for tests).
-  const TensorMap& last_gradients() const { return last_grads_; }
 
  private:
   std::shared_ptr<const Model> model_;
-  TensorMap master_, exp_avg_, exp_avg_sq_, last_grads_;
+  TensorMap master_, exp_avg_, exp_avg_sq_;
   Precision precision_;
   std::int64_t micro_batch_;
   OptimizerSettings opt_;

@@ -47,13 +47,7 @@ double logit_loss_forward(const T* logits, const std::int64_t* targets, std::int
     } else {
       for (std::int64_t v = 0; v < vocab; ++v) c[v] = v < usable_vocab ? z[v] : neg_inf;
     }
-    T mx = c[0];
-    for (std::int64_t v = 1; v < usable_vocab; ++v) mx = std::max(mx, c[v]);
-    T sum = 0;
-    for (std::int64_t v = 0; v < usable_vocab; ++v) p[v] = c[v] - mx;
-    exp_values(p, usable_vocab);
-    for (std::int64_t v = 0; v < usable_vocab; ++v) sum += p[v];
-    for (std::int64_t v = 0; v < usable_vocab; ++v) p[v] /= sum;
+    const auto [mx, sum] = softmax_values(c, usable_vocab, p);
     std::fill(p + usable_vocab, p + vocab, T(0));
     if (targets[r] == kIgnoreIndex) continue;
     const double lse = static_cast<double>(mx) + std::log(static_cast<double>(sum));

@@ -64,13 +64,7 @@ void router_scores(const T* logits, std::int64_t rows, const RouterConfig& c, T*
       std::copy(l, l + e_count, s);
       sigmoid_values(s, e_count);
     } else if (c.score == ScoreFunction::softmax_before_topk) {
-      T mx = l[0];
-      for (std::int64_t e = 1; e < e_count; ++e) mx = std::max(mx, l[e]);
-      T sum = 0;
-      for (std::int64_t e = 0; e < e_count; ++e) s[e] = l[e] - mx;
-      exp_values(s, e_count);
-      for (std::int64_t e = 0; e < e_count; ++e) sum += s[e];
-      for (std::int64_t e = 0; e < e_count; ++e) s[e] /= sum;
+      softmax_values(l, e_count, s);
     } else {
       for (std::int64_t e = 0; e < e_count; ++e) s[e] = l[e];
     }

@@ -5,9 +5,11 @@
 // is not a fixed function across machines (glibc picks an FMA or SSE2 variant at load time), and
 // it is scalar. Relative error against exp in double: below 2^-22 (a test bounds it).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace atl::cpu {
 
@@ -36,16 +38,6 @@ T exp_value(T x) {
     return exp_f32(x);
   } else {
     return std::exp(x);
-  }
-}
-
-// tanh_f32 for float; std::tanh for double.
-template <class T>
-T tanh_value(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return tanh_f32(x);
-  } else {
-    return std::tanh(x);
   }
 }
 
@@ -83,6 +75,20 @@ void sigmoid_values(T* x, std::int64_t n) {
       x[i] = (x[i] >= 0 ? 1.0 : e) / (1.0 + e);
     }
   }
+}
+
+// out = softmax(x) over n >= 1 values: the max subtracted, exp_values, each divided by the sum
+// added in index order. Returns the max and the sum (a log-sum-exp is max + log(sum)).
+template <class T>
+std::pair<T, T> softmax_values(const T* x, std::int64_t n, T* out) {
+  T mx = x[0];
+  for (std::int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] - mx;
+  exp_values(out, n);
+  T sum = 0;
+  for (std::int64_t i = 0; i < n; ++i) sum += out[i];
+  for (std::int64_t i = 0; i < n; ++i) out[i] /= sum;
+  return {mx, sum};
 }
 
 }  // namespace atl::cpu

@@ -15,14 +15,11 @@ constexpr const char* kHfSinks = "self_attn.softmax_offset";
 constexpr const char* kNativeShared = ".mlp.shared_experts.";
 constexpr const char* kHfShared = ".mlp.shared_expert.";
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 std::string without_tail(const std::string& s, const std::string& tail) { return s.substr(0, s.size() - tail.size()); }
 
 // The HF name of a native tensor that is not one of the grouped experts.
 std::string hf_name(const std::string& native) {
-  if (ends_with(native, kNativeSinks)) return without_tail(native, kNativeSinks) + kHfSinks;
+  if (native.ends_with(kNativeSinks)) return without_tail(native, kNativeSinks) + kHfSinks;
   if (const auto at = native.find(kNativeShared); at != std::string::npos) {
     return native.substr(0, at) + kHfShared + native.substr(at + std::string(kNativeShared).size());
   }

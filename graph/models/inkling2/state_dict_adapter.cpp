@@ -25,9 +25,6 @@ constexpr const char* kHfDown = "mlp.experts.down_proj";
 constexpr const char* kAttnQuery = "attn_query.weight";
 constexpr const char* kMlpQuery = "mlp_query.weight";
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 std::string replace_tail(const std::string& s, const std::string& tail, const std::string& with) {
   return s.substr(0, s.size() - tail.size()) + with;
 }
@@ -41,7 +38,7 @@ std::vector<std::string> hf_query_names(const std::string& native, std::int64_t 
   return out;
 }
 
-bool is_stacked_query(const std::string& name) { return ends_with(name, kAttnQuery) || ends_with(name, kMlpQuery); }
+bool is_stacked_query(const std::string& name) { return name.ends_with(kAttnQuery) || name.ends_with(kMlpQuery); }
 }  // namespace
 
 nlohmann::json Inkling2Model::hf_fields() const {
@@ -96,9 +93,9 @@ TensorMap Inkling2Model::to_hf(const TensorMap& native) const {
       throw std::invalid_argument("Inkling2 to_hf: '" + s.name + "' is " + t.describe() + ", expected " +
                                   shape_string(s.shape));
     }
-    if (ends_with(s.name, kGateUp)) {
+    if (s.name.ends_with(kGateUp)) {
       hf.insert(replace_tail(s.name, kGateUp, kHfGateUp), transpose_last_two(t));
-    } else if (ends_with(s.name, kDown)) {
+    } else if (s.name.ends_with(kDown)) {
       hf.insert(replace_tail(s.name, kDown, kHfDown), transpose_last_two(t));
     } else if (is_stacked_query(s.name)) {
       const std::vector<Tensor> rows = unstack(t);
@@ -119,8 +116,8 @@ TensorMap Inkling2Model::from_hf(const TensorMap& hf) const {
     return require_hf_tensor(hf, name, shape);
   };
   for (const auto& s : specs_) {
-    if (ends_with(s.name, kGateUp) || ends_with(s.name, kDown)) {
-      const bool gate_up = ends_with(s.name, kGateUp);
+    if (s.name.ends_with(kGateUp) || s.name.ends_with(kDown)) {
+      const bool gate_up = s.name.ends_with(kGateUp);
       const std::string name =
           gate_up ? replace_tail(s.name, kGateUp, kHfGateUp) : replace_tail(s.name, kDown, kHfDown);
       native.insert(s.name, transpose_last_two(take(name, {s.shape[0], s.shape[2], s.shape[1]})));
