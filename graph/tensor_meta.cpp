@@ -18,8 +18,7 @@ std::string meta_mismatch(const std::vector<Tensor>& tensors, const std::vector<
       fits = m.upper_bound && d == 0 ? t.shape()[d] <= m.shape[d] : t.shape()[d] == m.shape[d];
     }
     if (!fits) {
-      const std::string got = t.defined() ? std::string(dtype_name(t.dtype())) + shape_string(t.shape()) : "undefined";
-      return "tensor " + std::to_string(i) + " is " + got + " where the op graph says " + m.describe();
+      return "tensor " + std::to_string(i) + " is " + t.describe() + " where the op graph says " + m.describe();
     }
   }
   return {};

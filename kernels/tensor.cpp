@@ -219,7 +219,9 @@ void Tensor::copy_from(const Tensor& other) const {
   std::memmove(raw(), other.raw(), bytes());
 }
 
-std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_string(shape_); }
+std::string Tensor::describe() const {
+  return defined() ? std::string(dtype_name(dtype_)) + shape_string(shape_) : std::string("undefined");
+}
 
 void round_to_bf16_inplace(const Tensor& t) {
   KernelScope scope(KernelKind::conversion);

@@ -74,7 +74,7 @@ class Tensor {
   void fill(float value) const;
   void copy_from(const Tensor& other) const;
 
-  std::string describe() const;  // "f32[2, 3]"
+  std::string describe() const;  // "f32[2, 3]"; "undefined" for an undefined tensor
 
  private:
   void check_dtype(DType expected) const;

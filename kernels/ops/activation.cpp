@@ -11,7 +11,7 @@ namespace {
 void check_f32_cpu(const char* op, const char* name, const Tensor& t) {
   if (!t.defined() || t.dtype() != DType::f32 || t.device() != Device::cpu || t.rank() < 1) {
     throw std::invalid_argument(std::string(op) + ": " + name + " must be a defined f32 cpu tensor of rank >= 1, got " +
-                                (t.defined() ? t.describe() : std::string("undefined")));
+                                t.describe());
   }
 }
 

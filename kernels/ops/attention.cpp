@@ -12,7 +12,6 @@ namespace atl {
 
 namespace {
 
-std::string describe_or_undefined(const Tensor& t) { return t.defined() ? t.describe() : std::string("undefined"); }
 
 // Checks every input against q's shape and returns the problem sizes.
 cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -20,7 +19,7 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
                                  const AttentionOptions& options) {
   if (!q.defined() || q.dtype() != DType::f32 || q.device() != Device::cpu || q.rank() != 4) {
     throw std::invalid_argument(std::string(op) + ": q must be a cpu f32 tensor [B, S, Hq, D], got " +
-                                describe_or_undefined(q));
+                                q.describe());
   }
   cpu::AttentionShape s;
   s.batch = q.size(0);
@@ -30,7 +29,7 @@ cpu::AttentionShape check_inputs(const char* op, const Tensor& q, const Tensor& 
   s.kv_heads = k.defined() && k.rank() == 4 ? k.size(2) : 0;
   if (s.kv_heads <= 0 || s.q_heads % s.kv_heads != 0) {
     throw std::invalid_argument(std::string(op) + ": k must be [B, Sk, Hkv, D] with Hq (" +
-                                std::to_string(s.q_heads) + ") a multiple of Hkv, got " + describe_or_undefined(k));
+                                std::to_string(s.q_heads) + ") a multiple of Hkv, got " + k.describe());
   }
   // Without query_index the queries are the keys (Sk = Sq); with it, query t sits at key
   // query_index[b, t] of a longer (or reordered) key row: context parallelism.
@@ -81,7 +80,7 @@ void validate_positions(const Tensor& positions) {
   if (!positions.defined() || positions.dtype() != DType::i64 || positions.device() != Device::cpu ||
       (positions.rank() != 1 && positions.rank() != 2)) {
     throw std::invalid_argument("validate_positions: positions must be a cpu i64 tensor [B, S] or [S], got " +
-                                describe_or_undefined(positions));
+                                positions.describe());
   }
   const std::int64_t cols = positions.size(-1);
   const std::int64_t rows = positions.rank() == 2 ? positions.size(0) : 1;

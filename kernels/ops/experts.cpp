@@ -15,7 +15,7 @@ namespace {
 void check_rank(const char* op, const char* name, const Tensor& t, std::int64_t rank, const char* expected) {
   if (!t.defined() || t.rank() != rank) {
     throw std::invalid_argument(std::string(op) + ": " + name + " must be " + expected + ", got " +
-                                (t.defined() ? t.describe() : std::string("undefined")));
+                                t.describe());
   }
 }
 

@@ -14,24 +14,23 @@ struct GateLayout {
   std::int64_t rows = 0, heads = 0, head_dim = 0;
 };
 
-std::string describe_or_undefined(const Tensor& t) { return t.defined() ? t.describe() : std::string("undefined"); }
 
 bool is_cpu_f32(const Tensor& t) { return t.defined() && t.dtype() == DType::f32 && t.device() == Device::cpu; }
 
 GateLayout check_inputs(const char* op, const Tensor& o, const Tensor& gate, const Tensor& bias) {
   const std::string where = std::string(op) + ": ";
   if (!is_cpu_f32(bias) || bias.rank() != 1 || bias.size(0) == 0) {
-    throw std::invalid_argument(where + "bias must be a cpu f32 tensor [Hq], got " + describe_or_undefined(bias));
+    throw std::invalid_argument(where + "bias must be a cpu f32 tensor [Hq], got " + bias.describe());
   }
   GateLayout l;
   l.heads = bias.size(0);
   if (!is_cpu_f32(o) || o.rank() < 1 || o.size(-1) % l.heads != 0) {
     throw std::invalid_argument(where + "o must be a cpu f32 tensor [..., Hq*D] with Hq = " +
-                                std::to_string(l.heads) + ", got " + describe_or_undefined(o));
+                                std::to_string(l.heads) + ", got " + o.describe());
   }
   if (!is_cpu_f32(gate) || gate.shape() != o.shape()) {
     throw std::invalid_argument(where + "gate must be a cpu f32 tensor " + shape_string(o.shape()) + ", got " +
-                                describe_or_undefined(gate));
+                                gate.describe());
   }
   l.head_dim = o.size(-1) / l.heads;
   l.rows = l.head_dim == 0 ? 0 : o.numel() / (l.heads * l.head_dim);
@@ -56,11 +55,11 @@ OutputGateGrads output_gate_backward(const Tensor& dy, const Tensor& o, const Te
   const GateLayout l = check_inputs(op, o, gate, bias);
   if (!is_cpu_f32(dy) || dy.shape() != o.shape()) {
     throw std::invalid_argument(std::string(op) + ": dy must be a cpu f32 tensor " + shape_string(o.shape()) +
-                                ", got " + describe_or_undefined(dy));
+                                ", got " + dy.describe());
   }
   if (d_bias != nullptr && (!is_cpu_f32(*d_bias) || d_bias->shape() != bias.shape())) {
     throw std::invalid_argument(std::string(op) + ": d_bias must be a cpu f32 tensor " +
-                                shape_string(bias.shape()) + ", got " + describe_or_undefined(*d_bias));
+                                shape_string(bias.shape()) + ", got " + d_bias->describe());
   }
   OutputGateGrads g;
   g.d_o = Tensor::empty(o.shape(), DType::f32);

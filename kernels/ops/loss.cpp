@@ -8,17 +8,16 @@ namespace atl {
 
 namespace {
 
-std::string described(const Tensor& t) { return t.defined() ? t.describe() : std::string("undefined"); }
 
 void check_loss_inputs(const char* op, const Tensor& logits, const Tensor& targets, std::int64_t usable_vocab) {
   if (!logits.defined() || logits.dtype() != DType::f32 || logits.device() != Device::cpu || logits.rank() != 2) {
-    throw std::invalid_argument(std::string(op) + ": logits must be a cpu f32 [N,V] tensor, got " + described(logits));
+    throw std::invalid_argument(std::string(op) + ": logits must be a cpu f32 [N,V] tensor, got " + logits.describe());
   }
   const std::int64_t rows = logits.size(0);
   if (!targets.defined() || targets.dtype() != DType::i64 || targets.device() != Device::cpu ||
       targets.shape() != Shape{rows}) {
     throw std::invalid_argument(std::string(op) + ": targets must be a cpu i64 [" + std::to_string(rows) +
-                                "] tensor, got " + described(targets));
+                                "] tensor, got " + targets.describe());
   }
   if (usable_vocab < 1 || usable_vocab > logits.size(1)) {
     throw std::invalid_argument(std::string(op) + ": usable_vocab " + std::to_string(usable_vocab) +
@@ -47,7 +46,7 @@ Tensor logit_loss_backward(const LogitLossForward& saved, const Tensor& targets,
   check_loss_inputs("logit_loss_backward", saved.probs, targets, usable_vocab);
   if (!saved.capped.defined() || saved.capped.dtype() != DType::f32 || saved.capped.shape() != saved.probs.shape()) {
     throw std::invalid_argument("logit_loss_backward: saved.capped must be f32 " + shape_string(saved.probs.shape()) +
-                                ", got " + described(saved.capped));
+                                ", got " + saved.capped.describe());
   }
   cpu::check_loss_targets(targets.data<std::int64_t>(), targets.numel(), usable_vocab);
   Tensor d_logits = Tensor::empty(saved.probs.shape());

@@ -39,7 +39,7 @@ inline void require_dtype(const char* op, const char* arg, const Tensor& t, DTyp
 inline void require_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, const Shape& shape) {
   require(t.defined() && t.device() == Device::cpu && t.dtype() == dtype && t.shape() == shape, op, [&] {
     return std::string(arg) + " must be a cpu " + std::string(dtype_name(dtype)) + shape_string(shape) +
-           " tensor, got " + (t.defined() ? t.describe() : std::string("undefined"));
+           " tensor, got " + t.describe();
   });
 }
 

@@ -20,7 +20,7 @@ TokenLayout check_inputs(const char* op, const char* x_name, const Tensor& x, co
   const std::string where = std::string(op) + ": ";
   if (!x.defined() || x.dtype() != DType::f32 || x.device() != Device::cpu || (x.rank() != 3 && x.rank() != 4)) {
     throw std::invalid_argument(where + x_name + " must be a cpu f32 tensor [T, heads, D] or [B, S, heads, D], got " +
-                                (x.defined() ? x.describe() : std::string("undefined")));
+                                x.describe());
   }
   TokenLayout l;
   l.heads = x.size(-2);
@@ -33,7 +33,7 @@ TokenLayout check_inputs(const char* op, const char* x_name, const Tensor& x, co
       positions.numel() != l.tokens) {
     throw std::invalid_argument(where + "positions must be a cpu i64 tensor with one entry per token (" +
                                 std::to_string(l.tokens) + "), got " +
-                                (positions.defined() ? positions.describe() : std::string("undefined")));
+                                positions.describe());
   }
   return l;
 }

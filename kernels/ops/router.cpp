@@ -14,7 +14,7 @@ RouterForward router_forward(const Tensor& logits, const Tensor& correction_bias
   cpu::validate_router_config(cfg);
   if (!logits.defined() || logits.rank() != 2) {
     throw std::invalid_argument("router_forward: logits must be f32 [T, " + std::to_string(cfg.num_experts) +
-                                "], got " + (logits.defined() ? logits.describe() : std::string("undefined")));
+                                "], got " + logits.describe());
   }
   const std::int64_t rows = logits.size(0);
   detail::require_tensor("router_forward", "logits", logits, DType::f32, {rows, cfg.num_experts});
