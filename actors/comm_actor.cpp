@@ -46,9 +46,6 @@ void issue_ready(comm_pointer self) {
       case CollectiveKind::all_reduce:
         c.all_reduce(req.recv, req.tag, done);
         break;
-      case CollectiveKind::broadcast:
-        c.broadcast(req.recv, 0, req.tag, done);
-        break;
       case CollectiveKind::all_to_all_v:
         c.all_to_all_v(req.send, req.send_counts, req.recv, req.recv_counts, req.tag, done);
         break;
