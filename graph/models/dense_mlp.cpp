@@ -6,6 +6,12 @@
 
 namespace atl {
 
+void append_dense_mlp_specs(std::vector<ParamSpec>& specs, const std::string& p, std::int64_t H, std::int64_t I) {
+  specs.push_back(make_param(p + "mlp.gate_proj.weight", {I, H}));
+  specs.push_back(make_param(p + "mlp.up_proj.weight", {I, H}));
+  specs.push_back(make_param(p + "mlp.down_proj.weight", {H, I}));
+}
+
 Tensor dense_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x, Precision prec, DenseMlpCache& k) {
   k.g = project(x, w.at(p + "mlp.gate_proj.weight"), prec);
   k.u = project(x, w.at(p + "mlp.up_proj.weight"), prec);

@@ -2,7 +2,9 @@
 // projection (rounded at the bf16 emulation points). Parameters under `<layer prefix>mlp.`:
 // gate_proj.weight, up_proj.weight [I, H], down_proj.weight [H, I].
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "graph/param.hpp"
 #include "kernels/precision.hpp"
@@ -12,6 +14,10 @@ namespace atl {
 struct DenseMlpCache {
   Tensor g, u, act;  // gate, up, activation
 };
+
+// Appends the three projections for a layer (hidden size H, width I).
+void append_dense_mlp_specs(std::vector<ParamSpec>& specs, const std::string& layer_prefix, std::int64_t H,
+                            std::int64_t I);
 
 Tensor dense_mlp_forward(const std::string& layer_prefix, const TensorMap& w, const Tensor& x, Precision precision,
                          DenseMlpCache& cache);

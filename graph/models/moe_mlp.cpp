@@ -17,6 +17,22 @@ ExpertsConfig experts_config(const MoeMlpSpec& spec, Precision prec) {
 
 }  // namespace
 
+void append_moe_mlp_specs(std::vector<ParamSpec>& specs, const std::string& p, const MoeMlpSpec& spec, std::int64_t H,
+                          std::int64_t I, bool router_island, std::int64_t shared_width) {
+  const std::int64_t E = spec.router.num_experts;
+  specs.push_back(make_param(p + "mlp.gate.weight", {E, H}, Init::normal, router_island));
+  if (spec.correction_bias) {
+    specs.push_back(make_param(p + "mlp.gate.e_score_correction_bias", {E}, Init::zeros, /*island=*/true));
+  }
+  specs.push_back(make_param(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
+  specs.push_back(make_param(p + "mlp.experts.down_projs", {E, I, H}));
+  if (spec.shared_expert) {
+    specs.push_back(make_param(p + "mlp.shared_experts.gate_proj.weight", {shared_width, H}));
+    specs.push_back(make_param(p + "mlp.shared_experts.up_proj.weight", {shared_width, H}));
+    specs.push_back(make_param(p + "mlp.shared_experts.down_proj.weight", {H, shared_width}));
+  }
+}
+
 void moe_route_forward(const std::string& p, const TensorMap& w, const Tensor& x, const Tensor& token_mask,
                        const MoeMlpSpec& spec, Precision prec, MoeMlpCache& k) {
   k.x = x;

@@ -6,7 +6,9 @@
 // they are where expert parallelism puts its all-to-alls (the experts in between run on their
 // owner, indexed by local id with an offset).
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "graph/param.hpp"
 #include "graph/training/staged_model.hpp"
@@ -22,6 +24,13 @@ struct MoeMlpSpec {
   bool correction_bias = false;  // the router adds mlp.gate.e_score_correction_bias for selection
   bool shared_expert = false;    // mlp.shared_experts.*: SwiGLU on every token, added with weight 1
 };
+
+// Appends the parameters above for a layer: E = spec.router.num_experts experts of width I on
+// hidden size H; the router (with the correction bias an fp32 island) is an island unless
+// `router_island` is false (Flint's is bulk); the shared expert when spec.shared_expert, of width
+// `shared_width`. Their order is the checkpoint's.
+void append_moe_mlp_specs(std::vector<ParamSpec>& specs, const std::string& layer_prefix, const MoeMlpSpec& spec,
+                          std::int64_t H, std::int64_t I, bool router_island, std::int64_t shared_width = 0);
 
 struct MoeMlpCache {
   // forward

@@ -75,22 +75,10 @@ BeamModel::BeamModel(BeamConfig config) : HiddenStateModel(std::move(config)) {
     specs_.push_back(make_param(p + "post_attention_layernorm.weight", {H}, Init::ones));
     specs_.push_back(make_param(p + "pre_feedforward_layernorm.weight", {H}, Init::ones));
     if (c.is_sparse(l)) {
-      const std::int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
-      specs_.push_back(make_param(p + "mlp.gate.weight", {E, H}, Init::normal, /*island=*/true));
-      specs_.push_back(make_param(p + "mlp.gate.e_score_correction_bias", {E}, Init::zeros, /*island=*/true));
-      specs_.push_back(make_param(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
-      specs_.push_back(make_param(p + "mlp.experts.down_projs", {E, I, H}));
-      if (c.n_shared_experts > 0) {
-        const std::int64_t S = c.n_shared_experts * I;
-        specs_.push_back(make_param(p + "mlp.shared_experts.gate_proj.weight", {S, H}));
-        specs_.push_back(make_param(p + "mlp.shared_experts.up_proj.weight", {S, H}));
-        specs_.push_back(make_param(p + "mlp.shared_experts.down_proj.weight", {H, S}));
-      }
+      const std::int64_t I = c.moe_intermediate_size;
+      append_moe_mlp_specs(specs_, p, beam_moe_spec(c), H, I, /*router_island=*/true, c.n_shared_experts * I);
     } else {
-      const std::int64_t I = c.intermediate_size;
-      specs_.push_back(make_param(p + "mlp.gate_proj.weight", {I, H}));
-      specs_.push_back(make_param(p + "mlp.up_proj.weight", {I, H}));
-      specs_.push_back(make_param(p + "mlp.down_proj.weight", {H, I}));
+      append_dense_mlp_specs(specs_, p, H, c.intermediate_size);
     }
     specs_.push_back(make_param(p + "post_feedforward_layernorm.weight", {H}, Init::ones));
   }

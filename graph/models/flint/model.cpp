@@ -63,20 +63,11 @@ FlintModel::FlintModel(FlintConfig config) : HiddenStateModel(std::move(config))
     specs_.push_back(make_param(p + kSinks, {Hq}, Init::zeros, /*island=*/true));
     specs_.push_back(make_param(p + "post_attention_layernorm.weight", {H}, Init::ones));
     if (c.is_sparse(l)) {
-      const std::int64_t E = c.num_experts, I = c.moe_intermediate_size;
-      specs_.push_back(make_param(p + "mlp.gate.weight", {E, H}));  // bulk: bf16 in bf16 runs (§10.3.4)
-      specs_.push_back(make_param(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
-      specs_.push_back(make_param(p + "mlp.experts.down_projs", {E, I, H}));
-      if (const std::int64_t S = c.shared_expert_intermediate_size; S > 0) {
-        specs_.push_back(make_param(p + "mlp.shared_experts.gate_proj.weight", {S, H}));
-        specs_.push_back(make_param(p + "mlp.shared_experts.up_proj.weight", {S, H}));
-        specs_.push_back(make_param(p + "mlp.shared_experts.down_proj.weight", {H, S}));
-      }
+      // The router is bulk: bf16 in bf16 runs (§10.3.4).
+      append_moe_mlp_specs(specs_, p, flint_moe_spec(c), H, c.moe_intermediate_size, /*router_island=*/false,
+                           c.shared_expert_intermediate_size);
     } else {
-      const std::int64_t I = c.intermediate_size;
-      specs_.push_back(make_param(p + "mlp.gate_proj.weight", {I, H}));
-      specs_.push_back(make_param(p + "mlp.up_proj.weight", {I, H}));
-      specs_.push_back(make_param(p + "mlp.down_proj.weight", {H, I}));
+      append_dense_mlp_specs(specs_, p, H, c.intermediate_size);
     }
   }
   specs_.push_back(make_param("model.norm.weight", {H}, Init::ones));

@@ -123,7 +123,6 @@ Tensor scale_rows(const Tensor& x, const Tensor& lambda, Precision p) {
 Inkling2Model::Inkling2Model(Inkling2Config config) : FamilyModel(std::move(config)) {
   const auto& c = config_;
   const std::int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, W = c.conv_kernel_size;
-  const std::int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
   specs_.push_back(make_param("embed_tokens.weight", {c.vocab_size, H}));
   specs_.push_back(make_param("embed_norm.weight", {H}, Init::ones));
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -146,10 +145,7 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : FamilyModel(std::move(conf
     specs_.push_back(make_param(p + "attn_sconv.weight", {H / D, W}));
     specs_.push_back(query_spec(p + "mlp_query.weight", {1, H}));
     specs_.push_back(make_param(p + "mlp_norm.weight", {H}, Init::ones));
-    specs_.push_back(make_param(p + "mlp.gate.weight", {E, H}, Init::normal, /*island=*/true));
-    specs_.push_back(make_param(p + "mlp.gate.e_score_correction_bias", {E}, Init::zeros, /*island=*/true));
-    specs_.push_back(make_param(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
-    specs_.push_back(make_param(p + "mlp.experts.down_projs", {E, I, H}));
+    append_moe_mlp_specs(specs_, p, inkling2_moe_spec(c), H, c.moe_intermediate_size, /*router_island=*/true);
     specs_.push_back(make_param(p + "mlp_sconv.weight", {H / D, W}));
   }
   ParamSpec out_query = query_spec("output_query.weight", {H});
