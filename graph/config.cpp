@@ -447,6 +447,15 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 }
 
 
+nlohmann::json saved_config_as_read(nlohmann::json saved) {
+  if (!saved.is_object() || !saved.contains("model") || !saved.at("model").is_object()) return saved;
+  for (auto& [key, value] : saved.at("model").items()) {
+    if (key == "family" || key == "preset" || !value.is_string()) continue;
+    if (auto boolean = parse_config_bool(value.get<std::string>())) value = *boolean;
+  }
+  return saved;
+}
+
 nlohmann::json to_json(const RunConfig& c) {
   nlohmann::json model = yaml_to_json(c.model.overrides);
   if (!model.is_object()) model = nlohmann::json::object();

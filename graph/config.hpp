@@ -143,6 +143,10 @@ nlohmann::json multi_process_settings(const TopologyConfig& topology);
 
 // The resolved config, defaults and overrides included (model overrides appear as keys of "model").
 nlohmann::json to_json(const RunConfig& config);
+// A resolved config as run.json or trainer_state.json saved it, in to_json's form today: builds
+// before 2026-12-03 wrote model overrides given as yes/no/on/off as strings, which the config
+// had read as booleans (no model key takes those words as a string).
+nlohmann::json saved_config_as_read(nlohmann::json saved);
 
 // The families `model.family` accepts, and the values of `topology.backend`.
 const std::vector<std::string>& model_families();

@@ -72,6 +72,10 @@ std::optional<bool> parse_config_bool(const std::string& text) {
   return std::nullopt;
 }
 
+bool is_explicit_string(const YAML::Node& scalar) {
+  return scalar.Tag() == "!" || scalar.Tag() == "tag:yaml.org,2002:str";
+}
+
 nlohmann::json yaml_to_json(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return nullptr;
   if (node.IsMap()) {
@@ -85,13 +89,12 @@ nlohmann::json yaml_to_json(const YAML::Node& node) {
     return out;
   }
   const std::string& text = node.Scalar();
-  if (node.Tag() == "!") return text;  // quoted: always a string
+  if (is_explicit_string(node)) return text;
   std::int64_t integer = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), integer);
   if (!text.empty() && error == std::errc() && end == text.data() + text.size()) return integer;
   if (auto number = parse_config_number(text)) return *number;
-  if (text == "true" || text == "True" || text == "TRUE") return true;
-  if (text == "false" || text == "False" || text == "FALSE") return false;
+  if (auto boolean = parse_config_bool(text)) return *boolean;
   return text;
 }
 
@@ -200,7 +203,7 @@ std::string ConfigReader::describe_value(const YAML::Node& node) {
   }
   if (node.IsSequence()) return "a list";
   const std::string& text = node.Scalar();
-  if (node.Tag() != "!" && (parse_config_number(text) || parse_config_bool(text))) return text;
+  if (!is_explicit_string(node) && (parse_config_number(text) || parse_config_bool(text))) return text;
   // Quoted, at most 60 characters, anything unprintable as \xNN: an error message never echoes
   // a whole (possibly binary) input.
   constexpr std::size_t kShown = 60;

@@ -104,6 +104,8 @@ std::optional<std::int64_t> parse_config_integer(const std::string& text);
 std::optional<std::uint64_t> parse_config_unsigned(const std::string& text);
 std::optional<double> parse_config_number(const std::string& text);  // finite only
 std::optional<bool> parse_config_bool(const std::string& text);
+// Whether a scalar is a string whatever its text: quoted ('2', "yes") or tagged !!str.
+bool is_explicit_string(const YAML::Node& scalar);
 
 // Deepest nesting a config may have (flow brackets or mappings); deeper input is refused.
 inline constexpr int kMaxConfigDepth = 64;
@@ -121,7 +123,8 @@ void check_single_document(const std::string& text, const std::string& file);
 // (YAML parsers keep the first silently).
 void check_no_duplicate_keys(const YAML::Node& root, const std::string& file);
 
-// A YAML tree as JSON: scalars become integers, numbers, booleans or null where they parse so, else strings.
+// A YAML tree as JSON: scalars become integers, numbers, booleans or null where the config reader
+// reads them so (yes/no/on/off included), else strings.
 nlohmann::json yaml_to_json(const YAML::Node& node);
 
 // ---------------------------------------------------------------------------------------------
@@ -164,8 +167,8 @@ template <class T> T convert(const ConfigReader& reader, const std::string& key,
     const std::string& text = node.Scalar();
     if constexpr (std::is_same_v<T, std::string>) {
       return text;
-    } else if (node.Tag() == "!") {
-      reader.fail_expected(key, type_phrase<T>());  // quoted: a string, as YAML (and run.json) read it
+    } else if (is_explicit_string(node)) {
+      reader.fail_expected(key, type_phrase<T>());  // a string, as YAML (and run.json) read it
     } else if constexpr (std::is_same_v<T, bool>) {
       if (auto v = parse_config_bool(text)) return *v;
     } else if constexpr (std::is_floating_point_v<T>) {

@@ -37,7 +37,7 @@ RunConfig checkpoint_run_config(const std::filesystem::path& checkpoint_dir) {
                           j.at("config").type_name());
   }
   // JSON is YAML: the saved resolved config parses back through the same validation.
-  nlohmann::json config = j.at("config");
+  nlohmann::json config = saved_config_as_read(j.at("config"));
   config.erase("source_file");  // where it came from, not a config key
   // A sim run saved by a build that ignored multi-process settings may list them set: they never
   // took effect (the process was the whole job), and a config read back now would refuse them.

@@ -60,8 +60,9 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
 
 // The run recorded in run_dir (run.json), if it can be read as one.
 std::optional<nlohmann::json> recorded_run(const RunConfig& config) {
-  const std::optional<nlohmann::json> run = json_if_readable(fs::path(config.run_dir) / "run.json");
+  std::optional<nlohmann::json> run = json_if_readable(fs::path(config.run_dir) / "run.json");
   if (!run || !run->is_object() || !run->contains("config") || !run->at("config").is_object()) return std::nullopt;
+  run->at("config") = saved_config_as_read(run->at("config"));
   return run;
 }
 
@@ -285,7 +286,7 @@ void check_saved_kinds(const nlohmann::json& saved, const fs::path& dir) {
 void check_same_run(const RunConfig& config, const Model& model, const nlohmann::json& trainer_state,
                     const fs::path& dir) {
   if (trainer_state.contains("imported_from")) return;
-  const nlohmann::json& saved = trainer_state.at("config");
+  const nlohmann::json saved = saved_config_as_read(trainer_state.at("config"));
   check_saved_kinds(saved, dir);
   nlohmann::json now = to_json(config);
   // A model section without a key has its preset's value (effective_model_section leaves it out);

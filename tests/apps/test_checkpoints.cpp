@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/manifest.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "tests/apps/app_test_support.hpp"
 
@@ -145,6 +146,35 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
   const Result rl = must_run("atoll-train", latest, tmp.path);
   CHECK(rl.out.find("step-00000020") != std::string::npos);
   CHECK(read_metrics(a / "metrics.jsonl").size() == 22);
+}
+
+TEST_CASE("apps: a model override written 'no' is saved as false; it resumes and exports, as does a checkpoint "
+          "of an earlier build that saved it as the string \"no\"",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
+  auto args = train_args(run);
+  add_sets(args, {"train.steps=2", "checkpoint.every=2", "model.norm_topk_prob=no"});
+  must_run("atoll-train", args, tmp.path);
+  const fs::path ckpt = run / "checkpoints" / "step-00000002";
+  nlohmann::json state = nlohmann::json::parse(read_file(ckpt / "trainer_state.json"));
+  CHECK(state.at("config").at("model").at("norm_topk_prob") == false);
+  CHECK(nlohmann::json::parse(read_file(run / "run.json")).at("config").at("model").at("norm_topk_prob") == false);
+  auto resume_and_export = [&](const std::string& tag) {
+    auto resume = train_args(tmp.path / ("resumed-" + tag));
+    add_sets(resume, {"train.steps=3", "model.norm_topk_prob=no"});
+    resume.push_back("--resume");
+    resume.push_back(ckpt.string());
+    must_run("atoll-train", resume, tmp.path);
+    const fs::path hf = tmp.path / ("hf-" + tag);
+    must_run("atoll-convert", {"export", ckpt.string(), hf.string()}, tmp.path);
+    CHECK(nlohmann::json::parse(read_file(hf / "config.json")).at("norm_topk_prob") == false);
+  };
+  resume_and_export("now");
+  state["config"]["model"]["norm_topk_prob"] = "no";
+  write_file(ckpt / "trainer_state.json", state.dump(2));
+  write_file(ckpt / "COMPLETE", atl::make_manifest(ckpt, 2, "COMPLETE").dump(2));
+  resume_and_export("earlier");
 }
 
 TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault named", "[apps][checkpoint]") {

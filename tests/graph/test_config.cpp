@@ -337,6 +337,10 @@ TEST_CASE("ConfigReader: typed reads, list elements and unknown keys for family 
   CHECK(message([&] { quoted_reader.get<std::vector<std::int64_t>>("ids", {}); }) ==
         "q.yaml: model.ids[1]: expected an integer, got '2'");
   CHECK(quoted_reader.get<std::string>("name", "") == "64");  // a quoted string stays one
+  YAML::Node tagged = YAML::Load("{depth: !!str 2, loop: !!str yes}");
+  ConfigReader tagged_reader(tagged, "t.yaml", "model");
+  CHECK(message([&] { tagged_reader.get<std::int64_t>("depth", 0); }) == "t.yaml: model.depth: expected an integer, got '2'");
+  CHECK(message([&] { tagged_reader.get<bool>("loop", false); }) == "t.yaml: model.loop: expected true or false, got 'yes'");
   CHECK(message([&] { reader.require<double>("missing"); }) ==
         "m.yaml: model.missing: required key is missing (expected a number)");
   CHECK(message([&] { reader.finish(); }) == "(no ConfigError)");
@@ -446,6 +450,29 @@ TEST_CASE("config: an error about a value a --set gave names that --set", "[conf
   }
 }
 
+TEST_CASE("yaml_to_json: scalars as the config reader reads them; quoted or !!str ones stay strings", "[config]") {
+  const nlohmann::json j = yaml_to_json(YAML::Load(
+      "{a: yes, b: Off, c: 'on', d: !!str no, e: 12, f: '12', g: 2.5e-1, h: ~, i: [true, NO, x], j: Yes please}"));
+  const nlohmann::json expected = {{"a", true},  {"b", false}, {"c", "on"},   {"d", "no"},
+                                   {"e", 12},    {"f", "12"},  {"g", 0.25},   {"h", nullptr},
+                                   {"i", {true, false, "x"}},  {"j", "Yes please"}};
+  CHECK(j == expected);
+}
+
+TEST_CASE("config: a saved config whose model overrides were written 'no' or 'on' (earlier builds) reads as booleans",
+          "[config]") {
+  const nlohmann::json saved = {{"model", {{"family", "beam"}, {"preset", "on"}, {"norm_topk_prob", "no"},
+                                           {"norm_topk_prob_top1", "On"}, {"hidden_size", 64}}},
+                                {"data", {{"source", "yes"}}}};
+  const nlohmann::json read = saved_config_as_read(saved);
+  CHECK(read.at("model").at("norm_topk_prob") == false);
+  CHECK(read.at("model").at("norm_topk_prob_top1") == true);
+  CHECK(read.at("model").at("preset") == "on");  // names stay names
+  CHECK(read.at("model").at("hidden_size") == 64);
+  CHECK(read.at("data") == saved.at("data"));  // only model overrides were written so
+  CHECK(saved_config_as_read(nlohmann::json::array()) == nlohmann::json::array());
+}
+
 TEST_CASE("config: a resolved config parses back to itself, for every backend's settings", "[config]") {
   ConfigDir dir;
   const std::string beam = dir.write("base.yaml", kMinimal);
@@ -456,6 +483,7 @@ TEST_CASE("config: a resolved config parses back to itself, for every backend's 
        "topology.heartbeat_timeout_s=9", "topology.job_token_file=/tmp/token",
        "topology.nodes=[{host: 127.0.0.1, port: 29400, ranks: 1}]"},
       {"topology.engine=reference", "data.source=tokens:data/x.u16", "data.eos_id=0"},
+      {"model.norm_topk_prob=no", "model.norm_topk_prob_top1=ON"},  // YAML's other words for booleans
   };
   // What each case set, as the resolved config must hold it (a field to_json dropped would be
   // missing from both sides of the round trip, which alone could not tell).
@@ -472,6 +500,7 @@ TEST_CASE("config: a resolved config parses back to itself, for every backend's 
        {"/topology/nodes/0/port", 29400},
        {"/topology/nodes/0/ranks", 1}},
       {{"/topology/engine", "reference"}, {"/data/eos_id", 0}},
+      {{"/model/norm_topk_prob", false}, {"/model/norm_topk_prob_top1", true}},
   };
   for (std::size_t c = 0; c < cases.size(); ++c) {
     const auto& sets = cases[c];
