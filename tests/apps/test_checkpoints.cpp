@@ -148,8 +148,8 @@ TEST_CASE("apps: resume from a checkpoint reproduces the uninterrupted run, acro
   CHECK(read_metrics(a / "metrics.jsonl").size() == 22);
 }
 
-TEST_CASE("apps: a model override written 'no' is saved as false; it resumes and exports, as does a checkpoint "
-          "of an earlier build that saved it as the string \"no\"",
+TEST_CASE("apps: a model override written no is saved as false, resumes and exports, as does a checkpoint of an "
+          "earlier build that saved the string",
           "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";
@@ -366,8 +366,9 @@ namespace {
 
 // Two rows of 24 tokens: three documents in the first (9, 7 and 8 tokens), and in the second a
 // document that began in an earlier row (positions from 5), padding at its end. Invalid tokens
-// inside documents too (row 0 at 3 and 11, row 1 at 6 and 7): they are no keys, their conv inputs
-// are zero, they are routed but not dispatched (MODELS.md §10.1.4, §10.1.8, §10.2.3).
+// inside documents too (row 0 at 3 and 11, row 1 at 6 and 7): they are no keys and their conv
+// inputs are zero (MODELS.md §10.1.4, §10.2.3), which the valid tokens' logits show. (Their own
+// logits are not compared, so whether they are dispatched to experts, §10.1.8, is not seen here.)
 constexpr std::int64_t kPackedRowLength = 24;
 void write_packed_rows(const fs::path& file) {
   constexpr std::int64_t S = kPackedRowLength;
