@@ -54,6 +54,10 @@ struct GradientCheckOptions {
   std::function<bool(const std::string&)> only;
   // Alters the analytic gradient before the check (to show the check catches an error).
   std::function<void(const std::string&, Tensor&)> corrupt;
+  // At least half the directions must resolve (a check that resolves little proves little). Off
+  // only for tensors whose derivatives sit near fp32's noise, where a test shows instead what the
+  // check still catches (Inkling2's islands in the power test).
+  bool require_resolved_half = true;
 };
 
 // A tensor this big must be able to show a gradient 2% off along at least one direction.
@@ -274,9 +278,7 @@ inline GradientCheck check_whole_model_gradient(const Model& model, TensorMap& w
     for (const auto& [name, ratio] : out.blind_to_2_percent) std::printf(" %s (%.3f)", name.c_str(), ratio);
     std::printf("\n");
   }
-  // A check that resolves little proves little. (A check of one tensor, as the power test runs,
-  // shows what it proves by failing on corruptions.)
-  if (!options.only) CHECK(2 * out.resolved >= out.directions);
+  if (options.require_resolved_half) CHECK(2 * out.resolved >= out.directions);
   return out;
 }
 
