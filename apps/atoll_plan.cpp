@@ -2,7 +2,8 @@
 // text|json|dot]]: print the FSDP plan the runtime would execute for this config: units,
 // policies, schedules, the mesh and its groups, and a per-rank memory estimate; with --graph,
 // only the step program every rank runs (instructions and collective nodes). Nothing is written.
-// Exit codes: 0 printed, 2 bad config or command line, 1 any other failure.
+// Exit codes (atl::exit_code_for, docs/failures.md): 0 printed, 2 bad input (config, command line),
+// 1 any other failure.
 #include <limits>
 #include <iostream>
 #include <optional>

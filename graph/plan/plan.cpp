@@ -191,6 +191,10 @@ MixedPrecisionPolicy bulk_policy(Precision precision) {
 MixedPrecisionPolicy island_policy() { return {DType::f32, DType::f32, DType::f32, false}; }
 
 std::int64_t cp_local_tokens(std::int64_t seq_len, int cp, int chunks_per_rank) {
+  if (seq_len < 1 || cp < 1 || chunks_per_rank < 1) {  // (the config and the mesh checked these)
+    throw std::invalid_argument(fmt::format("cp_local_tokens: seq_len {}, cp {} and chunks_per_rank {} must be positive",
+                                            seq_len, cp, chunks_per_rank));
+  }
   const std::int64_t chunks = std::int64_t{cp} * chunks_per_rank;
   return (seq_len + chunks - 1) / chunks * chunks_per_rank;
 }

@@ -259,6 +259,9 @@ TEST_CASE("plan cp: a CP rank holds its share of the row padded to cp x chunks (
   CHECK(cp_local_tokens(32, 3, 1) == 11);  // padded to 33
   CHECK(cp_local_tokens(33, 2, 1) == 17);  // padded to 34
   CHECK(cp_local_tokens(1, 4, 2) == 2);    // padded to 8: one token and seven pad slots
+  CHECK_THROWS_AS(cp_local_tokens(32, 0, 2), std::invalid_argument);
+  CHECK_THROWS_AS(cp_local_tokens(32, 2, 0), std::invalid_argument);
+  CHECK_THROWS_AS(cp_local_tokens(0, 2, 2), std::invalid_argument);
   CHECK(beam_sharding_rules().cp_chunks_per_rank == 2);  // §5.7: Beam's split is load-balanced
 }
 
