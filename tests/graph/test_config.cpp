@@ -450,7 +450,7 @@ TEST_CASE("config: an error about a value a --set gave names that --set", "[conf
   }
 }
 
-TEST_CASE("yaml_to_json: scalars as the config reader reads them; quoted or !!str ones stay strings", "[config]") {
+TEST_CASE("yaml_to_json: scalars as the config reader reads them, quoted or !!str ones as strings", "[config]") {
   const nlohmann::json j = yaml_to_json(YAML::Load(
       "{a: yes, b: Off, c: 'on', d: !!str no, e: 12, f: '12', g: 2.5e-1, h: ~, i: [true, NO, x], j: Yes please}"));
   const nlohmann::json expected = {{"a", true},  {"b", false}, {"c", "on"},   {"d", "no"},
