@@ -131,7 +131,7 @@ struct FamilyShardingRules {
   std::vector<std::string> embedding_modules{"model.embed_tokens"};
   std::vector<std::string> head_modules{"lm_head"};
   bool head_is_island = false;             // head takes the island policy (Flint)
-  bool block_casts_inputs_itself = false;  // block units get cast_forward_inputs = false (Beam)
+  bool block_casts_inputs_itself = false;  // block units get cast_forward_inputs = false (Beam, Inkling2)
   std::string experts_module = "mlp.experts";  // under each layer: the routed experts, [E, ...] on dim 0
   // How context parallelism splits a row (MODELS.md §5.7): 1 = contiguous, 2 = load-balanced
   // (head-tail: 2 x cp chunks, rank r holds chunks r and 2 cp - 1 - r).

@@ -44,6 +44,11 @@ void check_outputs(const RunConfig& config, const RunOptions& options) {
   }
   if (config.checkpoint.every > 0) check_output_path(config.checkpoint.dir, false, config.source_file, "checkpoint.dir");
   if (options.trace_path.empty()) return;
+  if (config.topology.engine == Engine::reference) {  // found now, not after the whole run has trained
+    throw ConfigError(config.source_file, "topology.engine",
+                      "--trace records the actor runtime's spans; the reference engine has none (expected "
+                      "topology.engine: actors, or no --trace)");
+  }
   check_output_path(options.trace_path, true, config.source_file, "--trace");
   // The trace is written at the end: over an input, the run would destroy what it started from.
   const fs::path run_dir(config.run_dir);

@@ -322,6 +322,9 @@ TEST_CASE("failures: bad config inputs and output paths exit 2 at once, name the
        {"checkpoint.dir", "is not a directory"}},
       {"--trace under a file", {base.string(), "--trace", (file / "trace.json").string()},
        {"--trace", "is not a directory"}},
+      {"--trace with the reference engine (no spans to write: refused before training, not after)",
+       {base.string(), "--set", "topology.engine=reference", "--trace", (tmp.path / "trace.json").string()},
+       {"topology.engine", "--trace records the actor runtime's spans"}},
       // /sys refuses new entries even to root, whom access(2) lets through where /sys is mounted
       // read-write (as here); where it is read-only, access(2) would refuse it too.
       {"checkpoint.dir where nothing can be created",
