@@ -41,13 +41,7 @@ struct ControlPlane::Impl {
   // `message` to every peer still in the job but `except` (best effort), then the end of its
   // sending side, read until they close (drain).
   void last_word(int except, const json& message) {
-    for (auto& [other, peer] : peers) {
-      if (other == except || peer.finished) continue;
-      try {
-        send(peer.fd, message);
-      } catch (const std::exception&) {
-      }
-    }
+    pass_on(except, message);
     for (auto& [node, peer] : peers) ::shutdown(peer.fd, SHUT_WR);
     drain(Clock::now() + std::chrono::seconds(2));
   }
@@ -62,6 +56,18 @@ struct ControlPlane::Impl {
       while (peer.fd >= 0 && framing::wait_for(peer.fd, POLLIN, deadline)) {
         const ssize_t n = ::recv(peer.fd, sink, sizeof(sink), 0);
         if (n <= 0) break;  // the peer closed (or the connection is gone)
+      }
+    }
+  }
+
+  // `message` to every peer still in the job but `except`, best effort (a peer whose connection
+  // broke is found lost by the receive side).
+  void pass_on(int except, const json& message) {
+    for (auto& [other, peer] : peers) {
+      if (other == except || peer.finished) continue;
+      try {
+        send(peer.fd, message);
+      } catch (const std::exception&) {
       }
     }
   }
@@ -105,8 +111,12 @@ struct ControlPlane::Impl {
             if (m.contains("goodbye")) {
               peer.finished = true;
               if (settings.on_goodbye) settings.on_goodbye(nodes[i]);
+              // The others hear it through node 0 (a star), before the node's drain ends and it
+              // closes its data endpoints: their breaking is its end, not a failure, there too.
+              if (settings.node_rank == 0) pass_on(nodes[i], json{{"finished", nodes[i]}});
               ::shutdown(peer.fd, SHUT_WR);  // nothing more to say: its drain sees the end at once
             }
+            if (m.contains("finished") && settings.on_goodbye) settings.on_goodbye(m["finished"].get<int>());
             if (m.contains("lost")) lost(m["lost"].get<int>(), "node 0 lost it: " + m.value("why", std::string()));
             if (m.contains("abort") && !reported) {
               reported = true;  // its connection closing next is the abort, not a loss

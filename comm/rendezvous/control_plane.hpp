@@ -23,7 +23,8 @@ struct ControlPlaneSettings {
   std::chrono::milliseconds heartbeat{500};
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};
   std::function<void(int lost_node, const std::string& why)> on_lost;
-  // A peer said goodbye (it finished the job); on the control thread. Optional.
+  // A node said goodbye (it finished the job): a peer, or, on the other nodes, any node, whose
+  // goodbye node 0 passes on. On the control thread. Optional.
   std::function<void(int node)> on_goodbye;
   // This node is ending the job (finish() or abort(), before its farewell): the other nodes'
   // ends from here on are expected. On the caller's thread. Optional.

@@ -76,13 +76,14 @@ std::pair<Result, Result> run_two_nodes(const std::string& node0, const std::str
 
 }  // namespace
 
-TEST_CASE("apps: two atoll-train processes over UCX equal the sim run bitwise, checkpoints byte for byte",
+TEST_CASE("apps: atoll-train processes over UCX (2 nodes, and 3) equal the sim run bitwise, checkpoints byte for byte",
           "[apps][ucx]") {
   TempDir tmp;
   struct Case {
     const char* config;
     std::vector<const char*> sets;
     std::vector<const char*> ucx_sets = {};  // for the ucx run alone (the sim refuses ucx settings)
+    int nnodes = 2;
   };
   // Every family on dp_shard 4 and on HSDP 2 x 2, fp32 and bf16; and expert parallelism across
   // the processes.
@@ -96,6 +97,8 @@ TEST_CASE("apps: two atoll-train processes over UCX equal the sim run bitwise, c
   cases.push_back({"configs/inkling2-tiny.yaml", {"topology.mesh.dp_shard=4", "topology.mesh.ep=2"}});
   // Without UCX's peer error handling (shared memory between the processes).
   cases.push_back({"configs/beam-tiny.yaml", {"topology.mesh.dp_shard=4"}, {"topology.ucx_peer_errors=false"}});
+  // Three nodes: the non-zero ones hear each other's goodbyes only through node 0.
+  cases.push_back({"configs/beam-tiny.yaml", {"topology.mesh.dp_shard=3", "train.global_batch=12"}, {}, 3});
   int n = 0;
   for (const Case& c : cases) {
     INFO(c.config << " " << c.sets.front() << " " << c.sets.back() << (c.ucx_sets.empty() ? "" : " (ucx settings)"));
@@ -105,11 +108,15 @@ TEST_CASE("apps: two atoll-train processes over UCX equal the sim run bitwise, c
     REQUIRE(sim.exit_code == 0);
     std::vector<const char*> ucx_sets = c.sets;
     ucx_sets.insert(ucx_sets.end(), c.ucx_sets.begin(), c.ucx_sets.end());
-    const Result ucx = run_shell(launch_script() + " --nnodes 2 --" + joined(train_args(c.config, ucx_dir, ucx_sets)),
+    const Result ucx = run_shell(launch_script() + " --nnodes " + std::to_string(c.nnodes) + " --" +
+                                     joined(train_args(c.config, ucx_dir, ucx_sets)),
                                  tmp.path / "launch");
     INFO(ucx.out << ucx.err);
     REQUIRE(ucx.exit_code == 0);
-    CHECK(ucx.err.find("[node 1] final loss=") != std::string::npos);  // node 1 logs behind its rank
+    for (int node = 1; node < c.nnodes; ++node) {  // each non-zero node logs behind its rank
+      CHECK(ucx.err.find("[node " + std::to_string(node) + "] final loss=") != std::string::npos);
+    }
+    CHECK(ucx.err.find("atoll ucx:") == std::string::npos);  // a node's end is no failure at the others
     const auto a = read_metrics(sim_dir / "metrics.jsonl"), b = read_metrics(ucx_dir / "metrics.jsonl");
     REQUIRE(a.size() == 10);
     REQUIRE(b.size() == 10);

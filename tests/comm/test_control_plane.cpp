@@ -1,7 +1,7 @@
 // The control plane of a multi-process job on its own (comm/rendezvous/control_plane.hpp), three
 // nodes joined by socket pairs the way the rendezvous leaves them (node 0 to each node): a node
 // that stops answering is lost after the timeout and node 0 tells the others which; a node that
-// said goodbye is never lost; an abort reaches every node with its code, through node 0.
+// said goodbye is never lost, and every node hears its goodbye; an abort reaches every node with its code, through node 0.
 #include <catch2/catch.hpp>
 
 #include <sys/socket.h>
@@ -97,6 +97,9 @@ TEST_CASE("control plane: a node that said goodbye is not lost when its connecti
   auto node2 = std::make_unique<ControlPlane>(settings_for(2, std::chrono::seconds(60), two_seen), links({{0, two.other}}));
   node1->finish();  // goodbye, then its sockets close
   REQUIRE(zero_seen.wait_for_events(1));
+  // Node 2 hears it too, through node 0: node 1's data endpoints closing is its end there as well.
+  REQUIRE(two_seen.wait_for_events(1));
+  CHECK(two_seen.all() == std::vector<std::string>{"goodbye 1"});
   // Node 2 then dies without a goodbye: that one is lost (a closed connection, at once).
   node2.reset();
   REQUIRE(zero_seen.wait_for_events(2));
