@@ -18,6 +18,11 @@ using json = nlohmann::json;
   throw std::runtime_error("control channel: " + what + (errno ? std::string(" (") + std::strerror(errno) + ")" : ""));
 }
 
+[[noreturn]] void fail_plain(const std::string& what) {
+  errno = 0;
+  fail(what);
+}
+
 std::string seconds_text(std::chrono::milliseconds t) {
   std::ostringstream out;
   out << static_cast<double>(t.count()) / 1000.0;
@@ -45,7 +50,7 @@ namespace {
 void write_all(int fd, const void* data, std::size_t bytes, Clock::time_point deadline) {
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    if (!wait_for(fd, POLLOUT, deadline)) fail("timed out sending");
+    if (!wait_for(fd, POLLOUT, deadline)) fail_plain("timed out sending");
     const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) fail("send");
@@ -57,13 +62,10 @@ void write_all(int fd, const void* data, std::size_t bytes, Clock::time_point de
 void read_all(int fd, void* data, std::size_t bytes, Clock::time_point deadline) {
   auto* p = static_cast<char*>(data);
   while (bytes > 0) {
-    if (!wait_for(fd, POLLIN, deadline)) fail("timed out waiting for a message");
+    if (!wait_for(fd, POLLIN, deadline)) fail_plain("timed out waiting for a message");
     const ssize_t n = ::recv(fd, p, bytes, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n == 0) {
-      errno = 0;
-      fail("the peer closed the connection");
-    }
+    if (n == 0) fail_plain("the peer closed the connection");
     if (n < 0) fail("recv");
     p += n;
     bytes -= static_cast<std::size_t>(n);
@@ -75,9 +77,8 @@ void read_all(int fd, void* data, std::size_t bytes, Clock::time_point deadline)
 void send_message(int fd, const json& message, Clock::time_point deadline) {
   const std::string text = message.dump();
   if (text.size() > kMaxMessage) {
-    errno = 0;
-    fail("a message of " + std::to_string(text.size()) + " bytes to send (more than the limit of " +
-         std::to_string(kMaxMessage) + ")");
+    fail_plain("a message of " + std::to_string(text.size()) + " bytes to send (more than the limit of " +
+               std::to_string(kMaxMessage) + ")");
   }
   const std::uint32_t length = htonl(static_cast<std::uint32_t>(text.size()));
   write_all(fd, &length, 4, deadline);
@@ -89,16 +90,12 @@ json receive_message(int fd, Clock::time_point deadline, std::uint32_t max_bytes
   read_all(fd, &length, 4, deadline);
   length = ntohl(length);
   if (length > max_bytes) {
-    errno = 0;
-    fail("a message of " + std::to_string(length) + " bytes (more than the limit of " + std::to_string(max_bytes) + ")");
+    fail_plain("a message of " + std::to_string(length) + " bytes (more than the limit of " + std::to_string(max_bytes) + ")");
   }
   std::string text(length, '\0');
   read_all(fd, text.data(), length, deadline);
   json out = json::parse(text, nullptr, false);
-  if (out.is_discarded() || !out.is_object()) {
-    errno = 0;
-    fail("a malformed message");
-  }
+  if (out.is_discarded() || !out.is_object()) fail_plain("a malformed message");
   return out;
 }
 

@@ -11,8 +11,11 @@ namespace atl::framing {
 
 using Clock = std::chrono::steady_clock;
 
-// Throws std::runtime_error "control channel: <what> (<errno text>)".
+// Throws std::runtime_error "control channel: <what> (<errno text>)", for a failed system call.
 [[noreturn]] void fail(const std::string& what);
+// The same without an errno text, for a failure no system call reported (a timeout, a bad message):
+// errno then holds whatever an earlier call left.
+[[noreturn]] void fail_plain(const std::string& what);
 int remaining_ms(Clock::time_point deadline);
 // "0.5", "120": a duration in seconds for messages.
 std::string seconds_text(std::chrono::milliseconds t);

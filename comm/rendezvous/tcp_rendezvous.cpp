@@ -96,8 +96,7 @@ Endpoint resolve(const std::string& host, int port) {
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0 || found == nullptr) {
-    errno = 0;
-    fail("cannot resolve the master address '" + host + "'");
+    fail_plain("cannot resolve the master address '" + host + "'");
   }
   Endpoint out;
   std::memcpy(&out.addr, found->ai_addr, found->ai_addrlen);
@@ -246,12 +245,11 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
   std::map<int, Joined> joined;
   while (static_cast<int>(joined.size()) < s.nnodes - 1) {
     if (!wait_unless_stopped(s, listener.fd(), deadline)) {
-      errno = 0;
       std::string missing;
       for (int n = 1; n < s.nnodes; ++n) {
         if (!joined.count(n)) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
       }
-      fail(std::to_string(joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined within " +
+      fail_plain(std::to_string(joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined within " +
            seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s); missing: node " + missing);
     }
     Socket peer(::accept(listener.fd(), nullptr, nullptr));
@@ -365,8 +363,12 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
     if (reply.contains("accepted")) {
       send_message(socket.fd(), json{{"node", s.node_rank}, {"job", s.job}, {"addresses", addresses_json(mine)}},
                    deadline);
-      wait_unless_stopped(s, socket.fd(), deadline);  // node 0 answers once every node has joined
-      reply = receive_message(socket.fd(), deadline);
+      // Node 0 answers once every node has joined, within its own timeout (which it counts from
+      // its start, maybe later than this node's): a fresh one here, as node 0 closes the
+      // connection when it gives up.
+      const auto answer_by = Clock::now() + s.timeout;
+      wait_unless_stopped(s, socket.fd(), answer_by);
+      reply = receive_message(socket.fd(), answer_by);
     }
   } catch (const RendezvousStopped&) {
     throw;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -141,6 +142,32 @@ TEST_CASE("rendezvous: node 0 at an IPv6 address (::1) is reached like an IPv4 o
   CHECK(r.zero_sees == both);
   CHECK(r.one_sees == both);
   CHECK(r.zero_log.empty());  // a literal: listened on as given
+}
+
+TEST_CASE("rendezvous: a node that joined waits for the address book as long as node 0 waits for the others",
+          "[comm][rendezvous]") {
+  // Node 1 starts first (timeout 3 s); node 0 at 2.4 s; node 2 at 3.4 s, after node 1's own 3 s
+  // but well within node 0's: node 1 must not give up on a job that is still forming.
+  const int port = testing::free_port();
+  const std::map<int, WorkerAddress> one{{1, WorkerAddress{std::byte{1}}}}, two{{2, WorkerAddress{std::byte{2}}}};
+  std::string one_error = "(not run)", two_error = "(not run)";
+  std::map<int, WorkerAddress> one_sees;
+  std::thread node1([&] {
+    one_error = error_of([&] { one_sees = rendezvous(settings_for(1, 3, port, std::chrono::seconds(3)), one); });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2400));
+  std::thread node2([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    two_error = error_of([&] { rendezvous(settings_for(2, 3, port, std::chrono::seconds(30)), two); });
+  });
+  const std::string zero_error = error_of(
+      [&] { rendezvous(settings_for(0, 3, port, std::chrono::seconds(30)), {{0, WorkerAddress{std::byte{0}}}}); });
+  node1.join();
+  node2.join();
+  CHECK(zero_error.empty());
+  CHECK(one_error.empty());
+  CHECK(two_error.empty());
+  CHECK(one_sees.size() == 3);
 }
 
 TEST_CASE("rendezvous: a node whose node 0 never listens stops after its timeout", "[comm][rendezvous]") {
@@ -353,4 +380,17 @@ TEST_CASE("rendezvous: a node that joined and went away (restarted by its launch
   CHECK(zero.sees.at(1) == WorkerAddress{std::byte{7}});  // the live process's address, not the dead one's
   CHECK(one_sees == zero.sees);
   CHECK(two_sees == zero.sees);
+}
+
+TEST_CASE("framing: a timeout or a closed peer is said without a stale system error", "[comm][rendezvous]") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  errno = EINPROGRESS;  // what a non-blocking connect leaves behind
+  CHECK(error_of([&] { framing::receive_message(fds[0], framing::Clock::now() + std::chrono::milliseconds(10)); }) ==
+        "control channel: timed out waiting for a message");
+  ::close(fds[1]);
+  errno = EINPROGRESS;
+  CHECK(error_of([&] { framing::receive_message(fds[0], framing::Clock::now() + std::chrono::seconds(20)); }) ==
+        "control channel: the peer closed the connection");
+  ::close(fds[0]);
 }
