@@ -5,6 +5,7 @@
 // gradient norm included: they travel in the step program's report collective).
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <thread>
 
 #include "actors/actor_engine.hpp"
@@ -92,5 +93,38 @@ TEST_CASE("Two engines on one sim backend, each with half the ranks, match one e
     std::size_t first_records = 0;
     for (const CollectiveRecord& r : records) first_records += r.rank < 2;
     CHECK(first_records * 2 == records.size());
+  }
+}
+
+TEST_CASE("Two engines: a stop asked of one process reaches both in the step's count, the largest signal winning",
+          "[actors][process]") {
+  const RunConfig config = parity_config("beam", "beam-tiny-moe", Precision::fp32, {2, 2}, 8, 1);
+  auto backend = std::make_shared<SimBackend>(4);
+  auto first = engine_for(config, {{0, 1}, backend});
+  auto second = engine_for(config, {{2, 3}, backend});
+  REQUIRE(first->agrees_on_stop());
+  const auto model = make_model(config.model, config.source_file);
+  auto first_source = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 99);
+  auto second_source = make_data_source(DataConfig{}, model->unpadded_vocab_size(), 99);
+  const std::int64_t rows = config.train.global_batch, seq = config.train.seq_len;
+  auto step = [&] {
+    const Batch mine = read_rows(*first_source, rows, seq, first->rows_read(rows));
+    const Batch theirs = read_rows(*second_source, rows, seq, second->rows_read(rows));
+    return step_both(*first, mine, *second, theirs);
+  };
+  const auto [a0, b0] = step();
+  CHECK(a0.stop_signal == 0);
+  CHECK(b0.stop_signal == 0);
+  first->request_stop(SIGINT);  // one process only: the other learns it from the count
+  const auto [a1, b1] = step();
+  CHECK(a1.stop_signal == SIGINT);
+  CHECK(b1.stop_signal == SIGINT);
+  // Both, different signals: each ends by the larger, whichever process got it.
+  for (const auto& [mine, theirs] : {std::pair{SIGTERM, SIGINT}, std::pair{SIGINT, SIGTERM}}) {
+    first->request_stop(mine);
+    second->request_stop(theirs);
+    const auto [a, b] = step();
+    CHECK(a.stop_signal == SIGTERM);
+    CHECK(b.stop_signal == SIGTERM);
   }
 }
