@@ -323,20 +323,24 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   };
   std::int64_t last_step = first_step - 1;
   for (std::int64_t s = first_step; s <= t.steps; ++s) {
+    if (!first_batch && data->used_up()) {  // data.loop: false, and no row can hold a target
+      out << fmt::format("the data ran out after step {} ({}): the run ends {} steps short of train.steps\n", s - 1,
+                         data->describe(), t.steps - (s - 1))
+          << std::flush;
+      // The run has ended, as at train.steps: a stop asked for now (it would travel in a next step
+      // no process takes) ends it as finished on every process, not as a stop on this one alone.
+      if (const int signal = requested(); signal != 0) {
+        out << "(" << stop_signal_name(signal) << " came as the run ended: nothing to stop)\n";
+      }
+      if (config.checkpoint.every > 0 && last_saved != s - 1) save(s - 1);
+      break;
+    }
     if (const int signal = requested(); signal != 0 && stop_signal == 0) {
       // An engine whose processes agree on the stop carries the request through the next step
       // (every process stops after the same step); otherwise stop here.
       stop_signal = signal;  // (first: stop_after names a stop this process was not sent as another's)
       if (!engine->agrees_on_stop()) stop_after(s - 1, signal);
       engine->request_stop(signal);
-    }
-    if (!first_batch && data->used_up()) {  // data.loop: false, and no row can hold a target
-      out << fmt::format("the data ran out after step {} ({}): the run ends {} steps short of train.steps\n", s - 1,
-                         data->describe(), t.steps - (s - 1))
-          << std::flush;
-      if (stop_signal != 0) stop_after(s - 1, stop_signal);  // a stop asked for ends as a stop, on every engine
-      if (config.checkpoint.every > 0 && last_saved != s - 1) save(s - 1);
-      break;
     }
     last_step = s;
     const auto step_start = clock::now();
