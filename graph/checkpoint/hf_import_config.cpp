@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -19,6 +20,17 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// config.json's value at `key` ("hidden_size", or a list element "mlp_only_layers[1]"), or null.
+const json* field_named(const json& hf, const std::string& key) {
+  const std::size_t bracket = key.find('[');
+  const std::string name = key.substr(0, bracket);
+  if (name.empty() || !hf.contains(name)) return nullptr;
+  const json* value = &hf.at(name);
+  if (bracket == std::string::npos) return value;
+  const std::size_t index = std::strtoull(key.c_str() + bracket + 1, nullptr, 10);
+  return value->is_array() && index < value->size() ? &value->at(index) : nullptr;
+}
 
 // Fields of config.json that describe the file rather than the model's shape.
 const std::set<std::string> kNotModelKeys = {"architectures", "model_type", "atoll_preset"};
@@ -190,11 +202,12 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
         for (const auto& [from, key] : kModelKeyOf) {
           if (e.key() == "model." + key && hf.contains(from)) named_in_file = " (config.json's " + from + ")", hf_key = from;
         }
-        // "64" for 64: a JSON string reaches the config reader quoted, a string; name its form.
-        if (!hf_key.empty() && hf.contains(hf_key) && hf.at(hf_key).is_string()) {
+        // "64" for 64: a JSON string reaches the config reader quoted, a string; name its form
+        // (a field's, or a list element's: "mlp_only_layers[1]").
+        if (const json* value = field_named(hf, hf_key); value && value->is_string()) {
           const bool boolean = e.problem().find("true or false") != std::string::npos;
           throw CheckpointError(fmt::format("{}: {}: expected a JSON {}, got the string {}", file.string(), hf_key,
-                                            boolean ? "boolean" : "number", hf.at(hf_key).dump()));
+                                            boolean ? "boolean" : "number", value->dump()));
         }
         throw CheckpointError(e.what() + named_in_file);
       }

@@ -66,6 +66,11 @@ TEST_CASE("hf import config: a field of the wrong JSON type says what type was e
   write_bytes(dir.path / "config.json", written.dump(2));
   CHECK_THROWS_WITH(hf_import_config(dir.path, std::nullopt, nullptr),
                     Catch::Contains("config.json: norm_topk_prob: expected a JSON boolean, got the string \"true\""));
+  nlohmann::json flint = model_with("flint", "")->hf_config();  // a list element, named as in the file
+  flint["mlp_only_layers"] = {0, "1"};
+  write_bytes(dir.path / "config.json", flint.dump(2));
+  CHECK_THROWS_WITH(hf_import_config(dir.path, std::nullopt, nullptr),
+                    Catch::Contains("config.json: mlp_only_layers[1]: expected a JSON number, got the string \"1\""));
 }
 
 namespace {
