@@ -170,7 +170,11 @@ TEST_CASE("All forwards first (GPipe order) keeps every micro-batch in flight an
 
     RunConfig gpipe_config = config;
     gpipe_config.train.schedule = StepSchedule::all_forward_first;
-    const RunOutput gpipe = run_engine(gpipe_config, make_actor_engine, 2, true);
+    std::unique_ptr<TrainingEngine> gpipe_engine;
+    const RunOutput gpipe = run_engine(gpipe_config, make_actor_engine, 2, true, &gpipe_engine);
+    // Each engine ran the program of its schedule (else the comparison below were of one order).
+    CHECK(dynamic_cast<ActorEngine&>(*plain_engine).program().activation_buffers == 1);
+    CHECK(dynamic_cast<ActorEngine&>(*gpipe_engine).program().activation_buffers == 4);
     check_same_steps(gpipe, plain, 0.0, true);
     CHECK(same_routing(gpipe.steps[0].routing, plain.steps[0].routing));
     CHECK(bitwise_equal(gpipe.master, plain.master));

@@ -79,7 +79,17 @@ TEST_CASE("atoll-plan: prints 11 units with the four router islands as fp32 rows
   CHECK(r.out.find("plan: 11 units (4 fp32 islands), precision bf16, sharded over 4 ranks per unit") !=
         std::string::npos);
   for (int l = 0; l < 4; ++l) {
-    CHECK(r.out.find("\nmodel.layers." + std::to_string(l) + ".mlp.gate ") != std::string::npos);
+    // Its row: name, role, params, elements, then storage, param and reduce dtypes, all fp32.
+    const std::string name = "\nmodel.layers." + std::to_string(l) + ".mlp.gate ";
+    const std::size_t at = r.out.find(name);
+    REQUIRE(at != std::string::npos);
+    std::istringstream row(r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1));
+    std::string unit, role, params, elements, storage, param, reduce;
+    row >> unit >> role >> params >> elements >> storage >> param >> reduce;
+    CHECK(role == "island");
+    CHECK(storage == "f32");
+    CHECK(param == "f32");
+    CHECK(reduce == "f32");
   }
   CHECK(r.out.find("dp_shard[0,1,2,3]") != std::string::npos);
   CHECK(r.out.find("per-rank memory estimate") != std::string::npos);

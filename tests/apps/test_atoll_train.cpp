@@ -287,6 +287,8 @@ TEST_CASE("apps: atoll-train notes a warmup that the run never finishes", "[apps
   const Result equal = run_train({default_config().string(), "--set", "run_dir=" + (tmp.path / "run2").string(), "--set",
                                   "train.steps=4", "--set", "train.warmup=4"},
                                  tmp.path);
+  INFO(equal.err);
+  CHECK(equal.exit_code == 0);
   CHECK_THAT(equal.out, Catch::Contains("note: train.warmup (4) is not below train.steps (4): the learning rate reaches "
                                         "train.lr only at the last step and never decays"));
 }

@@ -146,20 +146,23 @@ TEST_CASE("rendezvous: node 0 at an IPv6 address (::1) is reached like an IPv4 o
 
 TEST_CASE("rendezvous: a node that joined waits for the address book as long as node 0 waits for the others",
           "[comm][rendezvous]") {
-  // Node 1 starts first (timeout 3 s); node 0 at 2.4 s; node 2 at 3.4 s, after node 1's own 3 s
-  // but well within node 0's: node 1 must not give up on a job that is still forming.
+  // Node 1 starts first, with a 4 s timeout; node 0 at 2.5 s (1.5 s before node 1 would stop
+  // trying to reach it); node 2 at 4.5 s, after node 1's own 4 s but 2 s before the fresh 4 s
+  // node 1 waits from its join: node 1 must not give up on a job that is still forming. (Only the
+  // last wait discriminates; each margin is over a second, for loaded machines.)
   const int port = testing::free_port();
+  const auto start = std::chrono::steady_clock::now();
   const std::map<int, WorkerAddress> one{{1, WorkerAddress{std::byte{1}}}}, two{{2, WorkerAddress{std::byte{2}}}};
   std::string one_error = "(not run)", two_error = "(not run)";
   std::map<int, WorkerAddress> one_sees;
   std::thread node1([&] {
-    one_error = error_of([&] { one_sees = rendezvous(settings_for(1, 3, port, std::chrono::seconds(3)), one); });
+    one_error = error_of([&] { one_sees = rendezvous(settings_for(1, 3, port, std::chrono::seconds(4)), one); });
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(2400));
   std::thread node2([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(4500));
     two_error = error_of([&] { rendezvous(settings_for(2, 3, port, std::chrono::seconds(30)), two); });
   });
+  std::this_thread::sleep_until(start + std::chrono::milliseconds(2500));
   const std::string zero_error = error_of(
       [&] { rendezvous(settings_for(0, 3, port, std::chrono::seconds(30)), {{0, WorkerAddress{std::byte{0}}}}); });
   node1.join();

@@ -551,7 +551,10 @@ TEST_CASE("attention: rejects inconsistent shapes", "[attention]") {
                   std::invalid_argument);  // valid must be bool
 }
 
-TEST_CASE("attention: bf16-rounded inputs agree with fp32 within 2e-2 relative", "[attention]") {
+// The kernel has no bf16 path (attention runs in fp32 in both precisions; what precision bf16
+// rounds around it is checked in tests/graph/test_bf16_points.cpp): this measures how much the
+// rounding of its inputs moves its output and gradients, the conditioning bf16 runs rely on.
+TEST_CASE("attention: bf16-rounded inputs move the output and gradients by under 2e-2 relative", "[attention]") {
   const AttnCase c = make_case(3, true, 40);
   const TensorCase t = tensors(c);
   auto rounded = [](const Tensor& x) { return x.to(DType::bf16).to(DType::f32); };
@@ -566,10 +569,10 @@ TEST_CASE("attention: bf16-rounded inputs agree with fp32 within 2e-2 relative",
   auto relative = [](const Tensor& a, const Tensor& b) {
     return max_abs_diff(to_doubles(a), to_doubles(b)) / max_abs(to_doubles(a));
   };
-  CHECK(relative(f.out, fb.out) < 2e-2);
-  CHECK(relative(g.dq, gb.dq) < 2e-2);
-  CHECK(relative(g.dk, gb.dk) < 2e-2);
-  CHECK(relative(g.dv, gb.dv) < 2e-2);
+  for (const auto& [a, b] : {std::pair{&f.out, &fb.out}, {&g.dq, &gb.dq}, {&g.dk, &gb.dk}, {&g.dv, &gb.dv}}) {
+    CHECK(relative(*a, *b) < 2e-2);
+    CHECK(relative(*a, *b) > 0);  // the inputs were rounded
+  }
 }
 
 // Rows longer than one query tile (kAttentionQueryTile = 64): a 40-token document placed across a

@@ -45,8 +45,8 @@ TEST_CASE("linear with bf16 operands agrees with fp32 to bf16 precision", "[matm
   Tensor y16 = linear_forward(xt.to(DType::bf16), wt.to(DType::bf16));
   double max_err = 0, max_ref = 0;
   for (std::int64_t i = 0; i < y32.numel(); ++i) {
-    max_err = std::max(max_err, static_cast<double>(std::abs(y32.data<float>()[i] - y16.data<float>()[i])));
-    max_ref = std::max(max_ref, static_cast<double>(std::abs(y32.data<float>()[i])));
+    max_err = atl::testing::worst_of(max_err, static_cast<double>(std::abs(y32.data<float>()[i] - y16.data<float>()[i])));
+    max_ref = atl::testing::worst_of(max_ref, static_cast<double>(std::abs(y32.data<float>()[i])));
   }
   CHECK(max_err / max_ref < 2e-2);
   CHECK(max_err > 0);  // the bf16 path really rounded its operands

@@ -40,12 +40,6 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-double max_abs(const Tensor& a) {
-  double m = 0;
-  for (float x : a.span<float>()) m = atl::testing::worst_of(m, std::abs(static_cast<double>(x)));
-  return m;
-}
-
 }  // namespace
 
 TEST_CASE("rope: backward matches finite differences in double", "[rope]") {
@@ -112,15 +106,6 @@ TEST_CASE("rope: rotated dot products depend only on the position difference", "
   CHECK(rotated_dot(7, 7) == Approx(rotated_dot(0, 0)).margin(1e-5));
 }
 
-TEST_CASE("rope: bf16-rounded inputs agree with fp32 within 1e-2 relative", "[rope]") {
-  const Tensor x = f32_tensor({6, 2, 8}, random_vector(6 * 2 * 8, 6));
-  const Tensor pos = i64_tensor({6}, {0, 1, 2, 3, 0, 1});
-  const Tensor x_bf16 = x.to(DType::bf16).to(DType::f32);
-  const Tensor y = rope_forward(x, pos, 10000.0f);
-  const Tensor y_bf16 = rope_forward(x_bf16, pos, 10000.0f);
-  REQUIRE(max_abs_diff(y, y_bf16) / max_abs(y) < 1e-2);
-}
-
 TEST_CASE("rope: rejects odd head dims and mismatched positions", "[rope]") {
   CHECK_THROWS_AS(rope_forward(Tensor::zeros({2, 1, 5}), i64_tensor({2}, {0, 1}), 10000.0f), std::invalid_argument);
   CHECK_THROWS_AS(rope_forward(Tensor::zeros({2, 1, 4}), i64_tensor({3}, {0, 1, 2}), 10000.0f),
@@ -159,10 +144,3 @@ TEST_CASE("ssmax: backward matches finite differences in double", "[rope][ssmax]
   for (std::size_t i = 0; i < n; ++i) CHECK(dq.data<float>()[i] == Approx(dx[i]).margin(1e-6));
 }
 
-TEST_CASE("ssmax: bf16-rounded inputs agree with fp32 within 1e-2 relative", "[rope][ssmax]") {
-  const Tensor q = f32_tensor({5, 2, 4}, random_vector(40, 9));
-  const Tensor pos = i64_tensor({5}, {0, 1, 2, 0, 1});
-  const Tensor y = ssmax_forward(q, pos, 2048.0f, 0.1f);
-  const Tensor y_bf16 = ssmax_forward(q.to(DType::bf16).to(DType::f32), pos, 2048.0f, 0.1f);
-  REQUIRE(max_abs_diff(y, y_bf16) / max_abs(y) < 1e-2);
-}
