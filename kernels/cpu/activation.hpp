@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/bf16_emulation.hpp"
 #include "kernels/cpu/vector_math.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/precision.hpp"
@@ -33,12 +34,10 @@ struct GluConfig {
 
 namespace cpu {
 
-// The bf16 emulation point for T = float or double (double rounds through float, so a double
-// run in precision bf16 sees the same grid; gradient checks use precision fp32).
+// The bf16 emulation point of precision `p` for T = float or double (bf16_emulation.hpp).
 template <class T>
 inline T round_emulated(Precision p, T x) {
-  if (p != Precision::bf16) return x;
-  return static_cast<T>(round_to_bf16(static_cast<float>(x)));
+  return maybe_round_bf16(x, p == Precision::bf16);
 }
 
 // round_emulated over n values (vectorized for float).

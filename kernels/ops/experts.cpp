@@ -166,7 +166,7 @@ namespace {
 std::int64_t row_width(const char* op, const Tensor& rows, const Tensor& slots, const ExpertDispatch& d) {
   const std::int64_t pairs = d.indices.numel();
   const std::int64_t width = slots.rank() <= 1 ? 1 : slots.numel() / std::max<std::int64_t>(slots.size(0), 1);
-  const bool rows_fit = rows.rank() == slots.rank() && rows.numel() == rows.size(0) * width;
+  const bool rows_fit = rows.rank() == slots.rank() && rows.rank() >= 1 && rows.numel() == rows.size(0) * width;
   if (rows.dtype() != DType::f32 || slots.dtype() != DType::f32 || slots.rank() < 1 || slots.size(0) != pairs ||
       !rows_fit) {
     throw std::invalid_argument(std::string(op) + ": rows " + rows.describe() + " and slots " + slots.describe() +

@@ -39,8 +39,9 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   const auto [rows, dim] = detail::rows_of(op, "x", x);
   require(rstd.numel() == rows, op, [&] { return "rstd " + rstd.describe() + " does not match x " + x.describe(); });
   Tensor w32 = weight.defined() ? detail::as_f32(op, "weight", weight) : Tensor();
+  require(!dweight || weight.defined(), op, [] { return std::string("dweight without a weight: nothing to accumulate"); });
   float* dw = nullptr;
-  if (dweight && weight.defined()) {
+  if (dweight) {
     detail::require_dtype(op, "dweight", *dweight, DType::f32);
     require(dweight->numel() == dim, op,
             [&] { return "dweight " + dweight->describe() + " must be [" + std::to_string(dim) + "]"; });

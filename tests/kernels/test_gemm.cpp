@@ -152,6 +152,43 @@ TEST_CASE("gemm computes exactly the documented FMA chain per element", "[gemm]"
   for_each_case(18, 1, {2049, 2100, 513, 530, 1, 40}, exact);
 }
 
+TEST_CASE("gemm with leading dimensions past its matrices reads and writes only their elements", "[gemm]") {
+  // Attention and the experts call the GEMM on strided views. The padding of A and B holds NaN
+  // (read, it would reach a result); C's padding and one element past C's end hold a marker that
+  // must stay.
+  std::mt19937 pads(5);
+  const float marker = -12345.5f;
+  for_each_case(19, 40, {1, 40, 1, 70, 1, 300}, [&](const Case& t, GemmOperands op) {
+    const std::int64_t a_rows = t.ta ? t.k : t.m, a_cols = t.ta ? t.m : t.k;
+    const std::int64_t b_rows = t.tb ? t.n : t.k, b_cols = t.tb ? t.k : t.n;
+    const std::int64_t lda = a_cols + 1 + static_cast<std::int64_t>(pads() % 9);
+    const std::int64_t ldb = b_cols + 1 + static_cast<std::int64_t>(pads() % 9);
+    const std::int64_t ldc = t.n + 1 + static_cast<std::int64_t>(pads() % 9);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> a(static_cast<std::size_t>(a_rows * lda), nan), b(static_cast<std::size_t>(b_rows * ldb), nan);
+    std::vector<float> c(static_cast<std::size_t>(t.m * ldc + 1), marker);
+    for (std::int64_t r = 0; r < a_rows; ++r) std::copy_n(&t.a[r * a_cols], a_cols, &a[r * lda]);
+    for (std::int64_t r = 0; r < b_rows; ++r) std::copy_n(&t.b[r * b_cols], b_cols, &b[r * ldb]);
+    for (std::int64_t i = 0; i < t.m; ++i) std::copy_n(&t.c0[i * t.n], t.n, &c[i * ldc]);
+    gemm_f32(GemmShape{t.ta, t.tb, t.m, t.n, t.k, lda, ldb, ldc, t.accumulate}, a.data(), b.data(), c.data(), op);
+    std::int64_t wrong = 0, touched = 0;
+    for (std::int64_t i = 0; i < t.m; ++i) {
+      for (std::int64_t j = 0; j < ldc; ++j) {
+        const float got = c[i * ldc + j];
+        if (j >= t.n) {
+          touched += got != marker;
+          continue;
+        }
+        const float want = reference_chain(t, i, j, op);
+        wrong += std::memcmp(&want, &got, sizeof(float)) != 0;
+      }
+    }
+    touched += c.back() != marker;
+    CHECK(wrong == 0);
+    CHECK(touched == 0);
+  });
+}
+
 TEST_CASE("gemm agrees with a double-precision product within a K-derived bound", "[gemm]") {
   for_each_case(12, 30, {1, 120, 1, 90, 1, 700}, [](const Case& t, GemmOperands op) {
     const std::vector<float> c = run(t, op);

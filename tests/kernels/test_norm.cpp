@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/bf16_emulation.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/ops/embedding.hpp"
@@ -109,5 +111,15 @@ TEST_CASE("Embedding of a bf16 table equals the fp32 lookup of the rounded table
       CHECK(from_bf16.data<float>()[t * 4 + i] == round_to_bf16(expect));            // the row, rounded once
       CHECK(std::abs(from_bf16.data<float>()[t * 4 + i] - expect) <= std::abs(expect) * 0x1p-8f);  // bf16 half ulp
     }
+  }
+}
+
+TEST_CASE("bf16 emulation points round a double through float, as a float run's, in every kernel", "[norm][bf16]") {
+  // maybe_round_bf16 (norms, clips, convs) and round_emulated (GLU, experts, router) on one grid.
+  for (const double v : {1.0 + 1e-3, -3.14159, 1e-30, 65504.25}) {
+    const double expected = static_cast<double>(round_to_bf16(static_cast<float>(v)));
+    CHECK(cpu::maybe_round_bf16<double>(v, true) == expected);
+    CHECK(cpu::round_emulated<double>(Precision::bf16, v) == expected);
+    CHECK(cpu::maybe_round_bf16<double>(v, false) == v);
   }
 }

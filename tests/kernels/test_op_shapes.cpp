@@ -37,4 +37,13 @@ TEST_CASE("row ops refuse a rank-0 tensor, which has no rows", "[ops]") {
   ExpertDispatch dispatch;
   CHECK_THROWS_WITH(gather_rows_from_slots(Tensor::zeros({}), dispatch, 0, 0),
                     Catch::Contains("gather_rows_from_slots: slots must be [slots, ...], got f32[]"));
+  // (rows.size(0) of a rank-0 tensor threw std::out_of_range, not the op's own message)
+  CHECK_THROWS_WITH(scatter_rows_to_slots(Tensor::zeros({}), dispatch, 0, Tensor::zeros({})),
+                    Catch::Contains("scatter_rows_to_slots: rows f32[] and slots f32[] must be f32"));
+}
+
+TEST_CASE("rmsnorm backward refuses a weight gradient to fill without a weight", "[ops]") {
+  Tensor dweight = Tensor::zeros({3});
+  CHECK_THROWS_WITH(rmsnorm_backward(Tensor::zeros({2, 3}), Tensor::zeros({2, 3}), Tensor(), Tensor::zeros({2}), &dweight),
+                    Catch::Contains("rmsnorm_backward: dweight without a weight"));
 }

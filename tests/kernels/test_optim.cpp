@@ -1,7 +1,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
 
+#include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/optim.hpp"
 #include "kernels/ops/optim.hpp"
 
 using namespace atl;
@@ -42,4 +47,44 @@ TEST_CASE("Warmup + cosine schedule hits its anchors", "[optim]") {
   CHECK(warmup_cosine_lr(10, 10, 110, 1.0, 0.1) == Approx(1.0));
   CHECK(warmup_cosine_lr(60, 10, 110, 1.0, 0.1) == Approx(0.55));
   CHECK(warmup_cosine_lr(110, 10, 110, 1.0, 0.1) == Approx(0.1));
+}
+
+TEST_CASE("AdamW gives the bits of a scalar loop at every instruction-set level, tails included", "[optim][isa]") {
+  // Lengths around the vector widths (8, 16) and their multiples: the vectorized body and its tail.
+  const cpu::CpuFeatures best = cpu::detected_cpu_features();
+  for (const std::int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 33, 1003}) {
+    INFO("n " << n);
+    std::mt19937 rng(static_cast<unsigned>(n));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> p0(static_cast<std::size_t>(n)), g(p0.size()), m0(p0.size()), v0(p0.size());
+    for (std::size_t i = 0; i < p0.size(); ++i) {
+      p0[i] = normal(rng);
+      g[i] = normal(rng) * 1e-2f;
+      m0[i] = normal(rng) * 1e-3f;
+      v0[i] = std::abs(normal(rng)) * 1e-5f;
+    }
+    const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const std::int64_t step = 7;
+    // The scalar loop, written from adamw_step's documented operations (no FMA: -ffp-contract=off).
+    std::vector<float> pe = p0, me = m0, ve = v0;
+    const float bias1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta1), 7.0));
+    const float bias2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta2), 7.0));
+    for (std::size_t i = 0; i < pe.size(); ++i) {
+      pe[i] *= 1.0f - lr * wd;
+      me[i] = beta1 * me[i] + (1.0f - beta1) * g[i];
+      ve[i] = beta2 * ve[i] + (1.0f - beta2) * g[i] * g[i];
+      pe[i] -= lr / bias1 * me[i] / (std::sqrt(ve[i]) / std::sqrt(bias2) + eps);
+    }
+    for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
+      if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
+      INFO("isa " << cpu::isa_name(isa));
+      cpu::use_cpu_features({isa, false});
+      std::vector<float> p = p0, m = m0, v = v0;
+      cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, wd, step);
+      CHECK(std::memcmp(p.data(), pe.data(), p.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(m.data(), me.data(), m.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(v.data(), ve.data(), v.size() * sizeof(float)) == 0);
+    }
+    cpu::use_cpu_features(best);
+  }
 }
