@@ -2,14 +2,67 @@
 // router choices it made, for gradient checks that must not count a step that flips an expert.
 #pragma once
 #include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
 #include <memory>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "graph/models/model.hpp"
+#include "graph/param.hpp"
 
 namespace atl::testing {
+
+// How precision bf16 moves one step from fp32's on the same weights: the loss difference as a
+// fraction of the fp32 loss's distance from the uniform prediction's (targets x ln V, what constant
+// logits score: at init most of the loss, so a bound relative to the loss alone would hold for a
+// model that output nothing), the fraction of router choices that agree, and each parameter's
+// gradient cosine.
+struct Bf16Tracking {
+  double loss_gap = 0;         // |l16 - l32| / (l32 - targets ln V)
+  double excess = 0;           // (l32 - targets ln V) / targets: what the model says, per target
+  bool rounded = false;        // l16 != l32: bf16 rounded something
+  double route_agreement = 1;  // over every (token, slot) of every sparse layer
+  std::vector<std::pair<std::string, double>> cosines;
+};
+
+inline Bf16Tracking bf16_tracking(const Model& model, const TensorMap& master, const Batch& batch) {
+  TensorMap g32 = TensorMap::zeros_like(model.specs()), g16 = TensorMap::zeros_like(model.specs());
+  std::vector<RoutingRecord> r32, r16;
+  const LossSum l32 = model.forward_backward(compute_weights(model.specs(), master, Precision::fp32), batch,
+                                             Precision::fp32, 1.0f, g32, &r32);
+  const LossSum l16 = model.forward_backward(compute_weights(model.specs(), master, Precision::bf16), batch,
+                                             Precision::bf16, 1.0f, g16, &r16);
+  Bf16Tracking t;
+  const double uniform = static_cast<double>(l32.targets) * std::log(static_cast<double>(model.unpadded_vocab_size()));
+  t.excess = (l32.loss_sum - uniform) / static_cast<double>(l32.targets);
+  t.loss_gap = std::abs(l16.loss_sum - l32.loss_sum) / (l32.loss_sum - uniform);
+  t.rounded = l16.loss_sum != l32.loss_sum;
+  REQUIRE(r32.size() == r16.size());
+  std::int64_t same = 0, total = 0;
+  for (std::size_t i = 0; i < r32.size(); ++i) {
+    const auto a = r32[i].indices.span<std::int32_t>(), b = r16[i].indices.span<std::int32_t>();
+    for (std::size_t j = 0; j < a.size(); ++j) {
+      same += a[j] == b[j];
+      ++total;
+    }
+  }
+  if (total > 0) t.route_agreement = static_cast<double>(same) / static_cast<double>(total);
+  for (const auto& s : model.specs()) {
+    const auto a = g32.at(s.name).span<float>(), b = g16.at(s.name).span<float>();
+    double ab = 0, aa = 0, bb = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ab += static_cast<double>(a[i]) * b[i];
+      aa += static_cast<double>(a[i]) * a[i];
+      bb += static_cast<double>(b[i]) * b[i];
+    }
+    // (Both zero, as a selection-only parameter's: they agree; one zero: they do not.)
+    t.cosines.emplace_back(s.name, aa == 0 && bb == 0 ? 1.0 : aa == 0 || bb == 0 ? 0.0 : ab / std::sqrt(aa * bb));
+  }
+  return t;
+}
 
 // Mean loss of the fp32 forward; `routing` gets the router choices of every sparse layer.
 inline double mean_loss_with_routing(const Model& model, const TensorMap& w, const Batch& batch,

@@ -106,27 +106,19 @@ TEST_CASE("Beam keeps documents isolated inside a packed row", "[beam]") {
   testing::check_document_isolation(model, w, a);
 }
 
-TEST_CASE("Beam in bf16 tracks fp32 and picks the same experts at init", "[beam][bf16]") {
-  BeamModel model(beam_preset("beam-tiny-moe"));
-  TensorMap master = TensorMap::initialized(model.specs(), 3, 0.02f);
-  Batch batch = testing::synthetic_batch(2, 32, 6);
-  TensorMap g32 = TensorMap::zeros_like(model.specs()), g16 = TensorMap::zeros_like(model.specs());
-  std::vector<RoutingRecord> r32, r16;
-  LossSum l32 = model.forward_backward(compute_weights(model.specs(), master, Precision::fp32), batch,
-                                       Precision::fp32, 1.0f, g32, &r32);
-  LossSum l16 = model.forward_backward(compute_weights(model.specs(), master, Precision::bf16), batch,
-                                       Precision::bf16, 1.0f, g16, &r16);
-  CHECK(l16.loss_sum == Approx(l32.loss_sum).epsilon(1e-2));
-  CHECK(l16.loss_sum != l32.loss_sum);  // bf16 really rounded something
-  REQUIRE(r32.size() == r16.size());
-  // The first sparse layer sees identical inputs up to bf16 rounding; most router choices agree.
-  std::int64_t same = 0, total = 0;
-  for (std::size_t i = 0; i < r32.size(); ++i) {
-    const auto a = r32[i].indices.span<std::int32_t>(), b = r16[i].indices.span<std::int32_t>();
-    for (std::size_t j = 0; j < a.size(); ++j) {
-      same += a[j] == b[j];
-      ++total;
-    }
+TEST_CASE("Beam in bf16 tracks fp32: the loss within 5% of what the model adds to a uniform guess, the same "
+          "experts, every gradient aligned", "[beam][bf16]") {
+  // Weights of std 0.1 (at init_std the model adds ~0.005 nats per target to the uniform guess's
+  // ln V, so a bound relative to the loss would hold for logits that were all zero).
+  const BeamModel model(beam_preset("beam-tiny-moe"));
+  const testing::Bf16Tracking t =
+      testing::bf16_tracking(model, TensorMap::initialized(model.specs(), 3, 0.1f), testing::synthetic_batch(2, 32, 6));
+  REQUIRE(t.excess > 0.1);
+  CHECK(t.rounded);  // bf16 really rounded something
+  CHECK(t.loss_gap < 0.05);  // measured 0.015, experts 0.975, worst cosine 0.90 (an output gate bias)
+  CHECK(t.route_agreement > 0.9);
+  for (const auto& [name, cosine] : t.cosines) {
+    INFO(name);
+    CHECK(cosine > 0.85);
   }
-  CHECK(static_cast<double>(same) / static_cast<double>(total) > 0.9);
 }

@@ -300,41 +300,20 @@ TEST_CASE("Flint adapter on hand-built tensors: gate first in gate_and_up, sinks
   CHECK(values(native.at(p + "mlp.shared_experts.down_proj.weight")) == std::vector<float>{-1, -2, -3, -4, -5, -6});
 }
 
-TEST_CASE("Flint in bf16 tracks fp32 and picks the same experts at init", "[flint][bf16]") {
-  FlintModel model(flint_preset("flint-tiny"));
-  TensorMap master = TensorMap::initialized(model.specs(), 3, 0.02f);
-  Batch batch = testing::synthetic_batch(2, 32, 6);
-  TensorMap g32 = TensorMap::zeros_like(model.specs()), g16 = TensorMap::zeros_like(model.specs());
-  std::vector<RoutingRecord> r32, r16;
-  LossSum l32 = model.forward_backward(compute_weights(model.specs(), master, Precision::fp32), batch,
-                                       Precision::fp32, 1.0f, g32, &r32);
-  LossSum l16 = model.forward_backward(compute_weights(model.specs(), master, Precision::bf16), batch,
-                                       Precision::bf16, 1.0f, g16, &r16);
-  // Stated tolerance: 1e-2 relative on the loss sum; routing agreement above 90 %.
-  CHECK(l16.loss_sum == Approx(l32.loss_sum).epsilon(1e-2));
-  CHECK(l16.loss_sum != l32.loss_sum);  // bf16 really rounded something
-  REQUIRE(r32.size() == 4);             // layers 2..5 are sparse
-  REQUIRE(r16.size() == 4);
-  std::int64_t same = 0, total = 0;
-  for (std::size_t i = 0; i < r32.size(); ++i) {
-    const auto a = r32[i].indices.span<std::int32_t>(), b = r16[i].indices.span<std::int32_t>();
-    for (std::size_t j = 0; j < a.size(); ++j) {
-      same += a[j] == b[j];
-      ++total;
-    }
-  }
-  CHECK(static_cast<double>(same) / static_cast<double>(total) > 0.9);
-  // Gradients agree in direction for every tensor (cosine > 0.95).
-  for (const auto& s : model.specs()) {
-    const auto a = g32.at(s.name).span<float>(), b = g16.at(s.name).span<float>();
-    double ab = 0, aa = 0, bb = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      ab += static_cast<double>(a[i]) * b[i];
-      aa += static_cast<double>(a[i]) * a[i];
-      bb += static_cast<double>(b[i]) * b[i];
-    }
-    INFO(s.name);
-    CHECK(ab / std::sqrt(aa * bb) > 0.95);
+TEST_CASE("Flint in bf16 tracks fp32: the loss within 5% of what the model adds to a uniform guess, the same "
+          "experts, every gradient aligned", "[flint][bf16]") {
+  // Weights of std 0.1 (at init_std the model adds ~0.005 nats per target to the uniform guess's
+  // ln V, so a bound relative to the loss would hold for logits that were all zero).
+  const FlintModel model(flint_preset("flint-tiny"));
+  const testing::Bf16Tracking t =
+      testing::bf16_tracking(model, TensorMap::initialized(model.specs(), 3, 0.1f), testing::synthetic_batch(2, 32, 6));
+  REQUIRE(t.excess > 0.1);
+  CHECK(t.rounded);  // bf16 really rounded something
+  CHECK(t.loss_gap < 0.05);  // measured 0.012, experts 0.975, worst cosine 0.98
+  CHECK(t.route_agreement > 0.9);
+  for (const auto& [name, cosine] : t.cosines) {
+    INFO(name);
+    CHECK(cosine > 0.95);
   }
 }
 
