@@ -1,4 +1,4 @@
-// Shared by the model tests of every family: the fp32 forward through the staged ops with the
+// Shared by the model tests of every family: how bf16 tracks fp32, and the fp32 forward through the staged ops with the
 // router choices it made, for gradient checks that must not count a step that flips an expert.
 #pragma once
 #include <algorithm>
@@ -12,6 +12,7 @@
 
 #include "graph/models/model.hpp"
 #include "graph/param.hpp"
+#include "tests/graph/beam_test_support.hpp"
 
 namespace atl::testing {
 
@@ -62,6 +63,22 @@ inline Bf16Tracking bf16_tracking(const Model& model, const TensorMap& master, c
     t.cosines.emplace_back(s.name, aa == 0 && bb == 0 ? 1.0 : aa == 0 || bb == 0 ? 0.0 : ab / std::sqrt(aa * bb));
   }
   return t;
+}
+
+// The family tests' bf16 check, on weights of std 0.1 (at init_std a model adds ~0.005 nats per
+// target to the uniform guess's ln V, so a bound relative to the loss would hold for logits that
+// were all zero): the loss within 5% of what the model adds, the same experts for 90% of the
+// choices, every gradient's cosine above `min_cosine`.
+inline void check_bf16_tracks_fp32(const Model& model, double min_cosine) {
+  const Bf16Tracking t = bf16_tracking(model, TensorMap::initialized(model.specs(), 3, 0.1f), synthetic_batch(2, 32, 6));
+  REQUIRE(t.excess > 0.1);
+  CHECK(t.rounded);  // bf16 really rounded something
+  CHECK(t.loss_gap < 0.05);
+  CHECK(t.route_agreement > 0.9);
+  for (const auto& [name, cosine] : t.cosines) {
+    INFO(name);
+    CHECK(cosine > min_cosine);
+  }
 }
 
 // Mean loss of the fp32 forward; `routing` gets the router choices of every sparse layer.

@@ -108,17 +108,6 @@ TEST_CASE("Beam keeps documents isolated inside a packed row", "[beam]") {
 
 TEST_CASE("Beam in bf16 tracks fp32: the loss within 5% of what the model adds to a uniform guess, the same "
           "experts, every gradient aligned", "[beam][bf16]") {
-  // Weights of std 0.1 (at init_std the model adds ~0.005 nats per target to the uniform guess's
-  // ln V, so a bound relative to the loss would hold for logits that were all zero).
-  const BeamModel model(beam_preset("beam-tiny-moe"));
-  const testing::Bf16Tracking t =
-      testing::bf16_tracking(model, TensorMap::initialized(model.specs(), 3, 0.1f), testing::synthetic_batch(2, 32, 6));
-  REQUIRE(t.excess > 0.1);
-  CHECK(t.rounded);  // bf16 really rounded something
-  CHECK(t.loss_gap < 0.05);  // measured 0.015, experts 0.975, worst cosine 0.90 (an output gate bias)
-  CHECK(t.route_agreement > 0.9);
-  for (const auto& [name, cosine] : t.cosines) {
-    INFO(name);
-    CHECK(cosine > 0.85);
-  }
+  // Measured: loss 1.5% of the excess, experts 97.5% the same, worst cosine 0.90 (an output gate bias).
+  testing::check_bf16_tracks_fp32(BeamModel(beam_preset("beam-tiny-moe")), 0.85);
 }

@@ -511,17 +511,6 @@ TEST_CASE("Inkling2 experts: an interleaved HF gate_up_proj computes capped SwiG
 
 TEST_CASE("Inkling2 in bf16 tracks fp32: the loss within 5% of what the model adds to a uniform guess, the same "
           "experts, every gradient aligned", "[inkling2][bf16]") {
-  // Weights of std 0.1 (at init_std the model adds ~0.005 nats per target to the uniform guess's
-  // ln V, so a bound relative to the loss would hold for logits that were all zero).
-  const Inkling2Model model(inkling2_preset("inkling2-tiny"));
-  const testing::Bf16Tracking t =
-      testing::bf16_tracking(model, TensorMap::initialized(model.specs(), 3, 0.1f), testing::synthetic_batch(2, 32, 6));
-  REQUIRE(t.excess > 0.1);
-  CHECK(t.rounded);  // bf16 really rounded something
-  CHECK(t.loss_gap < 0.05);  // measured 0.0095, experts 0.994, worst cosine 0.986
-  CHECK(t.route_agreement > 0.9);
-  for (const auto& [name, cosine] : t.cosines) {
-    INFO(name);
-    CHECK(cosine > 0.95);
-  }
+  // Measured: loss 0.95% of the excess, experts 99.4% the same, worst cosine 0.986.
+  testing::check_bf16_tracks_fp32(Inkling2Model(inkling2_preset("inkling2-tiny")), 0.95);
 }
