@@ -1,5 +1,6 @@
-// Shared by the model tests of every family: how bf16 tracks fp32, and the fp32 forward through the staged ops with the
-// router choices it made, for gradient checks that must not count a step that flips an expert.
+// Shared by the model tests of every family: how bf16 tracks fp32, and the fp32 forward through
+// the staged ops with the router choices it made, for gradient checks that must not count a step
+// that flips an expert.
 #pragma once
 #include <algorithm>
 #include <cmath>
