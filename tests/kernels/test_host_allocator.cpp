@@ -1,8 +1,14 @@
 // The caching host allocator behind tensor storage: reuse within a size class, the cache limit,
 // release, alignment, and integrity under two threads.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -63,21 +69,51 @@ TEST_CASE("host allocator: blocks are 64-byte aligned, a freed block is reused, 
 }
 
 TEST_CASE("host allocator: two threads allocating and freeing never share a live block", "[allocator]") {
-  auto work = [](std::uint8_t tag, bool* ok) {
+  // Each thread keeps 8 blocks alive at a time and checks every byte of one before freeing it; the
+  // live blocks of both threads are registered, so a block handed out while still live anywhere
+  // (an overlap) is found at once, not only when the other thread's bytes happen to show.
+  std::mutex mutex;
+  std::map<std::uintptr_t, std::size_t> live;  // start -> bytes
+  bool overlap = false;
+  auto claim = [&](const void* p, std::size_t bytes) {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto next = live.lower_bound(at);
+    if (next != live.end() && next->first < at + bytes) overlap = true;
+    if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > at) overlap = true;
+    live[at] = bytes;
+  };
+  auto release = [&](const void* p) {
+    std::lock_guard<std::mutex> lock(mutex);
+    live.erase(reinterpret_cast<std::uintptr_t>(p));
+  };
+  auto work = [&](std::uint8_t tag, bool* ok) {
+    std::array<std::pair<std::uint8_t*, std::size_t>, 8> ring{};
+    auto retire = [&](std::pair<std::uint8_t*, std::size_t>& slot) {
+      if (!slot.first) return;
+      *ok = *ok && std::all_of(slot.first, slot.first + slot.second, [tag](std::uint8_t b) { return b == tag; });
+      release(slot.first);
+      host_free(slot.first, slot.second);
+      slot = {nullptr, 0};
+    };
     for (int i = 0; i < 300; ++i) {
+      auto& slot = ring[static_cast<std::size_t>(i) % ring.size()];
+      retire(slot);
       const std::size_t bytes = std::size_t{70'000} + static_cast<std::size_t>(i % 7) * 40'000;
       auto* p = static_cast<std::uint8_t*>(host_allocate(bytes));
+      claim(p, bytes);
       std::memset(p, tag, bytes);
-      for (std::size_t j = 0; j < bytes; j += 4099) *ok = *ok && p[j] == tag;
-      host_free(p, bytes);
+      slot = {p, bytes};
     }
+    for (auto& slot : ring) retire(slot);
   };
   const std::uint64_t reused_before = host_cache_stats().reused;
   bool ok1 = true, ok2 = true;
   std::thread a(work, std::uint8_t{1}, &ok1), b(work, std::uint8_t{2}, &ok2);
   a.join();
   b.join();
+  CHECK_FALSE(overlap);
   CHECK(ok1);
   CHECK(ok2);
-  CHECK(host_cache_stats().reused > reused_before);  // the threads served each other's freed blocks
+  CHECK(host_cache_stats().reused > reused_before);  // freed blocks were served again (the cache ran)
 }
