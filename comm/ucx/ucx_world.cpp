@@ -103,7 +103,9 @@ struct UcxWorld::Impl {
   std::chrono::milliseconds stuck_grace{0};
   std::function<void(TransferFailure)> stuck;
   std::atomic<bool> stuck_armed{false};
-  TransferFailure first_failure = TransferFailure::broken;  // set before the action is armed
+  // A disagreement (different builds or plans) decides the job's exit code (2: no restart) whatever
+  // failed before it, so it is said and remembered even when it is not the first failure.
+  std::atomic<bool> disagreement_seen{false};
   std::atomic<bool> ending{false};  // stop() began: failures from here on are the world's own end
   std::weak_ptr<Impl> self;    // for the watchdog thread, which may outlive the world
   std::string message_prefix;  // set_message_prefix's (read on the progress thread)
@@ -297,23 +299,25 @@ struct UcxWorld::Impl {
            sender;
   }
 
-  // Says `message` (the first failure only) and arms the on_transfer_failure action.
+  // Says `message` (the first failure, and the first disagreement) and arms the
+  // on_transfer_failure action.
   void failed(const std::string& message, int peer, TransferFailure kind) {
     if (ending) return;  // this world's shutdown cancels what is in flight
-    if (ends.note_failure(peer)) {  // said once
-      first_failure = kind;
+    const bool first = ends.note_failure(peer);
+    const bool first_disagreement = kind == TransferFailure::disagreement && !disagreement_seen.exchange(true);
+    if (first || first_disagreement) {
       std::fprintf(stderr, "%satoll ucx: %s\n", message_prefix.c_str(), message.c_str());
       std::fflush(stderr);
     }
     if (stuck && !stuck_armed.exchange(true)) {
-      std::thread([grace = stuck_grace, action = stuck, kind = first_failure, world = self] {
+      std::thread([grace = stuck_grace, action = stuck, world = self] {
         std::this_thread::sleep_for(grace);
         // A world that is ending is a process ending its own way; a failure its peers' goodbyes
         // explain since is their end, not a broken network (a later failure arms it again).
         const std::shared_ptr<Impl> impl = world.lock();
         if (!impl || impl->ending) return;
         if (impl->ends.failure_unexplained()) {
-          action(kind);
+          action(impl->disagreement_seen ? TransferFailure::disagreement : TransferFailure::broken);
         } else {
           impl->stuck_armed = false;
         }

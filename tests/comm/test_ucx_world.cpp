@@ -491,6 +491,25 @@ TEST_CASE("ucx: an exception on the progress thread is a reported failure, not t
   CHECK_FALSE(*sent);
 }
 
+TEST_CASE("ucx: a disagreement after another failure still ends the job as a disagreement", "[comm][ucx]") {
+  // A broken transfer first (a send before connect() finds no endpoint), then a message of another
+  // size than its receive expects, within the grace: the processes disagree (exit 2, no restart),
+  // whatever failed before.
+  UcxWorld world(2, {0, 1});
+  auto fired = std::make_shared<std::promise<TransferFailure>>();
+  std::future<TransferFailure> ran = fired->get_future();
+  world.on_transfer_failure(std::chrono::seconds(2), [fired](TransferFailure kind) { fired->set_value(kind); });
+  std::unique_ptr<Communicator> early = world.communicator(Group{"early", {0, 1}}, 0);
+  early->send(Tensor::full({4}, 1.0f), 1, "t", [] {});
+  world.connect(world.local_addresses());
+  const Group pair{"pair", {0, 1}};
+  std::unique_ptr<Communicator> member0 = world.communicator(pair, 0), member1 = world.communicator(pair, 1);
+  member1->recv(Tensor::full({8}, -1.0f), 0, "t", [] {});
+  member0->send(Tensor::full({4}, 1.0f), 1, "t", [] {});
+  REQUIRE(ran.wait_for(std::chrono::seconds(120)) == std::future_status::ready);  // a hang detector
+  CHECK(ran.get() == TransferFailure::disagreement);
+}
+
 TEST_CASE("ucx: all_to_all_v members that disagree about an empty block fail the exchange, never complete it",
           "[comm][ucx]") {
   // Empty blocks travel as empty messages, so the receive's size check sees a disagreement either
