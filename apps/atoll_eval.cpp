@@ -26,15 +26,20 @@
 
 namespace {
 
-// The logits must not replace an input: the config, the --tokens file, or any file of the
-// checkpoint (its model file replaced, every later load would fail).
+// The logits must not replace an input: the config, the --tokens file, the config's data file, any
+// file of the checkpoint (its model file replaced, every later load would fail), or the records of
+// the config's run.
 void check_dump_replaces_no_input(const std::string& dump, const std::string& tokens, const std::string& checkpoint,
-                                  const std::string& config_file) {
+                                  const atl::RunConfig& config) {
+  const std::filesystem::path run_dir(config.run_dir);
   atl::check_replaces_no_input(dump,
                                {{tokens, "the --tokens file", false},
-                                {config_file, "the config file", false},
+                                {config.source_file, "the config file", false},
+                                {config.data.path, "the data file (data.source)", false},
+                                {(run_dir / "metrics.jsonl").string(), "the run's metrics.jsonl", false},
+                                {(run_dir / "run.json").string(), "the run's run.json", false},
                                 {checkpoint, "the --checkpoint directory", true}},
-                               config_file, "--dump-logits");
+                               config.source_file, "--dump-logits");
 }
 
 }  // namespace
@@ -71,7 +76,7 @@ int main(int argc, char** argv) {
     const atl::RunConfig config = atl::load_run_config(config_path, sets);
     if (!dump_logits.empty()) {
       atl::check_output_path(dump_logits, true, config.source_file, "--dump-logits");
-      check_dump_replaces_no_input(dump_logits, tokens, checkpoint, config.source_file);
+      check_dump_replaces_no_input(dump_logits, tokens, checkpoint, config);
     }
     atl::cpu::cpu_features();  // a bad ATOLL_CPU_ISA is refused here, not in a kernel
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
@@ -99,9 +104,14 @@ int main(int argc, char** argv) {
       return 3;
     }
     return 0;
-  } catch (const std::bad_alloc&) {  // a batch is one forward pass: its size is the config's
-    std::cerr << "atoll-eval: out of memory: a batch of train.global_batch x train.seq_len tokens is scored in one "
-                 "forward pass; lower train.global_batch (--set train.global_batch=N)\n";
+  } catch (const std::bad_alloc&) {  // a batch is one forward pass: its size is the config's, or the --tokens file's
+    if (!tokens.empty()) {
+      std::cerr << "atoll-eval: out of memory: the rows of " << tokens
+                << " are scored in one forward pass; give fewer or shorter rows\n";
+    } else {
+      std::cerr << "atoll-eval: out of memory: a batch of train.global_batch x train.seq_len tokens is scored in one "
+                   "forward pass; lower train.global_batch (--set train.global_batch=N)\n";
+    }
     return 2;
   } catch (const std::exception& e) {
     return atl::report_failure("atoll-eval", e, sets);

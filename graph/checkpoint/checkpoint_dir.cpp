@@ -205,12 +205,17 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   fsync_directory(root);
   if (replaced) fs::remove_all(*replaced);
 
-  // Stale temporaries: saves that died (any process), replaced or retired directories.
+  // Stale temporaries: saves that died (any process), replaced or retired directories; only these
+  // (.tmp-step-, .tmp-replaced-step-, .tmp-retired-step-): an import may go into a folder that
+  // holds other things.
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(root)) {
-    if (entry.is_directory() && entry.path().filename().string().rfind(kTemporaryPrefix, 0) == 0) {
-      stale.push_back(entry.path());
+    const std::string name = entry.path().filename().string();
+    bool ours = false;
+    for (const char* kind : {"", "replaced-", "retired-"}) {
+      ours = ours || name.starts_with(std::string(kTemporaryPrefix) + kind + "step-");
     }
+    if (entry.is_directory() && ours) stale.push_back(entry.path());
   }
   for (const auto& dir : stale) fs::remove_all(dir);
 

@@ -204,8 +204,9 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
         }
         // "64" for 64: a JSON string reaches the config reader quoted, a string; name its form
         // (a field's, or a list element's: "mlp_only_layers[1]").
-        if (const json* value = field_named(hf, hf_key); value && value->is_string()) {
-          const bool boolean = e.problem().find("true or false") != std::string::npos;
+        const bool boolean = e.problem().find("true or false") != std::string::npos;
+        const bool scalar = e.problem().find("a list") == std::string::npos;  // (a list's own message says so)
+        if (const json* value = field_named(hf, hf_key); value && value->is_string() && scalar) {
           throw CheckpointError(fmt::format("{}: {}: expected a JSON {}, got the string {}", file.string(), hf_key,
                                             boolean ? "boolean" : "number", value->dump()));
         }

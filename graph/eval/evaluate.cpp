@@ -49,6 +49,11 @@ Batch read_token_rows(const std::filesystem::path& file, std::int64_t usable_voc
   if (batch.positions.shape() != batch.input_ids.shape() || batch.valid.shape() != batch.input_ids.shape()) {
     throw CheckpointError(file.string() + ": input_ids, positions and valid must share one shape");
   }
+  // (An empty dimension holds no token to score; beside it the other could claim any size.)
+  if (batch.input_ids.size(0) < 1 || batch.input_ids.size(1) < 1) {
+    throw CheckpointError(file.string() + ": input_ids is " + batch.input_ids.describe() +
+                          "; expected at least one row of at least one token");
+  }
   const auto ids = batch.input_ids.span<std::int64_t>();
   const std::size_t seq = static_cast<std::size_t>(batch.input_ids.size(1));
   for (std::size_t i = 0; i < ids.size(); ++i) {

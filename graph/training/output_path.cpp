@@ -41,6 +41,12 @@ void check_output_path(const std::filesystem::path& path, bool as_file, const st
   std::error_code ec;
   if (fs::exists(path, ec)) {
     if (as_file && fs::is_directory(path, ec)) throw ConfigError(file, key, "'" + path.string() + "' is a directory");
+    // The file is written under a temporary name and renamed over the old one: a device or a pipe
+    // (/dev/null, as root) would be replaced by a regular file.
+    if (as_file && !fs::is_regular_file(path, ec)) {
+      throw ConfigError(file, key, "'" + path.string() + "' exists and is not a regular file (a device, a pipe or a "
+                                   "socket would be replaced by one); expected a file path");
+    }
     if (!as_file && !fs::is_directory(path, ec)) {
       throw ConfigError(file, key, "'" + path.string() + "' exists and is not a directory");
     }

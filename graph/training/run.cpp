@@ -187,20 +187,29 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["data"] = data->describe();
   if (!begin.began_from.empty()) run_json["began_from"] = begin.began_from;
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
-  if (options.writer) write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
-
   // metrics.jsonl is the live record: one line appended and flushed per step, so a crash keeps
   // every finished step. It starts as the history this run continues (empty for a fresh run;
-  // on resume, the lines before the resumed step), written durably in one piece.
+  // on resume, the lines before the resumed step), written durably in one piece. Read before
+  // run.json is rewritten: a damaged record stops the run with nothing changed.
   std::string history, cut;  // cut: the lines after the resumed step (kept with the checkpoints set aside)
   if (options.writer && begin.resumed && fs::exists(metrics_path)) {
     std::ifstream old(metrics_path);
+    std::int64_t number = 0;
     for (std::string line; std::getline(old, line);) {
+      ++number;
       // A line cut short by a crash is not history.
       if (!nlohmann::json::accept(line)) continue;
-      (nlohmann::json::parse(line).value("step", std::int64_t{0}) < first_step ? history : cut) += line + "\n";
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (!record.is_object() || !record.contains("step") || !record.at("step").is_number_integer()) {
+        throw ConfigError(metrics_path.string(), "line " + std::to_string(number),
+                          "expected a step's record (a JSON object with an integer \"step\"); the file is not "
+                          "a metrics.jsonl atoll wrote (move it away: the resumed run then starts a new one)");
+      }
+      (record.at("step").get<std::int64_t>() < first_step ? history : cut) += line + "\n";
     }
   }
+  if (options.writer) write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
+
   if (options.writer) prepare_checkpoint_dir(config, options, begin, cut, out);
   std::ofstream metrics;
   if (options.writer) {

@@ -257,7 +257,7 @@ nlohmann::json data_as_read(nlohmann::json data, const nlohmann::json& cursor) {
   const std::size_t colon = source.find(':');
   if (colon == std::string::npos) return data;
   const std::string kind = source.substr(0, colon), path = source.substr(colon + 1);
-  if (kind == "tokens" && data.value("token_width", std::int64_t{-1}) == 0) {
+  if (kind == "tokens" && data.contains("token_width") && data.at("token_width") == 0) {  // (any JSON type compares)
     try {
       data["token_width"] = resolved_token_width(path, 0);
     } catch (const DataError&) {  // left as written: the comparison shows it

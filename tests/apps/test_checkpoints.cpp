@@ -1,5 +1,6 @@
 // Checkpoints end to end: resume, cross-mesh loading, corruption, HF conversion, evaluation and
 // logits that Python's safetensors package reads.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -175,6 +176,45 @@ TEST_CASE("apps: a model override written no is saved as false, resumes and expo
   write_file(ckpt / "trainer_state.json", state.dump(2));
   write_file(ckpt / "COMPLETE", atl::make_manifest(ckpt, 2, "COMPLETE").dump(2));
   resume_and_export("earlier");
+}
+
+TEST_CASE("apps: --resume refuses a metrics.jsonl line that is no step's record, before it changes anything",
+          "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
+  const fs::path step2 = trained_checkpoint(run, 4, 2, tmp.path).parent_path() / "step-00000002";
+  for (const std::string& bad : {std::string("[1, 2]"), std::string("{\"step\": \"x\"}")}) {
+    INFO(bad);
+    write_file(run / "metrics.jsonl", read_file(run / "metrics.jsonl") + bad + "\n");
+    const std::string metrics = read_file(run / "metrics.jsonl"), run_json = read_file(run / "run.json");
+    auto resume = train_args(run);
+    add_sets(resume, {"train.steps=4"});
+    resume.insert(resume.end(), {"--resume", step2.string()});
+    const Result r = run_app("atoll-train", resume, tmp.path);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains((run / "metrics.jsonl").string() + ": line 5: expected a step's record"));
+    CHECK(read_file(run / "metrics.jsonl") == metrics);
+    CHECK(read_file(run / "run.json") == run_json);
+    CHECK(fs::exists(run / "checkpoints" / "step-00000004" / "COMPLETE"));  // nothing set aside
+    write_file(run / "metrics.jsonl", metrics.substr(0, metrics.size() - bad.size() - 1));
+  }
+}
+
+TEST_CASE("apps: --resume compares a saved data section with a field of the wrong type, and names it", "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path step4 = trained_checkpoint(tmp.path / "run", 4, 4, tmp.path);
+  nlohmann::json state = nlohmann::json::parse(read_file(step4 / "trainer_state.json"));
+  state["config"]["data"] = {{"source", "tokens:/tmp/x.u16"}, {"token_width", "x"}};  // (it threw a type_error: exit 1)
+  write_file(step4 / "trainer_state.json", state.dump(2));
+  write_file(step4 / "COMPLETE", atl::make_manifest(step4, 4, "COMPLETE").dump(2));
+  auto resume = train_args(tmp.path / "resumed");
+  add_sets(resume, {"train.steps=6"});
+  resume.insert(resume.end(), {"--resume", step4.string()});
+  const Result r = run_app("atoll-train", resume, tmp.path);
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains(": data.") && Catch::Contains("--resume continues the run saved in"));
 }
 
 TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault named", "[apps][checkpoint]") {
@@ -515,6 +555,31 @@ TEST_CASE("apps: atoll-eval --dump-logits writes fp32 logits that Python's safet
       CHECK(r.exit_code == 2);
       CHECK_THAT(r.err, Catch::Contains("--dump-logits: '" + copy.string() + "' is the config file"));
       CHECK(read_file(copy) == text);
+    }
+    {  // the config's data file and its run's records; a pipe (renamed over, it would become a file)
+      const fs::path corpus = tmp.path / "corpus.txt", pipe = tmp.path / "pipe";
+      write_file(corpus, "some text to train on\n");
+      REQUIRE(::mkfifo(pipe.c_str(), 0600) == 0);
+      const std::vector<std::pair<fs::path, std::string>> outputs = {
+          {corpus, "is the data file (data.source)"},
+          {run / "metrics.jsonl", "is the run's metrics.jsonl"},
+          {pipe, "exists and is not a regular file"}};
+      for (const auto& [output, why] : outputs) {
+        const std::string before = output == pipe ? "" : read_file(output);
+        const Result r = run_app("atoll-eval", {source_path(config).string(), "--checkpoint", step2.string(), "--set",
+                                                "data.source=text:" + corpus.string(), "--set", "run_dir=" + run.string(),
+                                                "--tokens", (tmp.path / "tokens.safetensors").string(), "--dump-logits",
+                                                output.string()},
+                                 tmp.path);
+        INFO(r.err);
+        CHECK(r.exit_code == 2);
+        CHECK_THAT(r.err, Catch::Contains("--dump-logits: '" + output.string() + "' " + why));
+        if (output == pipe) {
+          CHECK(fs::is_fifo(pipe));
+        } else {
+          CHECK(read_file(output) == before);
+        }
+      }
     }
     // The usable vocabulary (250) is finite, the padded columns -inf: here, and below in Python.
     const float* z = read_back.at("logits").data<float>();

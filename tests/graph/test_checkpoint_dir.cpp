@@ -253,9 +253,14 @@ TEST_CASE("checkpoint dir: a killed save leaves the previous checkpoint the late
   CHECK_THAT(load_error(incomplete), Contains((incomplete / "COMPLETE").string()) && Contains("incomplete"));
   CHECK_THAT(load_error(partial), Contains("COMPLETE"));
 
-  // The next save clears the stale temporary and leaves foreign directories alone.
+  // The next save clears the stale temporaries and leaves foreign directories alone (a user's
+  // own .tmp- folder too: an import may go into a folder that holds other things).
+  for (const char* stale : {".tmp-replaced-step-00000020-1", ".tmp-retired-step-00000010-2"}) {
+    fs::create_directories(root / stale);
+  }
+  fs::create_directories(root / ".tmp-mydata");
   fs::path after = save_checkpoint(root, next, 3);
-  CHECK(entries(root) == std::vector<std::string>{"step-00000010", "step-00000020", "step-00000030"});
+  CHECK(entries(root) == std::vector<std::string>{".tmp-mydata", "step-00000010", "step-00000020", "step-00000030"});
   CHECK(latest_checkpoint(root) == after);
   check_same(load_checkpoint(after), next);
 }

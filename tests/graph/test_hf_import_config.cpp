@@ -71,6 +71,11 @@ TEST_CASE("hf import config: a field of the wrong JSON type says what type was e
   write_bytes(dir.path / "config.json", flint.dump(2));
   CHECK_THROWS_WITH(hf_import_config(dir.path, std::nullopt, nullptr),
                     Catch::Contains("config.json: mlp_only_layers[1]: expected a JSON number, got the string \"1\""));
+  flint["mlp_only_layers"] = {0, 1};
+  flint["layer_types"] = "x";  // a list expected: said so, not "a JSON number"
+  write_bytes(dir.path / "config.json", flint.dump(2));
+  CHECK_THROWS_WITH(hf_import_config(dir.path, std::nullopt, nullptr),
+                    Catch::Contains("layer_types: expected a list") && !Catch::Contains("JSON number"));
 }
 
 namespace {

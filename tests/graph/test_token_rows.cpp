@@ -84,6 +84,16 @@ TEST_CASE("read_token_rows reads rows and names the file, the tensor and the cel
   Rows wrong_shape;
   wrong_shape.valid = all_valid(2, 2);
   CHECK(error_reading(file, wrong_shape) == file.string() + ": input_ids, positions and valid must share one shape");
+
+  // No token at all, whatever the other dimension claims (a model run on [0, 2^62] crashed).
+  for (const Shape& empty : {Shape{0, std::int64_t{1} << 62}, Shape{std::int64_t{1} << 40, 0}}) {
+    Rows none;
+    none.input_ids = Tensor::empty(empty, DType::i64);
+    none.positions = Tensor::empty(empty, DType::i64);
+    none.valid = Tensor::empty(empty, DType::boolean);
+    CHECK(error_reading(file, none) == file.string() + ": input_ids is " + none.input_ids.describe() +
+                                           "; expected at least one row of at least one token");
+  }
 }
 
 }  // namespace atl
