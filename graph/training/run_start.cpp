@@ -141,12 +141,15 @@ bool is_import(const fs::path& dir) {
   return state && state->is_object() && state->contains("imported_from");
 }
 
+void check_run_dir_holds_this_run(const RunConfig& config);
+
 // The writer's outputs can be made: usable paths, and, for a fresh start (or one from an import),
-// no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it. (Checks only:
-// nothing is written.)
+// no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it; a resume, no
+// other run in run_dir. (Checks only: nothing is written.)
 void check_writer_outputs(const RunConfig& config, const RunOptions& options, bool resuming,
                           const std::string& context) {
   check_outputs(config, options);
+  if (resuming && !options.overwrite) check_run_dir_holds_this_run(config);
   if (resuming || options.overwrite) {
     if (!resuming && !config.checkpoint.load.empty()) {
       // --overwrite removes checkpoint.dir's checkpoints: never the weights this run starts from.
@@ -226,6 +229,34 @@ std::optional<nlohmann::json> resolved_model(const nlohmann::json& section, cons
     return make_model(model, file)->hf_config();
   } catch (const std::exception&) {
     return std::nullopt;
+  }
+}
+
+// A resume continues run_dir's records (metrics.jsonl up to the resumed step, run.json): a run_dir
+// that holds another run (another seed, model or batch shape in its run.json) would get this run's
+// steps spliced onto its own and its record replaced.
+void check_run_dir_holds_this_run(const RunConfig& config) {
+  if (!fs::exists(fs::path(config.run_dir) / "metrics.jsonl")) return;
+  const std::optional<nlohmann::json> recorded = recorded_run(config);
+  if (!recorded) return;  // (no record to compare: the metrics are kept up to the resumed step)
+  const nlohmann::json& was = recorded->at("config");
+  const nlohmann::json now = to_json(config);
+  auto refuse = [&](const std::string& key, const std::string& theirs, const std::string& ours) {
+    throw ConfigError(config.source_file, "run_dir",
+                      fmt::format("'{}' holds another run (its run.json has {} {}, this run {}): --resume would "
+                                  "write this run's steps over its records; set run_dir to the resumed run's, or to "
+                                  "a new folder",
+                                  config.run_dir, key, theirs, ours));
+  };
+  for (const char* key : {"seed", "global_batch", "seq_len"}) {
+    const nlohmann::json::json_pointer at("/train/" + std::string(key));
+    if (was.contains(at) && was.at(at) != now.at(at)) refuse(std::string("train.") + key, was.at(at).dump(), now.at(at).dump());
+  }
+  if (was.contains("model") && was.at("model").is_object()) {
+    const std::optional<nlohmann::json> theirs = resolved_model(was.at("model"), config.source_file);
+    if (theirs && *theirs != resolved_model(now.at("model"), config.source_file)) {
+      refuse("model", was.at("model").dump(), now.at("model").dump());
+    }
   }
 }
 

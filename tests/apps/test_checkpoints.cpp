@@ -217,6 +217,32 @@ TEST_CASE("apps: --resume compares a saved data section with a field of the wron
   CHECK_THAT(r.err, Catch::Contains(": data.") && Catch::Contains("--resume continues the run saved in"));
 }
 
+TEST_CASE("apps: --resume into a run_dir that holds another run is refused, its records intact", "[apps][checkpoint]") {
+  TempDir tmp;
+  const fs::path a = tmp.path / "a", b = tmp.path / "b";
+  const fs::path step2 = trained_checkpoint(a, 2, 2, tmp.path);
+  auto other = train_args(b);
+  add_sets(other, {"train.steps=3", "train.seed=99"});
+  must_run("atoll-train", other, tmp.path);
+  const std::string metrics = read_file(b / "metrics.jsonl"), run_json = read_file(b / "run.json");
+  auto resume = train_args(b);  // run a's checkpoint, run b's folder
+  add_sets(resume, {"train.steps=4", "checkpoint.dir=" + (a / "checkpoints").string()});
+  resume.insert(resume.end(), {"--resume", step2.string()});
+  const Result r = run_app("atoll-train", resume, tmp.path);
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("run_dir: '" + b.string() + "' holds another run (its run.json has train.seed 99, "
+                                    "this run 1234)"));
+  CHECK(read_file(b / "metrics.jsonl") == metrics);
+  CHECK(read_file(b / "run.json") == run_json);
+  // Into its own run_dir it continues.
+  auto own = train_args(a);
+  add_sets(own, {"train.steps=4"});
+  own.insert(own.end(), {"--resume", step2.string()});
+  must_run("atoll-train", own, tmp.path);
+  CHECK(read_metrics(a / "metrics.jsonl").size() == 4);
+}
+
 TEST_CASE("apps: a damaged checkpoint is refused with the file and the fault named", "[apps][checkpoint]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";
