@@ -159,10 +159,7 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   json config = contents.model_config.is_null() ? json::object() : contents.model_config;
   if (!config.is_object()) fail(final_dir, "model_config (config.json) must be a JSON object");
 
-  if (!fs::exists(root)) {
-    fs::create_directories(root);
-    fsync_directory(parent_folder(normalised_directory(root)));  // the new root survives a crash
-  }
+  create_directories_durably(root);  // a new root (and its new parents) survives a crash
   const fs::path temporary = root / fmt::format("{}{}-{}", kTemporaryPrefix, name, temporary_tag());
   fs::remove_all(temporary);
   fs::create_directory(temporary);

@@ -108,6 +108,21 @@ std::filesystem::path parent_folder(const std::filesystem::path& path) {
   return path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
 }
 
+void create_directories_durably(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> missing;  // innermost first
+  fs::path start = fs::absolute(dir).lexically_normal();
+  if (!start.has_filename()) start = start.parent_path();  // "out/" is out
+  for (fs::path p = start; !fs::exists(p); p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    fs::create_directory(*it);
+    fsync_directory(it->parent_path());
+  }
+}
+
 void fsync_directory(const std::filesystem::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail_errno(dir, "cannot open directory to fsync");

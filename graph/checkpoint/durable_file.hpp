@@ -54,4 +54,8 @@ std::filesystem::path parent_folder(const std::filesystem::path& path);
 // Makes renames and creations inside `dir` durable.
 void fsync_directory(const std::filesystem::path& dir);
 
+// Creates `dir` and its missing ancestors, each made durable in its parent: a file written
+// durably inside a new folder must not lose the folder to a crash. Throws std::filesystem_error.
+void create_directories_durably(const std::filesystem::path& dir);
+
 }  // namespace atl

@@ -71,8 +71,11 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   const fs::path tmp = out_dir.parent_path() / (tmp_prefix + temporary_tag());
   std::error_code ec;
   fs::remove_all(tmp, ec);  // (a folder that cannot hold it fails the creation next, named)
-  fs::create_directories(tmp, ec);
-  if (ec) throw_cannot_create(out_dir, ec);
+  try {
+    create_directories_durably(tmp);  // (its new parents too: OUT must not vanish with them)
+  } catch (const fs::filesystem_error& e) {
+    throw_cannot_create(out_dir, e.code());
+  }
   auto discard = [&] {  // nothing half-written is left behind
     std::error_code ignored;
     fs::remove_all(tmp, ignored);

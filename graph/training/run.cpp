@@ -174,7 +174,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
-  if (options.writer) fs::create_directories(run_dir);
+  if (options.writer) create_directories_durably(run_dir);
 
   nlohmann::json run_json;
   run_json["config"] = to_json(config);

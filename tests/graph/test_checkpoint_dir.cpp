@@ -526,3 +526,15 @@ TEST_CASE("enclosing_checkpoint: a saved checkpoint at or above a path, not any 
   CHECK_THROWS_WITH(refuse_inside_checkpoint(ck / "hf", "the export"),
                     Contains("the export is or lies inside the saved checkpoint " + found.string()));
 }
+
+TEST_CASE("create_directories_durably makes every missing folder, and leaves existing ones", "[checkpoint]") {
+  TempDir tmp;
+  const fs::path deep = tmp.path / "a" / "b" / "c";
+  write_bytes(tmp.path / "keep", "x");
+  create_directories_durably(deep.string() + "/");  // ("c/" is c)
+  CHECK(fs::is_directory(deep));
+  CHECK(entries(tmp.path) == std::vector<std::string>{"a", "keep"});
+  create_directories_durably(deep);  // there already: nothing to do
+  CHECK(entries(deep).empty());
+  CHECK_THROWS_AS(create_directories_durably(tmp.path / "keep" / "inside"), fs::filesystem_error);  // under a file
+}
