@@ -18,7 +18,7 @@ ExpertsConfig experts_config(const MoeMlpSpec& spec, Precision prec) {
 }  // namespace
 
 void append_moe_mlp_specs(std::vector<ParamSpec>& specs, const std::string& p, const MoeMlpSpec& spec, std::int64_t H,
-                          std::int64_t I, bool router_island, std::int64_t shared_width) {
+                          std::int64_t I, bool router_island) {
   const std::int64_t E = spec.router.num_experts;
   specs.push_back(make_param(p + "mlp.gate.weight", {E, H}, Init::normal, router_island));
   if (spec.correction_bias) {
@@ -26,10 +26,10 @@ void append_moe_mlp_specs(std::vector<ParamSpec>& specs, const std::string& p, c
   }
   specs.push_back(make_param(p + "mlp.experts.gate_and_up_projs", {E, H, 2 * I}));
   specs.push_back(make_param(p + "mlp.experts.down_projs", {E, I, H}));
-  if (spec.shared_expert) {
-    specs.push_back(make_param(p + "mlp.shared_experts.gate_proj.weight", {shared_width, H}));
-    specs.push_back(make_param(p + "mlp.shared_experts.up_proj.weight", {shared_width, H}));
-    specs.push_back(make_param(p + "mlp.shared_experts.down_proj.weight", {H, shared_width}));
+  if (const std::int64_t S = spec.shared_width; S > 0) {
+    specs.push_back(make_param(p + "mlp.shared_experts.gate_proj.weight", {S, H}));
+    specs.push_back(make_param(p + "mlp.shared_experts.up_proj.weight", {S, H}));
+    specs.push_back(make_param(p + "mlp.shared_experts.down_proj.weight", {H, S}));
   }
 }
 
@@ -65,7 +65,7 @@ void moe_shared_forward(const std::string& p, const TensorMap& w, Precision prec
 Tensor moe_combine_forward(const std::string& /*p*/, const TensorMap& /*w*/, const MoeMlpSpec& spec, Precision prec,
                            MoeMlpCache& k) {
   Tensor out = combine_forward(k.experts.down_out, k.dispatch, k.x.size(1), experts_config(spec, prec));
-  if (!spec.shared_expert) return out;
+  if (!spec.shared_expert()) return out;
   Tensor sum = scaled_add(out, 1.0f, k.shared_out, 1.0f, prec);  // fp32 sum, rounded once
   k.shared_out = Tensor();
   return sum;
@@ -75,7 +75,7 @@ void moe_combine_backward(const std::string& /*p*/, const TensorMap& /*w*/, cons
                           const MoeMlpSpec& spec, Precision prec, const MoeMlpCache& k, MoeMlpBackward& b,
                           const TensorMap& /*grads*/) {
   b.combined = combine_backward(d_out, k.experts.down_out, k.dispatch, experts_config(spec, prec));
-  if (spec.shared_expert) b.d_out = d_out;  // the shared expert's backward reads it
+  if (spec.shared_expert()) b.d_out = d_out;  // the shared expert's backward reads it
 }
 
 void moe_shared_backward(const std::string& p, const TensorMap& w, Precision prec, const MoeMlpCache& k,
@@ -113,7 +113,7 @@ Tensor moe_route_backward(const std::string& p, const TensorMap& w, const MoeMlp
   const Tensor d_logits = router_backward(b.combined.d_weights, k.routing, spec.router);
   Tensor d_gate = grads.at(p + "mlp.gate.weight");
   add_inplace(d_x, linear_backward(k.x, w.at(p + "mlp.gate.weight"), d_logits, &d_gate));
-  if (spec.shared_expert) {
+  if (spec.shared_expert()) {
     add_inplace(d_x, b.d_shared_gate_x);
     add_inplace(d_x, b.d_shared_up_x);
   }
@@ -166,7 +166,7 @@ Tensor moe_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x
                        const MoeMlpSpec& spec, Precision prec, MoeMlpCache& k) {
   moe_route_forward(p, w, x, token_mask, spec, prec, k);
   moe_dispatch_forward(k);
-  if (spec.shared_expert) moe_shared_forward(p, w, prec, k);
+  if (spec.shared_expert()) moe_shared_forward(p, w, prec, k);
   moe_experts_forward(p, w, spec, prec, k);
   return moe_combine_forward(p, w, spec, prec, k);
 }

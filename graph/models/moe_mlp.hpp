@@ -22,15 +22,17 @@ struct MoeMlpSpec {
   RouterConfig router;
   ExpertsConfig experts;  // precision is set per call
   bool correction_bias = false;  // the router adds mlp.gate.e_score_correction_bias for selection
-  bool shared_expert = false;    // mlp.shared_experts.*: SwiGLU on every token, added with weight 1
+  // mlp.shared_experts.* of this width (0: none): SwiGLU on every token, added with weight 1.
+  std::int64_t shared_width = 0;
+  bool shared_expert() const { return shared_width > 0; }
 };
 
 // Appends the parameters above for a layer: E = spec.router.num_experts experts of width I on
 // hidden size H; the router (with the correction bias an fp32 island) is an island unless
-// `router_island` is false (Flint's is bulk); the shared expert when spec.shared_expert, of width
-// `shared_width`. Their order is the checkpoint's.
+// `router_island` is false (Flint's is bulk); the shared expert if the spec has one. Their order
+// is the checkpoint's.
 void append_moe_mlp_specs(std::vector<ParamSpec>& specs, const std::string& layer_prefix, const MoeMlpSpec& spec,
-                          std::int64_t H, std::int64_t I, bool router_island, std::int64_t shared_width = 0);
+                          std::int64_t H, std::int64_t I, bool router_island);
 
 struct MoeMlpCache {
   // forward

@@ -147,7 +147,7 @@ Tensor moe_points(const std::string& prefix, const TensorMap& w, const Tensor& x
     pts.round(prefix + "routing weights", moe.routing.weights);
   }
   moe_dispatch_forward(moe);
-  if (spec.shared_expert) {
+  if (spec.shared_expert()) {
     moe_shared_forward(prefix, w, prec, moe);
     pts.round(prefix + "mlp.shared_experts gate_proj output", moe.sg);
     pts.round(prefix + "mlp.shared_experts up_proj output", moe.su);
@@ -407,7 +407,7 @@ void beam_block_points(const std::string& p, const BeamBlockCache& k, Points& pt
 TEST_CASE("bf16 emulation points of beam-tiny-moe with a shared expert hold bf16 values", "[beam][bf16][precision]") {
   const BeamModel model(
       beam_config_from(section("beam", "beam-tiny-moe", "{n_shared_experts: 1}"), "test_bf16_points.yaml"));
-  REQUIRE(model.moe_spec().shared_expert);
+  REQUIRE(model.moe_spec().shared_expert());
   REQUIRE(model.config().is_sliding(0));
   REQUIRE_FALSE(model.config().is_sliding(3));  // a full layer: NoPE with SSMax
   check_model_points(model, 31, true, beam_block_points);
@@ -423,6 +423,6 @@ TEST_CASE("bf16 emulation points of flint-tiny hold bf16 values", "[flint][bf16]
   const FlintModel model(flint_config_from(section("flint", "flint-tiny", "{}"), "test_bf16_points.yaml"));
   REQUIRE_FALSE(model.config().is_sparse(0));  // a dense layer and sparse ones with the shared expert
   REQUIRE(model.config().is_sparse(2));
-  REQUIRE(model.moe_spec().shared_expert);
+  REQUIRE(model.moe_spec().shared_expert());
   check_model_points(model, 51, false, [](const std::string&, const FlintBlockCache&, Points&) {});
 }

@@ -21,7 +21,7 @@ TEST_CASE("MoE specs: Inkling2 situ interleaved, weight before down, sigmoid rou
   CHECK(m.router.route_scale == 1.0f);
   CHECK(m.router.n_group == 1);
   CHECK(m.correction_bias);
-  CHECK_FALSE(m.shared_expert);  // §10.2.7: not supported
+  CHECK(m.shared_width == 0);  // §10.2.7: not supported
 }
 
 TEST_CASE("MoE specs: Flint SwiGLU concatenated, weight after down, softmax router, shared expert",
@@ -32,7 +32,8 @@ TEST_CASE("MoE specs: Flint SwiGLU concatenated, weight after down, softmax rout
   CHECK(m.experts.weight_after_down);
   CHECK(m.router.score == ScoreFunction::softmax_before_topk);
   CHECK_FALSE(m.correction_bias);
-  CHECK(m.shared_expert);  // flint-tiny has one (ungated, weight 1)
+  CHECK(m.shared_width == flint_preset("flint-tiny").shared_expert_intermediate_size);  // ungated, weight 1
+  CHECK(m.shared_width > 0);  // flint-tiny has one
 }
 
 TEST_CASE("MoE specs: Beam SwiGLU concatenated, weight before down, grouped sigmoid router normalised for top-1",
@@ -48,5 +49,5 @@ TEST_CASE("MoE specs: Beam SwiGLU concatenated, weight before down, grouped sigm
   CHECK(m.router.n_group == 2);  // beam-tiny-moe: n_group 2, topk_group 1 (§4)
   CHECK(m.router.topk_group == 1);
   CHECK(m.correction_bias);
-  CHECK_FALSE(m.shared_expert);  // n_shared_experts defaults to 0
+  CHECK(m.shared_width == 0);  // n_shared_experts defaults to 0
 }

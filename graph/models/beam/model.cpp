@@ -51,7 +51,7 @@ MoeMlpSpec beam_moe_spec(const BeamConfig& c) {
   m.experts.layout = GluLayout::concatenated;
   m.experts.weight_after_down = false;
   m.correction_bias = true;
-  m.shared_expert = c.n_shared_experts > 0;
+  m.shared_width = c.n_shared_experts * c.moe_intermediate_size;
   return m;
 }
 
@@ -75,8 +75,7 @@ BeamModel::BeamModel(BeamConfig config) : HiddenStateModel(std::move(config)) {
     specs_.push_back(make_param(p + "post_attention_layernorm.weight", {H}, Init::ones));
     specs_.push_back(make_param(p + "pre_feedforward_layernorm.weight", {H}, Init::ones));
     if (c.is_sparse(l)) {
-      const std::int64_t I = c.moe_intermediate_size;
-      append_moe_mlp_specs(specs_, p, beam_moe_spec(c), H, I, /*router_island=*/true, c.n_shared_experts * I);
+      append_moe_mlp_specs(specs_, p, beam_moe_spec(c), H, c.moe_intermediate_size, /*router_island=*/true);
     } else {
       append_dense_mlp_specs(specs_, p, H, c.intermediate_size);
     }

@@ -41,7 +41,7 @@ MoeMlpSpec flint_moe_spec(const FlintConfig& c) {
   m.experts.layout = GluLayout::concatenated;
   m.experts.weight_after_down = true;  // MODELS.md §2.2, §10.3.4
   m.correction_bias = false;
-  m.shared_expert = c.shared_expert_intermediate_size > 0;  // ungated, added with weight 1
+  m.shared_width = c.shared_expert_intermediate_size;  // ungated, added with weight 1
   return m;
 }
 
@@ -64,8 +64,7 @@ FlintModel::FlintModel(FlintConfig config) : HiddenStateModel(std::move(config))
     specs_.push_back(make_param(p + "post_attention_layernorm.weight", {H}, Init::ones));
     if (c.is_sparse(l)) {
       // The router is bulk: bf16 in bf16 runs (§10.3.4).
-      append_moe_mlp_specs(specs_, p, flint_moe_spec(c), H, c.moe_intermediate_size, /*router_island=*/false,
-                           c.shared_expert_intermediate_size);
+      append_moe_mlp_specs(specs_, p, flint_moe_spec(c), H, c.moe_intermediate_size, /*router_island=*/false);
     } else {
       append_dense_mlp_specs(specs_, p, H, c.intermediate_size);
     }

@@ -71,7 +71,7 @@ MoeMlpSpec inkling2_moe_spec(const Inkling2Config& c) {
   m.experts.beta_gate = c.expert_gate_cap;
   m.experts.beta_up = c.expert_up_cap;
   m.correction_bias = true;
-  m.shared_expert = false;  // MODELS.md §10.2.7
+  m.shared_width = 0;  // no shared expert: MODELS.md §10.2.7
   return m;
 }
 
