@@ -208,11 +208,8 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
-    bool ours = false;
-    for (const char* kind : {"", "replaced-", "retired-"}) {
-      ours = ours || name.starts_with(std::string(kTemporaryPrefix) + kind + "step-");
-    }
-    if (entry.is_directory() && ours) stale.push_back(entry.path());
+    const auto ours = [&](const char* kind) { return name.starts_with(std::string(kTemporaryPrefix) + kind + "step-"); };
+    if (entry.is_directory() && (ours("") || ours("replaced-") || ours("retired-"))) stale.push_back(entry.path());
   }
   for (const auto& dir : stale) fs::remove_all(dir);
 
