@@ -62,21 +62,18 @@ __attribute__((target("avx2"), always_inline)) inline void transpose_8x8(__m256 
   }
 }
 
-// round_to_bf16 of 8 floats, as floats: float_to_bf16_bits' rounding, kept in the high half.
+// round_to_bf16 of 8 floats, as floats: float_to_bf16_bits' rounding, kept in the high half. Eight
+// vector operations: packing a bf16 panel is bound by them (it was thirteen, with an integer NaN test).
 __attribute__((target("avx2"), always_inline)) inline __m256 round_bf16(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u)), exponent = _mm256_set1_epi32(0x7f800000),
-                mantissa = _mm256_set1_epi32(0x007fffff);
   // round to nearest even: u + 0x7fff + (bit 16 of u), then the high half
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), high);
-  // NaN (all exponent bits, some mantissa bit) keeps its high half, quieted
-  const __m256i all_exponent = _mm256_cmpeq_epi32(_mm256_and_si256(u, exponent), exponent);
-  const __m256i no_mantissa = _mm256_cmpeq_epi32(_mm256_and_si256(u, mantissa), _mm256_setzero_si256());
-  const __m256i nan = _mm256_andnot_si256(no_mantissa, all_exponent);
-  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(u, high), _mm256_set1_epi32(0x00400000));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan));
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  // NaN keeps its high half, quieted; the unordered compare reads only bits (DAZ leaves NaNs alone)
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
 // Lines of k-contiguous values, 8 lines x 8 k at a time, into [depth][width] panels; depth >= cols,

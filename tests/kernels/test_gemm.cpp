@@ -349,7 +349,7 @@ std::vector<cpu::gemm_detail::PackKernels> pack_levels() {
   return levels;
 }
 
-// A 64 x 64 source with a NaN, infinities, a rounding tie and values that round up.
+// A 64 x 64 source with NaNs, infinities, rounding ties (a denormal's too) and values that round up.
 std::vector<float> pack_source(float scale, int period) {
   std::vector<float> src(64 * 64);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = scale * static_cast<float>(static_cast<int>(i) % period) - 7.0f;
@@ -358,6 +358,8 @@ std::vector<float> pack_source(float scale, int period) {
   src[131] = std::bit_cast<float>(0x3f808000u); // a tie: rounds to even (down)
   src[196] = std::bit_cast<float>(0x3f818000u); // a tie: rounds to even (up)
   src[261] = std::bit_cast<float>(0x7f7fffffu); // FLT_MAX rounds to +inf
+  src[326] = std::bit_cast<float>(0xffc12345u); // a negative quiet NaN with a payload: its high half
+  src[391] = std::bit_cast<float>(0x00018000u); // a denormal tie: rounds to even (up), bits only
   return src;
 }
 
