@@ -142,6 +142,7 @@ bool is_import(const fs::path& dir) {
 }
 
 void check_run_dir_holds_this_run(const RunConfig& config);
+nlohmann::json data_as_read(nlohmann::json data, const nlohmann::json& cursor);
 
 // The writer's outputs can be made: usable paths, and, for a fresh start (or one from an import),
 // no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it; a resume, no
@@ -149,7 +150,7 @@ void check_run_dir_holds_this_run(const RunConfig& config);
 void check_writer_outputs(const RunConfig& config, const RunOptions& options, bool resuming,
                           const std::string& context) {
   check_outputs(config, options);
-  if (resuming && !options.overwrite) check_run_dir_holds_this_run(config);
+  if (resuming) check_run_dir_holds_this_run(config);  // --overwrite too: it does not act on a resume
   if (resuming || options.overwrite) {
     if (!resuming && !config.checkpoint.load.empty()) {
       // --overwrite removes checkpoint.dir's checkpoints: never the weights this run starts from.
@@ -233,8 +234,8 @@ std::optional<nlohmann::json> resolved_model(const nlohmann::json& section, cons
 }
 
 // A resume continues run_dir's records (metrics.jsonl up to the resumed step, run.json): a run_dir
-// that holds another run (another seed, model or batch shape in its run.json) would get this run's
-// steps spliced onto its own and its record replaced.
+// that holds another run (another seed, model, batch shape or data in its run.json) would get this
+// run's steps spliced onto its own and its record replaced.
 void check_run_dir_holds_this_run(const RunConfig& config) {
   if (!fs::exists(fs::path(config.run_dir) / "metrics.jsonl")) return;
   const std::optional<nlohmann::json> recorded = recorded_run(config);
@@ -256,6 +257,17 @@ void check_run_dir_holds_this_run(const RunConfig& config) {
     const std::optional<nlohmann::json> theirs = resolved_model(was.at("model"), config.source_file);
     if (theirs && *theirs != resolved_model(now.at("model"), config.source_file)) {
       refuse("model", was.at("model").dump(), now.at("model").dump());
+    }
+  }
+  // The data as read, a file's path elided (run.json wrote it as that run's working directory
+  // saw it; the checkpoint's content hash checks the file itself), key by key: a key an older
+  // build did not write is no difference.
+  if (was.contains("data") && was.at("data").is_object()) {
+    const nlohmann::json path_elided = {{"file_hash", true}};
+    const nlohmann::json theirs = data_as_read(was.at("data"), path_elided),
+                         ours = data_as_read(now.at("data"), path_elided);
+    for (const auto& [key, value] : theirs.items()) {
+      if (ours.contains(key) && ours.at(key) != value) refuse("data." + key, value.dump(), ours.at(key).dump());
     }
   }
 }

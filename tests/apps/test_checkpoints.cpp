@@ -235,6 +235,27 @@ TEST_CASE("apps: --resume into a run_dir that holds another run is refused, its 
                                     "this run 1234)"));
   CHECK(read_file(b / "metrics.jsonl") == metrics);
   CHECK(read_file(b / "run.json") == run_json);
+  // --overwrite does not act on a resume of checkpoint.dir's own checkpoints: refused alike (it
+  // spliced run a's steps onto run b's records).
+  resume.push_back("--overwrite");
+  const Result overwrite = run_app("atoll-train", resume, tmp.path);
+  INFO(overwrite.err);
+  CHECK(overwrite.exit_code == 2);
+  CHECK_THAT(overwrite.err, Catch::Contains("holds another run (its run.json has train.seed 99"));
+  CHECK(read_file(b / "metrics.jsonl") == metrics);
+  CHECK(read_file(b / "run.json") == run_json);
+  // Another data stream is another run, named by its key.
+  const fs::path c = tmp.path / "c";
+  auto other_data = train_args(c);
+  add_sets(other_data, {"train.steps=3", "data.synthetic_branching=3"});
+  must_run("atoll-train", other_data, tmp.path);
+  auto into_c = train_args(c);
+  add_sets(into_c, {"train.steps=4", "checkpoint.dir=" + (a / "checkpoints").string()});
+  into_c.insert(into_c.end(), {"--resume", step2.string()});
+  const Result data = run_app("atoll-train", into_c, tmp.path);
+  INFO(data.err);
+  CHECK(data.exit_code == 2);
+  CHECK_THAT(data.err, Catch::Contains("holds another run (its run.json has data.synthetic_branching 3, this run"));
   // Into its own run_dir it continues.
   auto own = train_args(a);
   add_sets(own, {"train.steps=4"});
