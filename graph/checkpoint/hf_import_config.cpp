@@ -232,12 +232,13 @@ RunConfig hf_import_config(const fs::path& hf_dir, const std::optional<RunConfig
           file.string(), fmt::join(missing, ", "), built->preset()));
     }
   }
-  for (const auto& [key, dim] : kNullIsSqrtOf) {
-    if (!hf.contains(key) || !hf.at(key).is_null() || !mine.contains(key)) continue;
+  for (const auto& [key, dim] : kNullIsSqrtOf) {  // null or absent: the default, which the model must have
+    const bool stated = hf.contains(key) && !hf.at(key).is_null();
+    if (stated || !mine.contains(key)) continue;
     const json dflt = std::sqrt(mine.at(dim).get<float>());
     if (!same_config_value(mine.at(key), dflt)) {
-      throw CheckpointError(fmt::format("{}: {}: null (the default, sqrt({}) = {}) in the file, but the model {} has {}",
-                                        file.string(), key, dim, dflt.dump(),
+      throw CheckpointError(fmt::format("{}: {}: {} (the default, sqrt({}) = {}) in the file, but the model {} has {}",
+                                        file.string(), key, hf.contains(key) ? "null" : "absent", dim, dflt.dump(),
                                         given ? "the run config describes" : "built from it", mine.at(key).dump()));
     }
   }

@@ -201,6 +201,12 @@ TEST_CASE("hf import config: Inkling2's null or absent clip radii are the square
   CHECK_THROWS_WITH(hf_import_config(dir.path, other, nullptr),
                     Catch::Contains("config.json: l2_clip_radius_q: null (the default, sqrt(head_dim) = ") &&
                         Catch::Contains("but the model the run config describes has 3.0"));
+  nlohmann::json absent = nulls;  // absent means the same default: refused alike (it imported 3.0)
+  absent.erase("l2_clip_radius_q");
+  write_bytes(dir.path / "config.json", absent.dump(2));
+  CHECK_THROWS_WITH(hf_import_config(dir.path, other, nullptr),
+                    Catch::Contains("config.json: l2_clip_radius_q: absent (the default, sqrt(head_dim) = ") &&
+                        Catch::Contains("but the model the run config describes has 3.0"));
   // A radius that is not a number or null stays refused by type.
   nlohmann::json text = written;
   text["l2_clip_radius_r"] = "4";
