@@ -12,6 +12,7 @@
 // lists the known keys in the order they were first asked for. A key whose value is null
 // (`key:` or `key: ~`) reads as absent.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -172,7 +173,15 @@ template <class T> T convert(const ConfigReader& reader, const std::string& key,
     } else if constexpr (std::is_same_v<T, bool>) {
       if (auto v = parse_config_bool(text)) return *v;
     } else if constexpr (std::is_floating_point_v<T>) {
-      if (auto v = parse_config_number(text)) return static_cast<T>(*v);
+      if (auto v = parse_config_number(text)) {
+        // A float key's value must survive the narrowing: 1e39 would be inf (saved as JSON null),
+        // 1e-50 a zero.
+        const T narrowed = static_cast<T>(*v);
+        if (std::isfinite(narrowed) && (narrowed != 0 || *v == 0)) return narrowed;
+        reader.fail_expected(key, std::is_same_v<T, float> ? "a number that fp32 represents (|x| <= 3.4e38, 0 or "
+                                                             "|x| >= 1.4e-45)"
+                                                           : type_phrase<T>());
+      }
     } else if constexpr (std::is_unsigned_v<T>) {
       if (auto v = parse_config_unsigned(text); v && *v <= std::numeric_limits<T>::max()) return static_cast<T>(*v);
     } else {

@@ -172,6 +172,18 @@ data:
   CHECK(model.get<std::vector<std::string>>("layer_types", {}) ==
         std::vector<std::string>{"sliding_attention", "full_attention"});
   CHECK_NOTHROW(model.finish());
+  // A float key's value must survive fp32: 1e39 became inf (a JSON null in the run's checkpoint),
+  // 1e-50 a zero.
+  YAML::Node floats = YAML::Load("{big: 1.0e39, tiny: 1.0e-50, fine: 1.0e38, zero: 0.0, small: 1.0e-44}");
+  ConfigReader float_keys(floats, c.source_file, "model");
+  CHECK_THROWS_WITH(float_keys.get<float>("big", 1.0f),
+                    Catch::Contains("model.big: expected a number that fp32 represents (|x| <= 3.4e38") &&
+                        Catch::Contains("got 1.0e39"));
+  CHECK_THROWS_WITH(float_keys.get<float>("tiny", 1.0f), Catch::Contains("model.tiny: expected a number that fp32"));
+  CHECK(float_keys.get<float>("fine", 1.0f) == 1.0e38f);
+  CHECK(float_keys.get<float>("zero", 1.0f) == 0.0f);
+  CHECK(float_keys.get<float>("small", 1.0f) > 0.0f);  // a denormal, but not zero
+  CHECK(float_keys.get<double>("big", 1.0) == 1.0e39);  // a double key holds it
 
   nlohmann::json j = to_json(c);
   CHECK(j["model"]["hidden_size"] == 32);
