@@ -1,8 +1,10 @@
 #include "apps/graceful_stop.hpp"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -46,8 +48,10 @@ extern "C" void on_stop_signal(int signal, siginfo_t* info, void*) {
 }  // namespace
 
 void install_graceful_stop() {
-  if (const char* launched = std::getenv("ATOLL_LAUNCH_STARTED"); launched != nullptr && *launched != '\0') {
-    g_launcher = ::getppid();
+  const char* launched = std::getenv("ATOLL_LAUNCH_STARTED");
+  if (launched != nullptr && *launched != '\0') {
+    const char* pid = std::getenv("ATOLL_LAUNCH_PID");
+    g_launcher = pid != nullptr && *pid != '\0' ? static_cast<pid_t>(std::atoll(pid)) : ::getppid();
   }
   struct sigaction action {};
   action.sa_sigaction = on_stop_signal;
@@ -55,6 +59,17 @@ void install_graceful_stop() {
   action.sa_flags = SA_RESTART | SA_SIGINFO;  // blocking calls in flight carry on; the run loop polls
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  if (g_launcher != 0) {
+    // A launcher that dies unable to forward a stop (SIGKILL, the OOM killer) must not leave its
+    // nodes training unsupervised (they run in sessions of their own): its death is a stop
+    // request, saved like any other.
+    if (::getppid() == g_launcher) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != g_launcher) std::raise(SIGTERM);  // it died between the check and the call
+    } else if (::kill(g_launcher, 0) != 0 && errno == ESRCH) {  // (another parent: a setsid that forked)
+      std::raise(SIGTERM);
+    }
+  }
 }
 
 int graceful_stop_signal() { return g_signal.load(); }

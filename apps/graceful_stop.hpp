@@ -2,7 +2,7 @@
 // the current step (saving a checkpoint); a second one ends the process at once, as the default
 // action would. Clusters (Slurm preemption, Kubernetes) send SIGTERM and wait a grace period.
 // Under scripts/launch a copy forwarded by the launcher, or one arriving directly within 2 s of
-// the launcher's, is the same request, not a second one.
+// the launcher's, is the same request, not a second one; the launcher's death is a request too.
 #pragma once
 
 namespace atl {

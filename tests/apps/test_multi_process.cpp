@@ -515,6 +515,35 @@ TEST_CASE("scripts/launch: bad input (2) and non-finite training (3) end the job
   }
 }
 
+TEST_CASE("scripts/launch: nodes whose launcher is killed stop after their step, saved, instead of training on",
+          "[apps][launch]") {
+  TempDir tmp;
+  // SIGKILL (or the OOM killer) leaves the launcher no chance to forward a stop, and the nodes run
+  // in sessions of their own: they trained on, orphaned. Its death is now a stop request.
+  const fs::path run = tmp.path / "run";
+  const std::string metrics = shell_quote((run / "metrics.jsonl").string());
+  const Result r = run_shell(
+      "( " + launch_script() + " --nnodes 2 --" +
+          joined(train_args("configs/beam-tiny.yaml", run,
+                            {"topology.mesh.dp_shard=2", "train.steps=100000", "checkpoint.every=1000"})) +
+          " & launcher=$!; for i in $(seq 600); do [ \"$(cat " + metrics +
+          " 2>/dev/null | wc -l)\" -ge 3 ] && break; sleep 0.1; done; "
+          "nodes=$(cat /proc/$launcher/task/*/children); kill -KILL $launcher; wait $launcher; "
+          "for i in $(seq 1200); do alive=0; for p in $nodes; do kill -0 $p 2>/dev/null && alive=1; done; "
+          "[ $alive = 0 ] && break; sleep 0.1; done; "
+          "if [ $alive = 0 ]; then echo 'nodes gone'; else echo 'nodes alive'; kill -KILL $nodes; fi )",
+      tmp.path / "out");
+  INFO(r.err);
+  REQUIRE(r.out.find("nodes gone") != std::string::npos);
+  const auto lines = read_metrics(run / "metrics.jsonl");
+  REQUIRE(lines.size() >= 3);
+  const auto latest = latest_checkpoint(run / "checkpoints");
+  REQUIRE(latest.has_value());
+  CHECK(latest->filename() == checkpoint_dir_name(static_cast<std::int64_t>(lines.size())));
+  CHECK_THAT(r.err, Catch::Contains("[node 1] atoll-train: stopped by SIGTERM after step " +
+                                    std::to_string(lines.size())));
+}
+
 TEST_CASE("apps: weights that turn non-finite at node 0's save end every node with exit 3, no restart",
           "[apps][ucx]") {
   TempDir tmp;
