@@ -515,19 +515,35 @@ TEST_CASE("scripts/launch: bad input (2) and non-finite training (3) end the job
   }
 }
 
+// Shell: scripts/launch (with `flags`) training beam-tiny on 2 nodes for 100000 steps in the
+// background as $launcher, waited on until run's metrics.jsonl has 3 lines.
+std::string launched_past_step_3(const fs::path& run, const std::string& flags) {
+  const std::string metrics = shell_quote((run / "metrics.jsonl").string());
+  return launch_script() + " --nnodes 2 " + flags + " --" +
+         joined(train_args("configs/beam-tiny.yaml", run,
+                           {"topology.mesh.dp_shard=2", "train.steps=100000", "checkpoint.every=1000"})) +
+         " & launcher=$!; for i in $(seq 600); do [ \"$(cat " + metrics +
+         " 2>/dev/null | wc -l)\" -ge 3 ] && break; sleep 0.1; done; ";
+}
+
+// A SIGTERM stop of that job: the last step recorded was saved, and node 1 said why it stopped.
+void check_stopped_by_sigterm_and_saved(const fs::path& run, const std::string& err) {
+  const auto lines = read_metrics(run / "metrics.jsonl");
+  REQUIRE(lines.size() >= 3);
+  const auto latest = latest_checkpoint(run / "checkpoints");
+  REQUIRE(latest.has_value());
+  CHECK(latest->filename() == checkpoint_dir_name(static_cast<std::int64_t>(lines.size())));
+  CHECK_THAT(err, Catch::Contains("[node 1] atoll-train: stopped by SIGTERM after step " + std::to_string(lines.size())));
+}
+
 TEST_CASE("scripts/launch: nodes whose launcher is killed stop after their step, saved, instead of training on",
           "[apps][launch]") {
   TempDir tmp;
   // SIGKILL (or the OOM killer) leaves the launcher no chance to forward a stop, and the nodes run
   // in sessions of their own: they trained on, orphaned. Its death is now a stop request.
   const fs::path run = tmp.path / "run";
-  const std::string metrics = shell_quote((run / "metrics.jsonl").string());
   const Result r = run_shell(
-      "( " + launch_script() + " --nnodes 2 --" +
-          joined(train_args("configs/beam-tiny.yaml", run,
-                            {"topology.mesh.dp_shard=2", "train.steps=100000", "checkpoint.every=1000"})) +
-          " & launcher=$!; for i in $(seq 600); do [ \"$(cat " + metrics +
-          " 2>/dev/null | wc -l)\" -ge 3 ] && break; sleep 0.1; done; "
+      "( " + launched_past_step_3(run, "") +
           "nodes=$(cat /proc/$launcher/task/*/children); kill -KILL $launcher; wait $launcher; "
           "for i in $(seq 1200); do alive=0; for p in $nodes; do kill -0 $p 2>/dev/null && alive=1; done; "
           "[ $alive = 0 ] && break; sleep 0.1; done; "
@@ -535,13 +551,7 @@ TEST_CASE("scripts/launch: nodes whose launcher is killed stop after their step,
       tmp.path / "out");
   INFO(r.err);
   REQUIRE(r.out.find("nodes gone") != std::string::npos);
-  const auto lines = read_metrics(run / "metrics.jsonl");
-  REQUIRE(lines.size() >= 3);
-  const auto latest = latest_checkpoint(run / "checkpoints");
-  REQUIRE(latest.has_value());
-  CHECK(latest->filename() == checkpoint_dir_name(static_cast<std::int64_t>(lines.size())));
-  CHECK_THAT(r.err, Catch::Contains("[node 1] atoll-train: stopped by SIGTERM after step " +
-                                    std::to_string(lines.size())));
+  check_stopped_by_sigterm_and_saved(run, r.err);
 }
 
 TEST_CASE("apps: weights that turn non-finite at node 0's save end every node with exit 3, no restart",
@@ -568,24 +578,13 @@ TEST_CASE("scripts/launch: a stop sent to the launcher and to every node at once
   // from the launcher. That is one request (a second would end a node unsaved): every node
   // finishes its step, the checkpoint of that step is saved, and the job ends 143, no restart.
   const fs::path run = tmp.path / "run";
-  const std::string metrics = shell_quote((run / "metrics.jsonl").string());
-  const Result r = run_shell(
-      "( " + launch_script() + " --nnodes 2 --max-restarts 2 --" +
-          joined(train_args("configs/beam-tiny.yaml", run,
-                            {"topology.mesh.dp_shard=2", "train.steps=100000", "checkpoint.every=1000"})) +
-          " & launcher=$!; for i in $(seq 600); do [ \"$(cat " + metrics +
-          " 2>/dev/null | wc -l)\" -ge 3 ] && break; sleep 0.1; done; "
-          "kill -TERM $launcher $(cat /proc/$launcher/task/*/children); wait $launcher; echo \"launcher $?\" )",
-      tmp.path / "out");
+  const Result r = run_shell("( " + launched_past_step_3(run, "--max-restarts 2") +
+                                 "kill -TERM $launcher $(cat /proc/$launcher/task/*/children); wait $launcher; "
+                                 "echo \"launcher $?\" )",
+                             tmp.path / "out");
   INFO(r.err);
   CHECK(r.out.find("launcher 143") != std::string::npos);
-  const auto lines = read_metrics(run / "metrics.jsonl");
-  REQUIRE(lines.size() >= 3);
-  const auto latest = latest_checkpoint(run / "checkpoints");
-  REQUIRE(latest.has_value());
-  CHECK(latest->filename() == checkpoint_dir_name(static_cast<std::int64_t>(lines.size())));
-  CHECK_THAT(r.err, Catch::Contains("[node 1] atoll-train: stopped by SIGTERM after step " +
-                                    std::to_string(lines.size())));
+  check_stopped_by_sigterm_and_saved(run, r.err);
   CHECK_THAT(r.err, !Catch::Contains("restart"));
 }
 
