@@ -101,7 +101,11 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int t
   // Other launchers (and people) export NODE_RANK and NNODES.
   node.offer(integer("NODE_RANK"), "NODE_RANK");
   nnodes.offer(integer("NNODES"), "NNODES");
-  if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local && *local > 0) {
+  if (auto local = integer("LOCAL_WORLD_SIZE"); local && *local < 1) {
+    throw std::invalid_argument("LOCAL_WORLD_SIZE: expected a positive count of processes per node, got " +
+                                std::to_string(*local));
+  }
+  if (auto world = integer("WORLD_SIZE"), local = integer("LOCAL_WORLD_SIZE"); world && local) {
     if (!nnodes.value && *world % *local != 0) {
       throw std::invalid_argument("WORLD_SIZE / LOCAL_WORLD_SIZE: " + std::to_string(*world) + " processes do not "
                                   "make whole nodes of " + std::to_string(*local) + "; expected a multiple (or NNODES)");
@@ -132,6 +136,13 @@ NodeSpec resolve_node_spec(const NodeFlags& flags, const Environment& env, int t
     addr.offer(first_slurm_host(*list), "SLURM_JOB_NODELIST (Slurm)");
   }
 
+  // WORLD_SIZE alone counts processes, not nodes (a launcher of one process per rank): taken for
+  // one node, every process would run the whole job and write run_dir.
+  if (auto world = integer("WORLD_SIZE"); world && *world > 1 && !nnodes.value && !topology) {
+    throw std::invalid_argument("WORLD_SIZE: " + std::to_string(*world) + " processes, but no node count (atoll-train "
+                                "runs one process per node, which runs the node's ranks); expected --nnodes, NNODES, "
+                                "LOCAL_WORLD_SIZE beside WORLD_SIZE, SLURM_NNODES or topology.nodes");
+  }
   NodeSpec spec;
   spec.nnodes = std::max(1, topology_nodes);
   spec.node_rank_from = node.from;

@@ -84,6 +84,15 @@ TEST_CASE("node spec: flags, then torchrun's variables, then Slurm's, field by f
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "2"}})),
                     Catch::Contains("WORLD_SIZE / LOCAL_WORLD_SIZE: 3 processes do not make whole nodes of 2"));
   CHECK(resolve_node_spec({}, env_of({{"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "2"}, {"NNODES", "3"}})).nnodes == 3);
+  // WORLD_SIZE alone counts processes: each of them ran the whole job as node 0 of 1.
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}})),
+                    Catch::Contains("WORLD_SIZE: 2 processes, but no node count") &&
+                        Catch::Contains("expected --nnodes, NNODES, LOCAL_WORLD_SIZE beside WORLD_SIZE"));
+  CHECK(resolve_node_spec({}, env_of({{"WORLD_SIZE", "1"}})).nnodes == 1);
+  CHECK(resolve_node_spec({}, env_of({{"WORLD_SIZE", "4"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"}})).nnodes == 2);
+  CHECK(resolve_node_spec({}, env_of({{"WORLD_SIZE", "4"}}), 2).nnodes == 2);  // a topology file counts them
+  CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "0"}})),
+                    Catch::Contains("LOCAL_WORLD_SIZE: expected a positive count of processes per node, got 0"));
   CHECK_THROWS_WITH(resolve_node_spec({}, env_of({{"MASTER_PORT", "http"}})),
                     Catch::Contains("MASTER_PORT: expected an integer"));
 }
