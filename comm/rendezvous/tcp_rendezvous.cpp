@@ -11,6 +11,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -243,11 +245,28 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
     json hello;
   };
   std::map<int, Joined> joined;
+  std::set<int> left;  // nodes that joined, then closed their connection (their process ended)
   while (static_cast<int>(joined.size()) < s.nnodes - 1) {
-    if (!wait_unless_stopped(s, listener.fd(), deadline)) {
+    // In slices of a second: a joined node whose process ends meanwhile is missing again, and the
+    // timeout names it as such (a restarted one joins again).
+    const auto slice = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    const bool arrived = wait_unless_stopped(s, listener.fd(), slice);
+    for (auto it = joined.begin(); it != joined.end();) {
+      if (!closed_by_peer(it->second.socket.fd())) {
+        ++it;
+        continue;
+      }
+      if (s.log) s.log("node " + std::to_string(it->first) + " left the rendezvous (its connection closed)");
+      left.insert(it->first);
+      it = joined.erase(it);
+    }
+    if (!arrived && slice < deadline) continue;
+    if (!arrived) {
       std::string missing;
       for (int n = 1; n < s.nnodes; ++n) {
-        if (!joined.count(n)) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+        if (!joined.count(n)) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(n) + (left.count(n) ? " (joined, then left)" : "");
+        }
       }
       fail_plain(std::to_string(joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined within " +
            seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s); missing: node " + missing);
@@ -298,6 +317,9 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
                                                     : ", not a node of this job (node 0 runs " +
                                                           std::to_string(s.nnodes) + " nodes: check --nnodes too)"));
       continue;
+    }
+    if (left.erase(node) && s.log) {
+      s.log("node " + std::to_string(node) + " joined again (its earlier connection had closed)");
     }
     joined[node] = Joined{std::move(peer), std::move(hello)};
   }
@@ -359,6 +381,7 @@ std::map<int, WorkerAddress> join(const RendezvousSettings& s, const std::map<in
   send_message(socket.fd(), json{{"token", s.token}}, deadline);
   json reply;
   try {
+    wait_unless_stopped(s, socket.fd(), deadline);  // node 0 may be busy, hung, or another program
     reply = receive_message(socket.fd(), deadline);
     if (reply.contains("accepted")) {
       send_message(socket.fd(), json{{"node", s.node_rank}, {"job", s.job}, {"addresses", addresses_json(mine)}},

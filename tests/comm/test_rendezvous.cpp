@@ -126,9 +126,37 @@ TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its sig
   REQUIRE(listening);
   CHECK(node1.empty());
   CHECK(stopped_by == 2);
-  CHECK(node0.find("2 of 3 nodes joined") != std::string::npos);  // node 1 had joined before it stopped
-  CHECK(node0.find("missing: node 2") != std::string::npos);
+  // Node 1 had joined; stopped, it closed its connection: missing again, and named so.
+  CHECK(node0.find("1 of 3 nodes joined") != std::string::npos);
+  CHECK(node0.find("missing: node 1 (joined, then left), 2") != std::string::npos);
 }
+
+TEST_CASE("rendezvous: a node waiting for node 0 to accept its token stops when asked", "[comm][rendezvous]") {
+  // Something listens on node 0's port but never answers (node 0 hung or busy, another program):
+  // the wait for the token's answer polls for a stop like the others (it held to the timeout).
+  const int port = testing::free_port();
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  const sockaddr_in addr = testing::loopback(port);
+  REQUIRE(::bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  RendezvousSettings s = settings_for(1, 2, port, std::chrono::seconds(30));
+  int looks = 0;
+  s.stop_requested = [&looks] { return ++looks >= 3 ? 15 : 0; };
+  int stopped_by = 0;
+  const std::string error = error_of([&] {
+    try {
+      rendezvous(s, {});
+    } catch (const RendezvousStopped& e) {
+      stopped_by = e.signal();
+    }
+  });
+  ::close(listener);
+  CHECK(error.empty());
+  CHECK(stopped_by == 15);
+  CHECK(looks == 3);
+}
+
 
 TEST_CASE("rendezvous: node 0 at an IPv6 address (::1) is reached like an IPv4 one", "[comm][rendezvous]") {
   if (!testing::has_ipv6_loopback()) {  // (some containers switch IPv6 off)
@@ -304,9 +332,9 @@ struct Node0 {
   std::map<int, WorkerAddress> sees;
   std::string error;
   std::thread thread;  // last: started once the rest exists
-  Node0(int nnodes, int port)
-      : thread([this, nnodes, port] {
-          RendezvousSettings s = settings_for(0, nnodes, port, std::chrono::seconds(20));
+  Node0(int nnodes, int port, std::chrono::milliseconds timeout = std::chrono::seconds(20))
+      : thread([this, nnodes, port, timeout] {
+          RendezvousSettings s = settings_for(0, nnodes, port, timeout);
           s.log = log.writer();
           error = error_of([&] { sees = rendezvous(s, {{0, WorkerAddress{std::byte{5}}}}); });
         }) {}
@@ -396,4 +424,20 @@ TEST_CASE("framing: a timeout or a closed peer is said without a stale system er
   CHECK(error_of([&] { framing::receive_message(fds[0], framing::Clock::now() + std::chrono::seconds(20)); }) ==
         "control channel: the peer closed the connection");
   ::close(fds[0]);
+}
+
+TEST_CASE("rendezvous: node 0 names a node that joined and then ended as missing again", "[comm][rendezvous]") {
+  const int port = testing::free_port();
+  Node0 zero(3, port, std::chrono::seconds(4));
+  REQUIRE(testing::wait_until_listening(port, std::chrono::seconds(20)));
+  const int one = connect_raw(port);  // node 1 joins by hand, and its process ends
+  const auto soon = framing::Clock::now() + std::chrono::seconds(20);
+  framing::send_message(one, nlohmann::json{{"token", "t"}}, soon);
+  CHECK(framing::receive_message(one, soon).contains("accepted"));
+  framing::send_message(one, nlohmann::json{{"node", 1}, {"job", R"({"job":1})"}, {"addresses", {{"1", "ff"}}}}, soon);
+  ::close(one);
+  zero.thread.join();
+  CHECK_THAT(zero.error, Catch::Contains("1 of 3 nodes joined within 4 s") &&
+                             Catch::Contains("missing: node 1 (joined, then left), 2"));
+  CHECK(zero.log.has("node 1 left the rendezvous (its connection closed)"));
 }
