@@ -603,7 +603,10 @@ TEST_CASE("apps: a node killed mid-run stops the job naming it, and --max-restar
   const Result stopped = launch_and_kill_a_node("--nnodes 2 --" + args(tmp.path / "stop"), tmp.path / "stop", 30,
                                                 tmp.path / "stop_out");
   INFO(stopped.err);
-  CHECK(stopped.exit_code != 0);
+  // The launcher names the killed node (pkill -n: node 1, the newest) and exits with its code,
+  // not with the survivor's 1 (which wait -n may report first).
+  CHECK(stopped.exit_code == 137);
+  CHECK(stopped.err.find("launch: node 1 exited with code 137; stopping the others") != std::string::npos);
   CHECK(stopped.err.find(": lost node ") != std::string::npos);
   CHECK(stopped.err.find("(ranks ") != std::string::npos);
 
