@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
     try {
       const atl::NodeSpec given = atl::resolve_node_spec(node, atl::process_environment());
       prefix = atl::node_prefix(given.node_rank);
+      atl::exit_on_escaped_exception(prefix + "atoll-train");
     } catch (const std::invalid_argument&) {  // reported with the launch, naming the variable
     }
   }
@@ -135,6 +136,7 @@ int main(int argc, char** argv) {
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
       const atl::NodePlacement placed = atl::place_this_node(config, node);
       prefix = atl::node_prefix(placed.spec.node_rank);  // from here on, even for a placement by Slurm or host name
+      atl::exit_on_escaped_exception(prefix + "atoll-train");
       atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
       if (!options.trace_path.empty() && placed.spec.node_rank != 0) {  // (node 0's is checked with its outputs)
         node_options.trace_path = atl::node_trace_path(options.trace_path, placed.spec.node_rank);

@@ -5,12 +5,13 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <string>
 
 namespace atl {
 
 namespace {
 
-const char* program_name = "atoll";
+std::string program_name = "atoll";  // set before any runtime thread starts
 
 [[noreturn]] void on_terminate() {
   if (const std::exception_ptr escaped = std::current_exception()) {
@@ -18,11 +19,11 @@ const char* program_name = "atoll";
     try {
       std::rethrow_exception(escaped);
     } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "%s: out of memory in a runtime thread (std::bad_alloc escaped it)\n", program_name);
+      std::fprintf(stderr, "%s: out of memory in a runtime thread (std::bad_alloc escaped it)\n", program_name.c_str());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: error: an exception escaped a runtime thread: %s\n", program_name, e.what());
+      std::fprintf(stderr, "%s: error: an exception escaped a runtime thread: %s\n", program_name.c_str(), e.what());
     } catch (...) {
-      std::fprintf(stderr, "%s: error: a non-standard exception escaped a runtime thread\n", program_name);
+      std::fprintf(stderr, "%s: error: a non-standard exception escaped a runtime thread\n", program_name.c_str());
     }
     std::_Exit(1);
   }
@@ -31,7 +32,7 @@ const char* program_name = "atoll";
 
 }  // namespace
 
-void exit_on_escaped_exception(const char* program) {
+void exit_on_escaped_exception(const std::string& program) {
   program_name = program;
   std::set_terminate(on_terminate);
 }
