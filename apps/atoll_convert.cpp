@@ -24,16 +24,19 @@ int main(int argc, char** argv) {
   std::int64_t max_shard_bytes = std::int64_t{5} << 30;
   std::vector<std::string> sets;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model in HF layout (model.safetensors, or shards and their index, and config.json)");
-  exp->add_option("checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
-  exp->add_option("out", out, "the HF directory to create")->required();
+  exp->add_option("checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")
+      ->required()
+      ->check(atl::non_empty_path());
+  exp->add_option("out", out, "the HF directory to create")->required()->check(atl::non_empty_path());
   exp->add_option("--dtype", dtype, "bulk tensors in fp32 (the default) or bf16 (FP32 islands always stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   exp->add_option("--max-shard-bytes", max_shard_bytes, "split model files above this size (default 5 GiB)")
       ->check(atl::positive_int64("a positive byte count"));
   auto* imp = app.add_subcommand("import", "read an HF directory into a training checkpoint (step 0)");
-  imp->add_option("hf_dir", hf_dir, "the HF directory")->required();
+  imp->add_option("hf_dir", hf_dir, "the HF directory")->required()->check(atl::non_empty_path());
   imp->add_option("out_root", out_root, "checkpoint root; the checkpoint is written to OUT_ROOT/step-00000000 (never over an existing one)")
-      ->required();
+      ->required()
+      ->check(atl::non_empty_path());
   imp->add_option("--config", config_path,
                   "a run config whose model section states the model (default: the HF directory's config.json); "
                   "config.json must agree with it");

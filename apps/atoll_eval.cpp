@@ -51,13 +51,19 @@ int main(int argc, char** argv) {
   std::string config_path, checkpoint, dump_logits, tokens;
   std::vector<std::string> sets;
   std::int64_t batches = 8;
-  app.add_option("config", config_path, "run config (model, precision, data, train.global_batch/seq_len)")->required();
-  app.add_option("--checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")->required();
+  app.add_option("config", config_path, "run config (model, precision, data, train.global_batch/seq_len)")
+      ->required()
+      ->check(atl::non_empty_path());
+  app.add_option("--checkpoint", checkpoint, "a checkpoint directory (step-NNNNNNNN)")
+      ->required()
+      ->check(atl::non_empty_path());
   app.add_option("--set", sets, "override a config key (repeatable)");
   app.add_option("--batches", batches, "batches of train.global_batch x train.seq_len to score (default 8)")
       ->check(atl::positive_int64("a positive count"));
-  auto* dump = app.add_option("--dump-logits", dump_logits, "write the fp32 logits of --tokens rows here");
-  auto* rows = app.add_option("--tokens", tokens, "safetensors file with input_ids, positions, valid [B, S]");
+  auto* dump = app.add_option("--dump-logits", dump_logits, "write the fp32 logits of --tokens rows here")
+                   ->check(atl::non_empty_path());
+  auto* rows = app.add_option("--tokens", tokens, "safetensors file with input_ids, positions, valid [B, S]")
+                   ->check(atl::non_empty_path());
   bool allow_nonfinite = false;
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "load a checkpoint whose weights hold NaN or infinities (to inspect a broken run)");

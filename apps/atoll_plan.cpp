@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "apps/cli_checks.hpp"
 #include "apps/end_message.hpp"
 #include "graph/config.hpp"
 #include "graph/data/data_source.hpp"
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
   std::optional<int> world_size;
-  app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required();
+  app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required()->check(atl::non_empty_path());
   app.add_option("--set", sets, "override a config key: --set topology.mesh.dp_shard=4 (repeatable)");
   app.add_option("--world-size", world_size, "check the mesh against the ranks a launcher will start")
       ->check(CLI::Range(1, std::numeric_limits<int>::max(), "a positive rank count"));

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/actor_engine.hpp"
+#include "apps/cli_checks.hpp"
 #include "apps/end_message.hpp"
 #include "apps/fatal_exit.hpp"
 #include "apps/node_launch.hpp"
@@ -58,10 +59,11 @@ int main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
   atl::RunOptions options;
-  app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required();
+  app.add_option("config", config_path, "YAML run config (see docs/config.md)")->required()->check(atl::non_empty_path());
   app.add_option("--set", sets, "override a config key: --set train.steps=50 (repeatable)");
   app.add_flag("--overwrite", options.overwrite, "replace the outputs of an earlier run in run_dir");
-  app.add_option("--trace", options.trace_path, "write a Chrome trace-event JSON of every actor's spans (Perfetto)");
+  app.add_option("--trace", options.trace_path, "write a Chrome trace-event JSON of every actor's spans (Perfetto)")
+      ->check(atl::non_empty_path());
   std::string resume_from;
   auto* resume = app.add_option("--resume", resume_from,
                                 "continue from a checkpoint: its directory, or with no value the latest complete "

@@ -1,4 +1,4 @@
-// Command-line checks CLI11 2.1 lacks: it reads "99999999999999999999" for an int64 option as the
+// Command-line checks CLI11 2.1 lacks. It reads "99999999999999999999" for an int64 option as the
 // largest int64 instead of refusing it, so counts are checked on the text, before conversion.
 #pragma once
 #include <charconv>
@@ -22,6 +22,13 @@ inline CLI::Validator positive_int64(const std::string& what) {
                "]), got '" + text + "'";
       },
       what);
+}
+
+// A path that names something: an empty one would be refused later by a message naming nothing
+// ("'': cannot create it").
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "expected a path, got ''" : ""; },
+                        "PATH");
 }
 
 }  // namespace atl

@@ -168,6 +168,24 @@ TEST_CASE("apps: atoll-train a bad command line exits 2, --help exits 0", "[apps
     CHECK_THAT(r.err, Catch::Contains("--resume took '" + default_config().string() + "' as the checkpoint to resume"));
     CHECK_FALSE(fs::exists(run_dir));
   }
+  SECTION("an empty path, for any of the tools: named as such (it read ': cannot open config file')") {
+    const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+        {"atoll-train", {""}},
+        {"atoll-train", {default_config().string(), "--set", run_dir_set, "--trace", ""}},
+        {"atoll-eval", {default_config().string(), "--checkpoint", ""}},
+        {"atoll-eval", {default_config().string(), "--checkpoint", tmp.path.string(), "--dump-logits", ""}},
+        {"atoll-plan", {""}},
+        {"atoll-convert", {"export", tmp.path.string(), ""}},
+        {"atoll-convert", {"import", "", tmp.path.string()}},
+    };
+    for (const auto& [app, args] : cases) {
+      const Result r = run_app(app, args, tmp.path);
+      INFO(app << ": " << r.err);
+      CHECK(r.exit_code == 2);
+      CHECK_THAT(r.err, Catch::Contains(": expected a path, got ''"));
+    }
+    CHECK_FALSE(fs::exists(run_dir));
+  }
   SECTION("--help") {
     const Result r = run_train({"--help"}, tmp.path);
     CHECK(r.exit_code == 0);
