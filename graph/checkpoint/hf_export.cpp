@@ -89,6 +89,9 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
   } catch (const fs::filesystem_error& e) {  // named by OUT, not by the temporary
     discard();
     throw_cannot_create(out_dir, e.code());
+  } catch (const FileWriteError& e) {  // (a full disk, a quota, ulimit -f): OUT first, then the file
+    discard();
+    throw FileWriteError(out_dir.string() + ": the export could not be written (nothing is left of it): " + e.what());
   } catch (...) {
     discard();
     throw;
@@ -165,6 +168,9 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
   } catch (const fs::filesystem_error& e) {  // a root that refuses the checkpoint: named, not its temporary
     discard();
     throw_cannot_create(target, e.code());
+  } catch (const FileWriteError& e) {
+    discard();
+    throw FileWriteError(target.string() + ": the import could not be written (nothing is left of it): " + e.what());
   } catch (...) {
     discard();
     throw;

@@ -153,6 +153,40 @@ TEST_CASE("failures: a checkpoint the file system refuses is exit 1, named, and 
   CHECK(lines.size() >= 5);  // some steps' lines before the limit
 }
 
+TEST_CASE("failures: an export or import the file system refuses is exit 1, named by its output, nothing left",
+          "[apps][failures]") {
+  TempDir tmp;
+  REQUIRE(run_app("atoll-train", small_run(tmp.path, {"train.steps=1"}), tmp.path).exit_code == 0);
+  const fs::path checkpoint = tmp.path / "ckpt" / "step-00000001", out = tmp.path / "hf";
+  const auto limited = [&](const std::vector<std::string>& args) {  // 300 KiB: config.json fits, the weights not
+    std::string command = "ulimit -f 300 && exec " + shell_quote(app_binary("atoll-convert").string());
+    for (const auto& word : args) command.append(" ").append(shell_quote(word));
+    return run_shell(command, tmp.path);
+  };
+  const Result e = limited({"export", checkpoint.string(), out.string()});
+  INFO(e.err);
+  CHECK(e.exit_code == 1);
+  // OUT first (it named only the temporary: .tmp-hf-<host>-<pid>/model.safetensors).
+  CHECK_THAT(e.err, Catch::Contains(out.string() + ": the export could not be written (nothing is left of it): ") &&
+                        Catch::Contains("model.safetensors: write failed"));
+  CHECK_FALSE(fs::exists(out));
+  const auto leftovers = [&](const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+    return names;
+  };
+  for (const auto& name : leftovers(tmp.path)) CHECK(name.rfind(".tmp-", 0) != 0);
+
+  REQUIRE(run_app("atoll-convert", {"export", checkpoint.string(), out.string()}, tmp.path).exit_code == 0);
+  const fs::path root = tmp.path / "imported";
+  const Result i = limited({"import", out.string(), root.string()});
+  INFO(i.err);
+  CHECK(i.exit_code == 1);
+  CHECK_THAT(i.err, Catch::Contains((root / "step-00000000").string() + ": the import could not be written") &&
+                        Catch::Contains("write failed"));
+  CHECK_FALSE(fs::exists(root));
+}
+
 TEST_CASE("failures: on_nonfinite skip_step drops steps and stops after max_skipped_steps", "[apps][failures]") {
   TempDir tmp;
   const Result r = run_app(
