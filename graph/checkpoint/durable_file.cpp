@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -24,7 +25,7 @@ namespace {
 }  // namespace
 
 DurableFileWriter::DurableFileWriter(std::filesystem::path path) : path_(std::move(path)) {
-  const std::string prefix = fmt::format(".{}.tmp-", path_.filename().string());
+  const std::string prefix = temporary_prefix(".", path_.filename().string(), ".tmp-");
   remove_abandoned_temporaries(parent_folder(path_), prefix);
   temporary_ = path_.parent_path() / (prefix + temporary_tag());
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -88,6 +89,16 @@ std::string host_name() {
 }  // namespace
 
 std::string temporary_tag() { return host_name() + "-" + std::to_string(static_cast<long>(::getpid())); }
+
+std::string temporary_prefix(std::string_view lead, const std::string& name, std::string_view trail) {
+  // Room for the tag: a host name of up to 64 bytes (HOST_NAME_MAX), '-' and a pid of up to 10 digits.
+  constexpr std::size_t kNameMax = 255, kTagMax = 64 + 1 + 10, kHash = 9;  // "~" and 8 hex digits
+  const std::size_t room = kNameMax - kTagMax - lead.size() - trail.size();
+  if (name.size() <= room) return fmt::format("{}{}{}", lead, name, trail);
+  std::uint32_t hash = 2166136261u;  // FNV-1a: the same cut name on every run and build
+  for (const unsigned char c : name) hash = (hash ^ c) * 16777619u;
+  return fmt::format("{}{}~{:08x}{}", lead, name.substr(0, room - kHash), hash, trail);
+}
 
 void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix_given) {
   const std::string prefix = prefix_given + host_name() + "-";  // this machine's only: its pids say something

@@ -19,7 +19,7 @@ class FileWriteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Streams bytes into `.<name>.tmp-<temporary_tag()>` beside `path`; commit() makes them appear under `path`.
+// Streams bytes into `.<name>.tmp-<temporary_tag()>` (temporary_prefix) beside `path`; commit() makes them appear under `path`.
 // Destroyed without commit() (an exception on the way), it removes the temporary file.
 class DurableFileWriter {
  public:
@@ -42,6 +42,11 @@ void write_file_durably(const std::filesystem::path& path, std::string_view cont
 // "<host name>-<pid>", the end of this process's temporaries' names: writers on other machines
 // sharing a folder are told apart.
 std::string temporary_tag();
+// The fixed part of the temporaries' names for `name`: lead + name + trail, a long name cut (and a
+// hash of the whole put after the cut) so that with temporary_tag() the whole fits in a file
+// name's 255 bytes: an output named near that limit can be written. The same for the same name,
+// so remove_abandoned_temporaries finds the ones a killed writer left.
+std::string temporary_prefix(std::string_view lead, const std::string& name, std::string_view trail);
 // Removes the entries of `folder` named `<prefix><host>-<pid>`, this machine's, whose process is
 // gone: the temporaries of a writer killed before it could remove them (a whole model copy, for
 // an export). One whose pid is alive (another writer, or a number reused since) stays, as does

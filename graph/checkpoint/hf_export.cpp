@@ -66,7 +66,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
     const Tensor& t = master.at(s.name);
     native.insert(s.name, (bulk_dtype == DType::bf16 && !s.island) ? t.to(DType::bf16) : t);
   }
-  const std::string tmp_prefix = ".tmp-" + out_dir.filename().string() + "-";
+  const std::string tmp_prefix = temporary_prefix(".tmp-", out_dir.filename().string(), "-");
   remove_abandoned_temporaries(parent_folder(out_dir), tmp_prefix);
   const fs::path tmp = out_dir.parent_path() / (tmp_prefix + temporary_tag());
   std::error_code ec;

@@ -126,6 +126,32 @@ TEST_CASE("durable file: the temporaries of a writer that died are removed by th
   CHECK(read_bytes(tmp.path / "run.json") == "{}\n");
 }
 
+TEST_CASE("durable file: a name near the 255-byte limit gets a temporary that fits, found again when abandoned",
+          "[checkpoint]") {
+  CHECK(temporary_prefix(".", "run.json", ".tmp-") == ".run.json.tmp-");  // short names as they are
+  const std::string long_a(250, 'a'), long_b = std::string(249, 'a') + "b";
+  const std::string a = temporary_prefix(".", long_a, ".tmp-"), b = temporary_prefix(".", long_b, ".tmp-");
+  CHECK(a.size() + 64 + 1 + 10 <= 255);  // with the longest host name and pid
+  CHECK(a == temporary_prefix(".", long_a, ".tmp-"));
+  CHECK(a != b);  // cut at the same place, told apart by the hash of the whole
+  CHECK(a.rfind(".aaaa", 0) == 0);
+  CHECK(a.substr(a.size() - 5) == ".tmp-");
+
+  TempDir tmp;
+  write_file_durably(tmp.path / long_a, "written\n");  // the temporary was 256 bytes and more: ENAMETOOLONG
+  CHECK(read_bytes(tmp.path / long_a) == "written\n");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  ::waitpid(child, nullptr, 0);
+  const fs::path abandoned = tmp.path / (a + temporary_tag().substr(0, temporary_tag().rfind('-') + 1) +
+                                         std::to_string(child));
+  write_bytes(abandoned, "partial");
+  write_file_durably(tmp.path / long_a, "again\n");
+  CHECK_FALSE(fs::exists(abandoned));
+  CHECK(read_bytes(tmp.path / long_a) == "again\n");
+}
+
 TEST_CASE("durable file: a write past the file size limit fails, naming the file, and leaves the old one whole",
           "[checkpoint]") {
   TempDir tmp;
