@@ -185,6 +185,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   run_json["cpu_kernel"] = cpu_kernel;
   run_json["compute_threads"] = threads;
   run_json["data"] = data->describe();
+  // The file's content, to tell another file of the same name or kind from this one (a resume
+  // into this run_dir compares it with the checkpoint's cursor).
+  if (const nlohmann::json cursor = data->cursor(); cursor.is_object() && cursor.contains("file_hash")) {
+    run_json["data_file_hash"] = cursor.at("file_hash");
+  }
   if (!begin.began_from.empty()) run_json["began_from"] = begin.began_from;
   if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
   // metrics.jsonl is the live record: one line appended and flushed per step, so a crash keeps

@@ -141,16 +141,14 @@ bool is_import(const fs::path& dir) {
   return state && state->is_object() && state->contains("imported_from");
 }
 
-void check_run_dir_holds_this_run(const RunConfig& config);
 nlohmann::json data_as_read(nlohmann::json data, const nlohmann::json& cursor);
 
 // The writer's outputs can be made: usable paths, and, for a fresh start (or one from an import),
-// no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it; a resume, no
-// other run in run_dir. (Checks only: nothing is written.)
+// no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it. (Checks only:
+// nothing is written. A resume's run_dir: check_run_dir_holds_this_run, once the checkpoint agrees.)
 void check_writer_outputs(const RunConfig& config, const RunOptions& options, bool resuming,
                           const std::string& context) {
   check_outputs(config, options);
-  if (resuming) check_run_dir_holds_this_run(config);  // --overwrite too: it does not act on a resume
   if (resuming || options.overwrite) {
     if (!resuming && !config.checkpoint.load.empty()) {
       // --overwrite removes checkpoint.dir's checkpoints: never the weights this run starts from.
@@ -235,8 +233,11 @@ std::optional<nlohmann::json> resolved_model(const nlohmann::json& section, cons
 
 // A resume continues run_dir's records (metrics.jsonl up to the resumed step, run.json): a run_dir
 // that holds another run (another seed, model, batch shape or data in its run.json) would get this
-// run's steps spliced onto its own and its record replaced.
-void check_run_dir_holds_this_run(const RunConfig& config) {
+// run's steps spliced onto its own and its record replaced. Called once the checkpoint's run is
+// known to be this config's (check_same_run), so a difference here is run_dir's, not a changed
+// setting; --overwrite does not act on a resume of checkpoint.dir's own checkpoints.
+// `cursor`: the checkpoint's data cursor (a file source's holds its content hash).
+void check_run_dir_holds_this_run(const RunConfig& config, const std::optional<nlohmann::json>& cursor) {
   if (!fs::exists(fs::path(config.run_dir) / "metrics.jsonl")) return;
   const std::optional<nlohmann::json> recorded = recorded_run(config);
   if (!recorded) return;  // (no record to compare: the metrics are kept up to the resumed step)
@@ -269,6 +270,12 @@ void check_run_dir_holds_this_run(const RunConfig& config) {
     for (const auto& [key, value] : theirs.items()) {
       if (ours.contains(key) && ours.at(key) != value) refuse("data." + key, value.dump(), ours.at(key).dump());
     }
+  }
+  // Another file of the same kind: run.json records the content hash of the file it read.
+  const auto hash = recorded->find("data_file_hash");
+  if (hash != recorded->end() && cursor && cursor->is_object() && cursor->contains("file_hash") &&
+      cursor->at("file_hash") != *hash) {
+    refuse("a data file of content hash", hash->dump(), cursor->at("file_hash").dump());
   }
 }
 
@@ -491,6 +498,7 @@ StartingPoint writer_starting_point(const RunConfig& config, const RunOptions& o
   }
   check_writer_outputs(config, options, continues, context);
   StartingPoint start = read_starting_point(config, options, from, model);
+  if (continues) check_run_dir_holds_this_run(config, start.data_cursor);
   start.resumed = continues;
   if (from && !continues) start.began_from = fs::absolute(*from).lexically_normal().string();
   return start;

@@ -1135,4 +1135,32 @@ TEST_CASE("apps: --resume compares the data as read: the same file by another pa
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Catch::Contains(expected));
   }
+  // A changed key on a resume of the run in its own run_dir is named as the checkpoint's, not as
+  // "run_dir holds another run" (run_dir is the resumed run's).
+  auto own = args;
+  add_sets(own, {"train.steps=6", "data.eos_id=3"});
+  own.push_back("--resume");
+  const Result changed = train_in_tmp(own);
+  INFO(changed.err);
+  CHECK(changed.exit_code == 2);
+  CHECK_THAT(changed.err, Catch::Contains("data.eos_id: --resume continues the run saved in"));
+  // run_dir holding a run on another file of the same kind and name: told apart by run.json's
+  // content hash (the path alone is no evidence: a run may name its file from elsewhere).
+  std::string other_tokens = tokens;  // the same length, other ids
+  for (std::size_t i = 0; i < other_tokens.size(); i += 2) other_tokens[i] = static_cast<char>((i / 2) % 200);
+  fs::create_directories(tmp.path / "elsewhere");
+  write_file(tmp.path / "elsewhere" / "d.u16", other_tokens);
+  auto other_run = train_args(tmp.path / "b");
+  add_sets(other_run, {"train.steps=3", "data.source=tokens:" + (tmp.path / "elsewhere" / "d.u16").string()});
+  must_run("atoll-train", other_run, tmp.path);
+  const std::string b_metrics = read_file(tmp.path / "b" / "metrics.jsonl");
+  auto into_b = train_args(tmp.path / "b");
+  add_sets(into_b, {"train.steps=4", "data.source=tokens:d.u16", "checkpoint.dir=" + (tmp.path / "run" / "checkpoints").string()});
+  into_b.push_back("--resume");
+  into_b.push_back(step2.string());
+  const Result spliced = train_in_tmp(into_b);
+  INFO(spliced.err);
+  CHECK(spliced.exit_code == 2);
+  CHECK_THAT(spliced.err, Catch::Contains("holds another run (its run.json has a data file of content hash"));
+  CHECK(read_file(tmp.path / "b" / "metrics.jsonl") == b_metrics);
 }
