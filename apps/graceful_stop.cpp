@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -50,8 +49,12 @@ extern "C" void on_stop_signal(int signal, siginfo_t* info, void*) {
 void install_graceful_stop() {
   const char* launched = std::getenv("ATOLL_LAUNCH_STARTED");
   if (launched != nullptr && *launched != '\0') {
-    const char* pid = std::getenv("ATOLL_LAUNCH_PID");
-    g_launcher = pid != nullptr && *pid != '\0' ? static_cast<pid_t>(std::atoll(pid)) : ::getppid();
+    g_launcher = ::getppid();
+    if (const char* pid = std::getenv("ATOLL_LAUNCH_PID"); pid != nullptr) {  // a positive number, else ignored
+      char* end = nullptr;
+      const long value = std::strtol(pid, &end, 10);
+      if (end != pid && *end == '\0' && value > 0) g_launcher = static_cast<pid_t>(value);
+    }
   }
   struct sigaction action {};
   action.sa_sigaction = on_stop_signal;
@@ -62,12 +65,11 @@ void install_graceful_stop() {
   if (g_launcher != 0) {
     // A launcher that dies unable to forward a stop (SIGKILL, the OOM killer) must not leave its
     // nodes training unsupervised (they run in sessions of their own): its death is a stop
-    // request, saved like any other.
+    // request, saved like any other. Only when it is this process's parent: under a wrapper (a
+    // setsid that forked, a PID namespace) the parent is another process, whose end says nothing.
     if (::getppid() == g_launcher) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != g_launcher) std::raise(SIGTERM);  // it died between the check and the call
-    } else if (::kill(g_launcher, 0) != 0 && errno == ESRCH) {  // (another parent: a setsid that forked)
-      std::raise(SIGTERM);
     }
   }
 }
