@@ -97,7 +97,24 @@ std::string temporary_prefix(std::string_view lead, const std::string& name, std
   if (name.size() <= room) return fmt::format("{}{}{}", lead, name, trail);
   std::uint32_t hash = 2166136261u;  // FNV-1a: the same cut name on every run and build
   for (const unsigned char c : name) hash = (hash ^ c) * 16777619u;
-  return fmt::format("{}{}~{:08x}{}", lead, name.substr(0, room - kHash), hash, trail);
+  std::size_t cut = room - kHash;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+  return fmt::format("{}{}~{:08x}{}", lead, name.substr(0, cut), hash, trail);
+}
+
+std::string name_length_problem(const std::filesystem::path& path) {
+  std::filesystem::path before;
+  for (const std::filesystem::path& part : path) {
+    const std::string& name = part.native();
+    if (name.size() > 255) {
+      std::size_t shown = 24;  // (whole UTF-8 characters)
+      while (shown > 0 && (static_cast<unsigned char>(name[shown]) & 0xC0) == 0x80) --shown;
+      return fmt::format("the name '{}...' in '{}' has {} bytes; expected at most 255 (a file name's limit)",
+                         name.substr(0, shown), before.empty() ? "." : before.string(), name.size());
+    }
+    before /= part;
+  }
+  return "";
 }
 
 void remove_abandoned_temporaries(const std::filesystem::path& folder, const std::string& prefix_given) {

@@ -47,6 +47,10 @@ std::string temporary_tag();
 // name's 255 bytes: an output named near that limit can be written. The same for the same name,
 // so remove_abandoned_temporaries finds the ones a killed writer left.
 std::string temporary_prefix(std::string_view lead, const std::string& name, std::string_view trail);
+// "" when every name in `path` fits a file name's 255 bytes, else what is wrong ("the name
+// 'abc...' in '/x' has 300 bytes; expected at most 255 ..."): checked before the work whose output
+// it is, which would otherwise fail only at the write.
+std::string name_length_problem(const std::filesystem::path& path);
 // Removes the entries of `folder` named `<prefix><host>-<pid>`, this machine's, whose process is
 // gone: the temporaries of a writer killed before it could remove them (a whole model copy, for
 // an export). One whose pid is alive (another writer, or a number reused since) stays, as does

@@ -53,6 +53,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
                DType bulk_dtype, std::int64_t max_shard_bytes) {
   namespace fs = std::filesystem;
   const fs::path out_dir = normalised_directory(out_dir_given);  // "out/" names out, for the temp name
+  if (const std::string problem = name_length_problem(out_dir); !problem.empty()) throw CheckpointError(problem);
   require_complete_checkpoint(checkpoint_dir);
   if (fs::exists(out_dir)) throw CheckpointError(out_dir.string() + ": already exists; export writes a new directory");
   refuse_inside_checkpoint(out_dir, "the export");
@@ -101,6 +102,7 @@ void export_hf(const std::filesystem::path& checkpoint_dir, const std::filesyste
 
 std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunConfig& config,
                                 const std::filesystem::path& checkpoint_root) {
+  if (const std::string problem = name_length_problem(checkpoint_root); !problem.empty()) throw CheckpointError(problem);
   refuse_inside_checkpoint(checkpoint_root, "the import");  // before any weight is read
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   // The file's tensors and their fp32 copies are gone once the native masters exist (a lambda's
@@ -169,8 +171,11 @@ std::filesystem::path import_hf(const std::filesystem::path& hf_dir, const RunCo
     discard();
     throw_cannot_create(target, e.code());
   } catch (const FileWriteError& e) {
-    discard();
-    throw FileWriteError(target.string() + ": the import could not be written (nothing is left of it): " + e.what());
+    discard();  // (a failure after the checkpoint's rename, fsyncing its folder, leaves it in place)
+    throw FileWriteError(target.string() + ": the import could not be written" +
+                         (fs::exists(target, ec) ? " (the folder is there: check it before use): "
+                                                 : " (nothing is left of it): ") +
+                         e.what());
   } catch (...) {
     discard();
     throw;

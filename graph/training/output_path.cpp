@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "graph/checkpoint/checkpoint_dir.hpp"
+#include "graph/checkpoint/durable_file.hpp"
 #include "graph/config_reader.hpp"
 
 namespace atl {
@@ -35,14 +36,7 @@ void require_can_create_in(const std::filesystem::path& dir, const std::string& 
 
 void check_output_path(const std::filesystem::path& path, bool as_file, const std::string& file, const std::string& key) {
   namespace fs = std::filesystem;
-  for (const fs::path& part : path) {  // (else found only when the output is written, after the work)
-    const std::string& name = part.native();
-    if (name.size() > 255) {
-      throw ConfigError(file, key, "the name '" + name.substr(0, 24) + "...' in '" + path.parent_path().string() +
-                                       "' has " + std::to_string(name.size()) +
-                                       " bytes; expected at most 255 (a file name's limit)");
-    }
-  }
+  if (const std::string problem = name_length_problem(path); !problem.empty()) throw ConfigError(file, key, problem);
   if (const auto checkpoint = enclosing_checkpoint(path)) {
     throw ConfigError(file, key, "'" + path.string() + "' " + inside_checkpoint_problem(*checkpoint));
   }

@@ -187,6 +187,24 @@ TEST_CASE("failures: an export or import the file system refuses is exit 1, name
   CHECK_FALSE(fs::exists(root));
 }
 
+TEST_CASE("failures: an export or import output named past 255 bytes is exit 2 before any work, the name shown",
+          "[apps][failures]") {
+  TempDir tmp;
+  REQUIRE(run_app("atoll-train", small_run(tmp.path, {"train.steps=1"}), tmp.path).exit_code == 0);
+  const fs::path checkpoint = tmp.path / "ckpt" / "step-00000001";
+  const std::string long_name(256, 'n');
+  const Result e = run_app("atoll-convert", {"export", checkpoint.string(), (tmp.path / long_name / "hf").string()}, tmp.path);
+  INFO(e.err);
+  CHECK(e.exit_code == 2);  // (it was exit 1: "filesystem error: status: File name too long")
+  CHECK_THAT(e.err, Catch::Contains("the name 'nnnnnnnnnnnnnnnnnnnnnnnn...' in '" + tmp.path.string() +
+                                    "' has 256 bytes; expected at most 255"));
+  REQUIRE(run_app("atoll-convert", {"export", checkpoint.string(), (tmp.path / "hf").string()}, tmp.path).exit_code == 0);
+  const Result i = run_app("atoll-convert", {"import", (tmp.path / "hf").string(), (tmp.path / long_name).string()}, tmp.path);
+  INFO(i.err);
+  CHECK(i.exit_code == 2);
+  CHECK_THAT(i.err, Catch::Contains("' has 256 bytes; expected at most 255"));
+}
+
 TEST_CASE("failures: on_nonfinite skip_step drops steps and stops after max_skipped_steps", "[apps][failures]") {
   TempDir tmp;
   const Result r = run_app(
