@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
       ->check(atl::non_empty_path());
   imp->add_option("--config", config_path,
                   "a run config whose model section states the model (default: the HF directory's config.json); "
-                  "config.json must agree with it");
+                  "config.json must agree with it")
+      ->check(atl::non_empty_path());
   imp->add_option("--set", sets, "override a config key (repeatable)");
   // (CLI11 would say only "A subcommand is required".)
   if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "export" && std::string(argv[1]) != "import") {

@@ -82,6 +82,16 @@ int main(int argc, char** argv) {
   app.add_option("--master-addr", node.master_addr, "ucx: node 0's address (else MASTER_ADDR or Slurm's first host)");
   app.add_option("--master-port", node.master_port,
                  "ucx: node 0's rendezvous port (else MASTER_PORT, plus 1 beside torchrun's agent store; 29500)");
+  // `--resume ''` (an unset variable: --resume "$DIR") would read as the bare flag, the latest
+  // checkpoint: CLI11 gives both the same empty value, so the words are looked at here.
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--resume=" || (word == "--resume" && i + 1 < argc && argv[i + 1][0] == '\0')) {
+      std::cerr << "atoll-train: --resume: expected a checkpoint directory, got '' (--resume alone resumes the latest "
+                   "under checkpoint.dir)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

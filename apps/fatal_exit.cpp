@@ -11,7 +11,8 @@ namespace atl {
 
 namespace {
 
-std::string program_name = "atoll";  // set before any runtime thread starts
+// A plain array: a thread that ends the process during static destruction still reads it.
+char program_name[128] = "atoll";
 
 [[noreturn]] void on_terminate() {
   if (const std::exception_ptr escaped = std::current_exception()) {
@@ -19,11 +20,11 @@ std::string program_name = "atoll";  // set before any runtime thread starts
     try {
       std::rethrow_exception(escaped);
     } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "%s: out of memory in a runtime thread (std::bad_alloc escaped it)\n", program_name.c_str());
+      std::fprintf(stderr, "%s: out of memory in a runtime thread (std::bad_alloc escaped it)\n", program_name);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: error: an exception escaped a runtime thread: %s\n", program_name.c_str(), e.what());
+      std::fprintf(stderr, "%s: error: an exception escaped a runtime thread: %s\n", program_name, e.what());
     } catch (...) {
-      std::fprintf(stderr, "%s: error: a non-standard exception escaped a runtime thread\n", program_name.c_str());
+      std::fprintf(stderr, "%s: error: a non-standard exception escaped a runtime thread\n", program_name);
     }
     std::_Exit(1);
   }
@@ -33,7 +34,7 @@ std::string program_name = "atoll";  // set before any runtime thread starts
 }  // namespace
 
 void exit_on_escaped_exception(const std::string& program) {
-  program_name = program;
+  std::snprintf(program_name, sizeof program_name, "%s", program.c_str());
   std::set_terminate(on_terminate);
 }
 

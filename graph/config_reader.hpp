@@ -176,8 +176,10 @@ template <class T> T convert(const ConfigReader& reader, const std::string& key,
       if (auto v = parse_config_number(text)) {
         // A float key's value must survive the narrowing: 1e39 would be inf (saved as JSON null),
         // 1e-50 a zero.
-        const T narrowed = static_cast<T>(*v);
-        if (std::isfinite(narrowed) && (narrowed != 0 || *v == 0)) return narrowed;
+        if (std::fabs(*v) <= static_cast<double>(std::numeric_limits<T>::max())) {  // (a cast beyond is undefined)
+          const T narrowed = static_cast<T>(*v);
+          if (narrowed != 0 || *v == 0) return narrowed;
+        }
         reader.fail_expected(key, std::is_same_v<T, float> ? "a number that fp32 represents (|x| <= 3.4e38, 0 or "
                                                              "|x| >= 1.4e-45)"
                                                            : type_phrase<T>());

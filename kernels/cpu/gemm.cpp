@@ -228,7 +228,8 @@ KBlock k_block(const Plan& p, std::int64_t k, std::int64_t pc) {
 // vdpbf16ps treats denormal inputs (the accumulator's too) as zero and flushes denormal results,
 // whatever MXCSR says; the fp32 FMAs that stand in for it do the same while this guard sets
 // MXCSR's DAZ and FTZ bits (this thread only; restored on leaving). Packing moves and rounds bits
-// with integer operations, which the bits do not touch.
+// with integer operations, which the bits do not touch (its one float operation, AVX2's unordered
+// compare that finds NaNs, is not changed by DAZ: a denormal is ordered either way).
 class Bf16DenormalRule {
  public:
   explicit Bf16DenormalRule(bool on) {

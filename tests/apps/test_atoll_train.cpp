@@ -177,6 +177,7 @@ TEST_CASE("apps: atoll-train a bad command line exits 2, --help exits 0", "[apps
         {"atoll-plan", {""}},
         {"atoll-convert", {"export", tmp.path.string(), ""}},
         {"atoll-convert", {"import", "", tmp.path.string()}},
+        {"atoll-convert", {"import", tmp.path.string(), tmp.path.string(), "--config", ""}},  // (used config.json)
     };
     for (const auto& [app, args] : cases) {
       const Result r = run_app(app, args, tmp.path);
@@ -185,6 +186,14 @@ TEST_CASE("apps: atoll-train a bad command line exits 2, --help exits 0", "[apps
       CHECK_THAT(r.err, Catch::Contains(": expected a path, got ''"));
     }
     CHECK_FALSE(fs::exists(run_dir));
+    // --resume '' (an unset variable) read as the bare flag: the latest checkpoint.
+    for (const std::vector<std::string>& args : {std::vector<std::string>{default_config().string(), "--resume", ""},
+                                                 std::vector<std::string>{default_config().string(), "--resume="}}) {
+      const Result r = run_train(args, tmp.path);
+      INFO(r.err);
+      CHECK(r.exit_code == 2);
+      CHECK_THAT(r.err, Catch::Contains("--resume: expected a checkpoint directory, got ''"));
+    }
   }
   SECTION("--help") {
     const Result r = run_train({"--help"}, tmp.path);

@@ -113,7 +113,8 @@ TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its sig
   const bool listening = testing::wait_until_listening(port, std::chrono::seconds(20));  // node 1 connects at once
   RendezvousSettings s = settings_for(1, 3, port, std::chrono::seconds(60));
   int looks = 0;
-  s.stop_requested = [&looks] { return ++looks >= 3 ? 2 : 0; };
+  // At the 20th look (~2 s of 100 ms waits): joined by then however slowly node 0 answers its token.
+  s.stop_requested = [&looks] { return ++looks >= 20 ? 2 : 0; };
   int stopped_by = 0;
   const std::string node1 = error_of([&] {
     try {
