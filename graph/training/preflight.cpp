@@ -36,13 +36,15 @@ std::optional<double> mem_available() {
   return std::nullopt;
 }
 
-// cgroup v2: memory.max minus memory.current, when a limit is set.
-std::optional<double> cgroup_room() {
-  std::ifstream max_in("/sys/fs/cgroup/memory.max"), cur_in("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  double current = 0;
-  if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) return std::nullopt;
-  return std::max(0.0, std::strtod(max_text.c_str(), nullptr) - current);
+// A number from a cgroup file: nullopt when missing, "max", or v1's "unlimited" (about 2^63).
+std::optional<double> cgroup_number(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || value >= 0x1p62) return std::nullopt;
+  return value;
 }
 
 // RLIMIT_AS minus the address space in use (VmSize).
@@ -182,9 +184,38 @@ std::optional<StepProgram> memory_program(const RunConfig& config, const Model& 
   return compile_step_program(plan, model.ops(), micro_batches, config.train.schedule, config.topology.ep_dispatch);
 }
 
+std::optional<double> cgroup_memory_room(const std::filesystem::path& mount, const std::filesystem::path& proc_cgroup) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // v2 when the mount is the unified hierarchy, else v1's memory controller.
+  const bool v2 = fs::exists(mount / "cgroup.controllers", ec);
+  const fs::path base = v2 ? mount : mount / "memory";
+  const char* limit_file = v2 ? "memory.max" : "memory.limit_in_bytes";
+  const char* usage_file = v2 ? "memory.current" : "memory.usage_in_bytes";
+  std::string path;  // this process's cgroup, relative to the hierarchy's root
+  std::ifstream in(proc_cgroup);
+  for (std::string line; std::getline(in, line);) {  // "id:controllers:path"
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const bool memory = v2 ? line.compare(0, first, "0") == 0 && controllers.empty()
+                           : ("," + controllers + ",").find(",memory,") != std::string::npos;
+    if (memory) path = line.substr(second + 1);
+  }
+  fs::path dir = base / fs::path(path).relative_path();
+  if (path.empty() || !fs::is_directory(dir, ec)) dir = base;
+  std::optional<double> room;
+  for (fs::path d = dir;; d = d.parent_path()) {
+    const std::optional<double> limit = cgroup_number(d / limit_file), usage = cgroup_number(d / usage_file);
+    if (limit) room = std::min(room.value_or(*limit), std::max(0.0, *limit - usage.value_or(0.0)));
+    if (d == base || !d.has_relative_path() || d.parent_path() == d) break;
+  }
+  return room;
+}
+
 std::optional<double> available_memory_bytes() {
   std::optional<double> room;
-  for (auto candidate : {mem_available(), cgroup_room(), address_space_room()}) {
+  for (auto candidate : {mem_available(), cgroup_memory_room(), address_space_room()}) {
     if (candidate) room = room ? std::min(*room, *candidate) : *candidate;
   }
   return room;

@@ -5,6 +5,7 @@
 // part, instead of an OOM kill or std::bad_alloc mid-run. The estimate is coarse (within a small
 // factor); ATOLL_SKIP_MEMORY_CHECK=1 skips the check.
 #pragma once
+#include <filesystem>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,6 +40,14 @@ std::optional<StepProgram> memory_program(const RunConfig& config, const Model& 
 
 // Bytes this process may still allocate (nullopt: unknown).
 std::optional<double> available_memory_bytes();
+
+// The room its memory cgroup leaves this process: limit less usage, the least over the cgroup
+// and its ancestors (a parent's limit binds too). The cgroup is read from `proc_cgroup`
+// (/proc/self/cgroup) and found under `mount` (/sys/fs/cgroup): v2 (memory.max, memory.current)
+// or v1 (memory/..., memory.limit_in_bytes, memory.usage_in_bytes); a path not there (a
+// container's own cgroup mounted as the root) falls back to the mount's root. nullopt: no limit.
+std::optional<double> cgroup_memory_room(const std::filesystem::path& mount = "/sys/fs/cgroup",
+                                         const std::filesystem::path& proc_cgroup = "/proc/self/cgroup");
 
 // Throws ConfigError when the estimate exceeds the available memory (or a size overflows).
 void check_memory_preflight(const RunConfig& config, const Model& model, int ranks_here = 0);
