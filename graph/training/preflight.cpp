@@ -67,8 +67,9 @@ std::optional<double> address_space_room() {
 double tree_partials(double n) { return n > 1 ? std::floor(std::log2(n)) + 1.0 : 1.0; }
 
 // Bytes a rank holds per micro-batch of a step besides tensors (its step program's instructions
-// and collectives, compiled for every micro-batch, and its batch slice's bookkeeping): measured
-// 3.4-5.6 KB on beam-tiny with 8192 to 32768 micro-batches a rank.
+// and collectives, compiled for every micro-batch, and its batch slice's bookkeeping): peak RSS
+// grew 3.4-5.6 KB a micro-batch over beam-tiny runs with 8192 and 32768 micro-batches a rank (an
+// upper bound: the gradient trees' growth is in it too).
 constexpr double kBytesPerMicroBatch = 6144;
 
 double field(const nlohmann::json& c, const char* key) {
@@ -96,32 +97,32 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
   const double ranks = ranks_in_process(config, ranks_here);
   const double threads = static_cast<double>(compute_threads(config, ranks_here));
   RunMemoryEstimate e;
+  const Mesh mesh(config.topology.mesh, config.source_file);
+  // Micro-batches a rank runs in a step (the reference trainer: all of them); one for a batch the
+  // mesh cannot split, which atoll-train refuses and atoll-plan shows.
+  double per_rank = 1;
+  try {
+    per_rank = reference ? std::max<double>(1.0, config.train.global_batch / config.train.micro_batch)
+                         : micro_batches_per_rank(config, mesh);
+  } catch (const ConfigError&) {
+  }
   // The reference trainer runs its micro-batches in waves of one per thread.
-  const double micro_batches =
-      std::max(1.0, static_cast<double>(config.train.global_batch) / static_cast<double>(config.train.micro_batch));
-  const double wave = std::min(threads, micro_batches);
-  const double in_flight = reference ? wave : ranks;
+  const double wave = std::min(threads, per_rank);
   if (reference) {
     // fp32 master, the summed gradient, two moments, the initial copy; one gradient per micro-batch
     // of a wave; the partial sums of the tree that adds them in order.
     e.parts.push_back({"parameters, gradients and AdamW state (model size)", 20.0 * params, "model"});
     e.parts.push_back({"gradients of a wave of micro-batches (model size x min(compute.threads, micro-batches))",
-                       4.0 * params * wave, threads < micro_batches ? "compute.threads" : "train.micro_batch"});
+                       4.0 * params * wave, threads < per_rank ? "compute.threads" : "train.micro_batch"});
     e.parts.push_back({"the gradient sum's partial sums (model size x log2 of the micro-batches; train.micro_batch)",
-                       4.0 * params * (tree_partials(micro_batches) - 1.0), "train.micro_batch"});
+                       4.0 * params * (tree_partials(per_rank) - 1.0), "train.micro_batch"});
   } else {
     // The sim holds every rank: the plan's per-rank estimate (shards, state, gathered units with
-    // their padding: a tensor with fewer dim-0 rows than ranks pads to one row per rank) plus the
-    // unsharded gradients waiting for their reduce-scatter, about as big as the gathers.
-    const Plan plan = make_plan(model.specs(), model.sharding_rules(), Mesh(config.topology.mesh, config.source_file),
-                                config.precision);
+    // their padding: a tensor with fewer dim-0 rows than ranks pads to one row per rank), the
+    // unsharded gradients waiting for their reduce-scatter and each micro-batch's bookkeeping.
+    const Plan plan = make_plan(model.specs(), model.sharding_rules(), mesh, config.precision);
     const std::optional<StepProgram> program = memory_program(config, model, plan);
     const MemoryEstimate m = estimate_memory(plan, 0, program ? &*program : nullptr);
-    double per_rank = 1;  // micro-batches a rank runs in a step
-    try {
-      per_rank = micro_batches_per_rank(config, plan.mesh);
-    } catch (const ConfigError&) {  // a batch this mesh cannot split: refused by atoll-train, shown by atoll-plan
-    }
     // Unsharded fp32 gradients waiting for the step's reduce-scatter. One micro-batch a rank: a
     // unit's gradient lives from its backward to its reduce-scatter (about the gathered peak).
     // More: after the first, every unit holds its gradient tree's partial sums until the last (an
@@ -157,14 +158,12 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
                               3.0 * field(hf, "num_experts_per_tok") * field(hf, "moe_intermediate_size"));
   const double per_token = 4.0 * (L * (16.0 * H + 3.0 * mlp) + 3.0 * V);
   const double tokens = static_cast<double>(config.train.micro_batch) * static_cast<double>(config.train.seq_len);
-  // Micro-batches alive at once per rank: one, or all of them with train.schedule all_forward_first.
-  const double alive = reference || config.train.schedule == StepSchedule::one_at_a_time
-                           ? 1.0
-                           : static_cast<double>(micro_batches_per_rank(
-                                 config, Mesh(config.topology.mesh, config.source_file)));
+  // Micro-batches alive at once: a wave of the reference's; per rank one, or all of a rank's
+  // with train.schedule all_forward_first.
+  const double alive = reference ? wave : ranks * (config.train.schedule == StepSchedule::one_at_a_time ? 1.0 : per_rank);
   e.parts.push_back({"activations (train.micro_batch x train.seq_len tokens per micro-batch, model.hidden_size, "
                      "model.num_hidden_layers, model.vocab_size; train.schedule)",
-                     per_token * tokens * in_flight * alive,
+                     per_token * tokens * alive,
                      // the larger factor of a micro-batch's tokens
                      config.train.micro_batch > config.train.seq_len ? "train.micro_batch" : "train.seq_len"});
   // The global batch itself (ids, positions, masks, targets).
