@@ -306,10 +306,11 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
       continue;
     }
     const int node = hello.contains("node") && hello["node"].is_number_integer() ? hello["node"].get<int>() : -1;
-    // A node whose launcher restarted it claims its number again: its earlier connection closed.
+    // A node whose launcher restarted it claims its number again: its earlier connection closed
+    // (maybe since the last look).
     if (joined.count(node) && closed_by_peer(joined.at(node).socket.fd())) {
-      if (s.log) s.log("node " + std::to_string(node) + " joined again (its earlier connection had closed)");
       joined.erase(node);
+      left.insert(node);
     }
     if (node < 1 || node >= s.nnodes || joined.count(node)) {
       refuse("--node-rank", "claiming node " + std::to_string(node) +

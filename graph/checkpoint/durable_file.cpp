@@ -22,6 +22,13 @@ namespace {
   throw FileWriteError(fmt::format("{}: {}: {}", file.string(), what, std::strerror(errno)));
 }
 
+// The first bytes of `name`, at most `bytes`, ending on a whole UTF-8 character.
+std::string utf8_prefix(const std::string& name, std::size_t bytes) {
+  if (bytes >= name.size()) return name;
+  while (bytes > 0 && (static_cast<unsigned char>(name[bytes]) & 0xC0) == 0x80) --bytes;  // a continuation byte
+  return name.substr(0, bytes);
+}
+
 }  // namespace
 
 DurableFileWriter::DurableFileWriter(std::filesystem::path path) : path_(std::move(path)) {
@@ -97,9 +104,7 @@ std::string temporary_prefix(std::string_view lead, const std::string& name, std
   if (name.size() <= room) return fmt::format("{}{}{}", lead, name, trail);
   std::uint32_t hash = 2166136261u;  // FNV-1a: the same cut name on every run and build
   for (const unsigned char c : name) hash = (hash ^ c) * 16777619u;
-  std::size_t cut = room - kHash;
-  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
-  return fmt::format("{}{}~{:08x}{}", lead, name.substr(0, cut), hash, trail);
+  return fmt::format("{}{}~{:08x}{}", lead, utf8_prefix(name, room - kHash), hash, trail);
 }
 
 std::string name_length_problem(const std::filesystem::path& path) {
@@ -107,10 +112,8 @@ std::string name_length_problem(const std::filesystem::path& path) {
   for (const std::filesystem::path& part : path) {
     const std::string& name = part.native();
     if (name.size() > 255) {
-      std::size_t shown = 24;  // (whole UTF-8 characters)
-      while (shown > 0 && (static_cast<unsigned char>(name[shown]) & 0xC0) == 0x80) --shown;
       return fmt::format("the name '{}...' in '{}' has {} bytes; expected at most 255 (a file name's limit)",
-                         name.substr(0, shown), before.empty() ? "." : before.string(), name.size());
+                         utf8_prefix(name, 24), before.empty() ? "." : before.string(), name.size());
     }
     before /= part;
   }
