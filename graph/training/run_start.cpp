@@ -143,6 +143,10 @@ bool is_import(const fs::path& dir) {
 
 nlohmann::json data_as_read(nlohmann::json data, const nlohmann::json& cursor);
 
+// The train keys that make a run another run (with its model and data): the checkpoint's run and
+// the one run_dir records are compared on the same ones.
+constexpr const char* kRunTrainKeys[] = {"seed", "global_batch", "seq_len"};
+
 // The writer's outputs can be made: usable paths, and, for a fresh start (or one from an import),
 // no earlier run in run_dir or checkpoint.dir unless --overwrite says to replace it. (Checks only:
 // nothing is written. A resume's run_dir: check_run_dir_holds_this_run, once the checkpoint agrees.)
@@ -250,7 +254,7 @@ void check_run_dir_holds_this_run(const RunConfig& config, const std::optional<n
                                   "a new folder",
                                   config.run_dir, key, theirs, ours));
   };
-  for (const char* key : {"seed", "global_batch", "seq_len"}) {
+  for (const char* key : kRunTrainKeys) {
     const nlohmann::json::json_pointer at("/train/" + std::string(key));
     if (was.contains(at) && was.at(at) != now.at(at)) refuse(std::string("train.") + key, was.at(at).dump(), now.at(at).dump());
   }
@@ -377,9 +381,7 @@ void check_same_run(const RunConfig& config, const Model& model, const nlohmann:
       refuse(a != b ? a : saved_model, a != b ? b : now.at("model"), "model");
     }
   }
-  same("train", "seed");
-  same("train", "global_batch");
-  same("train", "seq_len");
+  for (const char* key : kRunTrainKeys) same("train", key);
   const nlohmann::json no_cursor;
   const nlohmann::json& cursor = trainer_state.contains("data_cursor") ? trainer_state.at("data_cursor") : no_cursor;
   const nlohmann::json& saved_written = saved_value(saved, "data", nullptr, dir);

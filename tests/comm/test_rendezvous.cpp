@@ -72,6 +72,26 @@ TwoNodes two_nodes_at(const std::string& master_addr) {
   return r;
 }
 
+// The rendezvous of `s`, asked to stop (with `signal`) at its `at`-th look for a stop.
+struct Stopped {
+  int signal = 0;  // 0: it did not stop
+  int looks = 0;
+  std::string what, error;  // the stop's message; any other error
+};
+Stopped stopped_at_look(RendezvousSettings s, int at, int signal) {
+  Stopped r;
+  s.stop_requested = [&r, at, signal] { return ++r.looks >= at ? signal : 0; };
+  r.error = error_of([&] {
+    try {
+      rendezvous(s, {});
+    } catch (const RendezvousStopped& e) {
+      r.signal = e.signal();
+      r.what = e.what();
+    }
+  });
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("rendezvous: node 0 names the nodes that never joined, within the timeout", "[comm][rendezvous]") {
@@ -93,17 +113,11 @@ TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its sig
   // Asked to stop at the third look: the waits poll it (a 60 s timeout would fail the test).
   for (int node : {0, 1}) {
     INFO("node " << node);
-    RendezvousSettings s = settings_for(node, 2, testing::free_port(), std::chrono::seconds(60));
-    int looks = 0;
-    s.stop_requested = [&looks] { return ++looks >= 3 ? 15 : 0; };
-    try {
-      rendezvous(s, {});
-      FAIL("no stop");
-    } catch (const RendezvousStopped& e) {
-      CHECK(e.signal() == 15);
-      CHECK(looks == 3);
-      CHECK(std::string(e.what()) == "asked to stop (signal 15) while waiting for the other nodes at the rendezvous");
-    }
+    const Stopped r = stopped_at_look(settings_for(node, 2, testing::free_port(), std::chrono::seconds(60)), 3, 15);
+    CHECK(r.error.empty());
+    CHECK(r.signal == 15);
+    CHECK(r.looks == 3);
+    CHECK(r.what == "asked to stop (signal 15) while waiting for the other nodes at the rendezvous");
   }
   // A node connected to node 0 and waiting for its address book (node 2 never comes) stops too.
   const int port = testing::free_port();
@@ -111,22 +125,12 @@ TEST_CASE("rendezvous: a stop asked for while waiting ends the wait with its sig
   // (Node 0 waits out its timeout: long enough that node 1 joins and stops well before it on a slow machine.)
   std::thread first([&] { node0 = error_of([&] { rendezvous(settings_for(0, 3, port, std::chrono::seconds(8)), {}); }); });
   const bool listening = testing::wait_until_listening(port, std::chrono::seconds(20));  // node 1 connects at once
-  RendezvousSettings s = settings_for(1, 3, port, std::chrono::seconds(60));
-  int looks = 0;
   // At the 20th look (~2 s of 100 ms waits): joined by then however slowly node 0 answers its token.
-  s.stop_requested = [&looks] { return ++looks >= 20 ? 2 : 0; };
-  int stopped_by = 0;
-  const std::string node1 = error_of([&] {
-    try {
-      rendezvous(s, {});
-    } catch (const RendezvousStopped& e) {
-      stopped_by = e.signal();
-    }
-  });
+  const Stopped node1 = stopped_at_look(settings_for(1, 3, port, std::chrono::seconds(60)), 20, 2);
   first.join();
   REQUIRE(listening);
-  CHECK(node1.empty());
-  CHECK(stopped_by == 2);
+  CHECK(node1.error.empty());
+  CHECK(node1.signal == 2);
   // Node 1 had joined; stopped, it closed its connection: missing again, and named so.
   CHECK(node0.find("1 of 3 nodes joined") != std::string::npos);
   CHECK(node0.find("missing: node 1 (joined, then left), 2") != std::string::npos);
@@ -141,23 +145,12 @@ TEST_CASE("rendezvous: a node waiting for node 0 to accept its token stops when 
   const sockaddr_in addr = testing::loopback(port);
   REQUIRE(::bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0);
   REQUIRE(::listen(listener, 4) == 0);
-  RendezvousSettings s = settings_for(1, 2, port, std::chrono::seconds(30));
-  int looks = 0;
-  s.stop_requested = [&looks] { return ++looks >= 3 ? 15 : 0; };
-  int stopped_by = 0;
-  const std::string error = error_of([&] {
-    try {
-      rendezvous(s, {});
-    } catch (const RendezvousStopped& e) {
-      stopped_by = e.signal();
-    }
-  });
+  const Stopped r = stopped_at_look(settings_for(1, 2, port, std::chrono::seconds(30)), 3, 15);
   ::close(listener);
-  CHECK(error.empty());
-  CHECK(stopped_by == 15);
-  CHECK(looks == 3);
+  CHECK(r.error.empty());
+  CHECK(r.signal == 15);
+  CHECK(r.looks == 3);
 }
-
 
 TEST_CASE("rendezvous: node 0 at an IPv6 address (::1) is reached like an IPv4 one", "[comm][rendezvous]") {
   if (!testing::has_ipv6_loopback()) {  // (some containers switch IPv6 off)
