@@ -375,21 +375,23 @@ struct UcxWorld::Impl {
   // next transfer of an operation, on an endpoint already closed.)
   void send(int from, int to, const void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
     if (closing) return;
+    const ucp_ep_h ep = endpoints.at({from, to});  // (before the request: a throw leaves nothing behind)
     auto* r = new Request{this, std::move(op), to, bytes, tag};
     ucp_request_param_t param = callback_param(r);
     param.cb.send = &send_done;
-    settle(ucp_tag_send_nbx(endpoints.at({from, to}), data, bytes, tag, &param), r);
+    settle(ucp_tag_send_nbx(ep, data, bytes, tag, &param), r);
   }
 
   void recv(int at, void* data, std::size_t bytes, std::uint64_t tag, std::shared_ptr<Operation> op) {
     if (closing) return;
+    const ucp_worker_h worker = workers.at(at);
     auto* r = new Request{this, std::move(op), -1, bytes, tag};
     ucp_request_param_t param = callback_param(r);
     param.cb.recv = &recv_done;
     // Completed through the callback always, which receives the message's size (UCX 1.13 leaves
     // recv_info unset when a receive completes at once).
     param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    settle(ucp_tag_recv_nbx(workers.at(at), data, bytes, tag, ~std::uint64_t{0}, &param), r);
+    settle(ucp_tag_recv_nbx(worker, data, bytes, tag, ~std::uint64_t{0}, &param), r);
   }
 
   // Closes everything on the progress thread, then ends it.
