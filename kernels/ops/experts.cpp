@@ -34,9 +34,12 @@ cpu::ExpertsDims dims(const ExpertDispatch& d, std::int64_t hidden, std::int64_t
   return {d.indices.size(0), d.indices.size(1), d.experts(), hidden, inter};
 }
 
-// The local experts' {H, I} from their parameters, checked against the rows they get.
-std::pair<std::int64_t, std::int64_t> expert_dims(const char* op, const Tensor& gate_up, const Tensor& down,
-                                                  const ExpertDispatch& dispatch, std::int64_t first) {
+struct ExpertWeightDims {
+  std::int64_t n, H, I;
+};
+
+// The experts' sizes from their parameters, gate_up f32 [n,H,2I] and down f32 [n,I,H], both checked.
+ExpertWeightDims expert_weight_dims(const char* op, const Tensor& gate_up, const Tensor& down) {
   check_rank(op, "gate_up", gate_up, 3, "f32 [n,H,2I]");
   const std::int64_t n = gate_up.size(0), H = gate_up.size(1);
   if (gate_up.size(2) % 2 != 0) {
@@ -45,12 +48,7 @@ std::pair<std::int64_t, std::int64_t> expert_dims(const char* op, const Tensor& 
   const std::int64_t I = gate_up.size(2) / 2;
   detail::require_tensor(op, "gate_up", gate_up, DType::f32, {n, H, 2 * I});
   detail::require_tensor(op, "down", down, DType::f32, {n, I, H});
-  if (first < 0 || first + n > dispatch.experts()) {
-    throw std::invalid_argument(std::string(op) + ": local experts [" + std::to_string(first) + ", " +
-                                std::to_string(first + n) + ") outside the routing's " +
-                                std::to_string(dispatch.experts()) + " experts");
-  }
-  return {H, I};
+  return {n, H, I};
 }
 
 }  // namespace
@@ -97,10 +95,12 @@ void dispatch_backward(const Tensor& d_x_rows, const Tensor& d_w_rows, const Exp
 GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& w_rows, const ExpertDispatch& dispatch,
                                             std::int64_t first_expert, const Tensor& gate_up, const Tensor& down,
                                             const ExpertsConfig& cfg) {
-  const auto [H, I] = expert_dims("grouped_experts_forward", gate_up, down, dispatch, first_expert);
-  (void)H;
-  (void)I;
-  const std::int64_t n = gate_up.size(0);
+  const std::int64_t n = expert_weight_dims("grouped_experts_forward", gate_up, down).n;
+  if (first_expert < 0 || first_expert + n > dispatch.experts()) {
+    throw std::invalid_argument("grouped_experts_forward: local experts [" + std::to_string(first_expert) + ", " +
+                                std::to_string(first_expert + n) + ") outside the routing's " +
+                                std::to_string(dispatch.experts()) + " experts");
+  }
   const std::int64_t* all = dispatch.expert_offsets.data<std::int64_t>();
   return grouped_experts_forward(x_rows, w_rows, std::vector<std::int64_t>(all + first_expert, all + first_expert + n + 1),
                                  gate_up, down, cfg);
@@ -111,10 +111,7 @@ GroupedExpertsSaved grouped_experts_forward(const Tensor& x_rows, const Tensor& 
                                             const Tensor& down, const ExpertsConfig& cfg) {
   KernelScope scope(KernelKind::experts);
   const char* op = "grouped_experts_forward";
-  check_rank(op, "gate_up", gate_up, 3, "f32 [n,H,2I]");
-  const std::int64_t n = gate_up.size(0), H = gate_up.size(1), I = gate_up.size(2) / 2;
-  detail::require_tensor(op, "gate_up", gate_up, DType::f32, {n, H, 2 * I});
-  detail::require_tensor(op, "down", down, DType::f32, {n, I, H});
+  const auto [n, H, I] = expert_weight_dims(op, gate_up, down);
   if (static_cast<std::int64_t>(offsets.size()) != n + 1 || !std::is_sorted(offsets.begin(), offsets.end())) {
     throw std::invalid_argument(std::string(op) + ": expected " + std::to_string(n + 1) +
                                 " non-decreasing row offsets for " + std::to_string(n) + " experts, got " +
@@ -140,9 +137,7 @@ GroupedExpertsGrads grouped_experts_backward(const Tensor& d_rows, const Grouped
                                              const Tensor& d_gate_up, const Tensor& d_down) {
   KernelScope scope(KernelKind::experts);
   const char* op = "grouped_experts_backward";
-  check_rank(op, "gate_up", gate_up, 3, "f32 [n,H,2I]");
-  const std::int64_t n = gate_up.size(0), H = gate_up.size(1), I = gate_up.size(2) / 2;
-  detail::require_tensor(op, "down", down, DType::f32, {n, I, H});
+  const auto [n, H, I] = expert_weight_dims(op, gate_up, down);
   detail::require_tensor(op, "saved.offsets", saved.offsets, DType::i64, {n + 1});
   const std::int64_t* offsets = saved.offsets.data<std::int64_t>();
   const std::int64_t R = offsets[n] - offsets[0];

@@ -410,3 +410,28 @@ TEST_CASE("experts rejects bad shapes", "[experts]") {
   bad_idx.data<std::int32_t>()[0] = 3;
   CHECK_THROWS_AS(experts_forward(x, gu, dn, bad_idx, w, Tensor(), cfg), std::invalid_argument);
 }
+
+TEST_CASE("grouped experts refuse weights that do not pair up, and local experts outside the routing", "[experts]") {
+  const std::int64_t T = 6, K = 2, E = 4, H = 4, I = 2;
+  const Problem p = make_problem(T, K, E, H, I, 133);
+  ExpertsConfig cfg;
+  Tensor x = tensor_of({T, H}, p.x), w = tensor_of({T, K}, p.weights);
+  Tensor gu = tensor_of({E, H, 2 * I}, p.gate_up), dn = tensor_of({E, I, H}, p.down);
+  const ExpertDispatch dispatch = plan_expert_dispatch(indices_tensor(p), w, mask_tensor(p), E);
+  const DispatchedRows rows = dispatch_forward(x, dispatch);
+  const GroupedExpertsSaved saved = grouped_experts_forward(rows.x_rows, rows.w_rows, dispatch, 0, gu, dn, cfg);
+  Tensor d_rows = Tensor::zeros({dispatch.rows(), H});
+  Tensor d_gu = Tensor::zeros({E, H, 2 * I}), d_dn = Tensor::zeros({E, I, H});
+  CHECK_NOTHROW(grouped_experts_backward(d_rows, saved, gu, dn, cfg, d_gu, d_dn));
+
+  const Tensor odd = Tensor::zeros({E, H, 2 * I + 1});  // gate_up's last dim must be 2I for down's I
+  CHECK_THROWS_AS(grouped_experts_forward(rows.x_rows, rows.w_rows, dispatch, 0, odd, dn, cfg), std::invalid_argument);
+  CHECK_THROWS_AS(grouped_experts_backward(d_rows, saved, odd, dn, cfg, d_gu, d_dn), std::invalid_argument);
+  const Tensor wide = Tensor::zeros({E, H, 2 * I + 2});  // even, but not down's I
+  CHECK_THROWS_AS(grouped_experts_backward(d_rows, saved, wide, dn, cfg, d_gu, d_dn), std::invalid_argument);
+  // Two local experts starting at expert 3 of 4 run past the routing's experts.
+  const std::int64_t* off = dispatch.expert_offsets.data<std::int64_t>();
+  CHECK_THROWS_AS(grouped_experts_forward(rows.x_rows.slice_rows(off[3], off[4]), rows.w_rows.slice_rows(off[3], off[4]),
+                                          dispatch, 3, gu.slice_rows(2, 4), dn.slice_rows(2, 4), cfg),
+                  std::invalid_argument);
+}
