@@ -123,10 +123,74 @@ void MappedFile::check_cursor_matches(const nlohmann::json& cursor, const std::s
 }
 
 // ---------------------------------------------------------------------------------------------
+// The walk both file sources share
+
+FileStreamSource::FileStreamSource(const std::string& path, bool loop, const char* kind, const char* what)
+    : file_(path), loop_(loop), kind_(kind), what_(what) {}
+
+void FileStreamSource::set_slots(std::size_t first, std::size_t end, std::size_t last_scorable) {
+  first_ = first;
+  end_ = end;
+  last_scorable_ = last_scorable;
+  at_ = first;
+}
+
+std::int64_t FileStreamSource::document_position(std::size_t slot) const {
+  // A document's tokens are consecutive slots.
+  std::size_t start = slot;
+  while (!starts_document(start)) --start;
+  return static_cast<std::int64_t>(slot - start);
+}
+
+StreamToken FileStreamSource::peek() const {
+  if (exhausted()) return {0, pad_position_, false};
+  return {token_at(at_), position_, true};
+}
+
+void FileStreamSource::advance() {
+  if (exhausted()) {
+    pad_position_ = next_count(pad_position_, file_.path(), "pad_position");
+    return;
+  }
+  std::size_t next = next_slot(at_);
+  if (next == end_) {
+    if (!loop_) {
+      at_ = next;
+      pad_position_ = 0;
+      return;
+    }
+    epoch_ = next_count(epoch_, file_.path(), "epoch");
+    next = first_;
+  }
+  position_ = starts_document(next) ? 0 : position_ + 1;
+  at_ = next;
+}
+
+nlohmann::json FileStreamSource::cursor() const {
+  return {{"source", kind_},   {"epoch", epoch_},       {"offset", at_},
+          {"pad_position", pad_position_}, {"file_size", file_.size()}, {"file_hash", file_.content_hash()}};
+}
+
+void FileStreamSource::restore(const nlohmann::json& cursor) {
+  const std::string what = std::string(what_) + " " + file_.path();
+  check_cursor_source(cursor, kind_, what);
+  file_.check_cursor_matches(cursor, what);
+  const auto first = static_cast<std::int64_t>(first_), end = static_cast<std::int64_t>(end_);
+  const std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMaxInt, what);
+  const std::int64_t offset = cursor_integer(cursor, "offset", first, loop_ ? end - 1 : end, what);
+  if (offset < end) check_token_slot(static_cast<std::size_t>(offset), what);
+  const std::int64_t pad_position = cursor_integer(cursor, "pad_position", 0, offset == end ? kMaxInt : 0, what);
+  epoch_ = epoch;
+  at_ = static_cast<std::size_t>(offset);
+  pad_position_ = pad_position;
+  position_ = offset < end ? document_position(at_) : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Text
 
 TextFileSource::TextFileSource(const std::string& path, std::int64_t usable_vocab, bool loop)
-    : file_(path), loop_(loop) {
+    : FileStreamSource(path, loop, "text", "text data") {
   const unsigned char* bytes = file_.data();
   for (std::size_t i = 0; i < file_.size(); ++i) {
     if (bytes[i] >= usable_vocab) {
@@ -140,16 +204,15 @@ TextFileSource::TextFileSource(const std::string& path, std::int64_t usable_voca
   }
   // A target is a token's successor in its document: some document must hold two bytes. The last
   // such byte is where a non-looping file is used up (blank lines or one-byte documents may follow).
-  bool scorable = false;
-  for (std::size_t i = file_.size() - 1; !scorable && i-- > first_token_;) {
-    scorable = !is_separator(i) && !is_separator(i + 1);
-    if (scorable) last_scorable_ = i;
+  std::optional<std::size_t> last_scorable;
+  for (std::size_t i = file_.size() - 1; !last_scorable && i-- > first_token_;) {
+    if (!is_separator(i) && !is_separator(i + 1)) last_scorable = i;
   }
-  if (!scorable) {
+  if (!last_scorable) {
     throw DataError(fmt::format("{}: nothing to train on: every document is one byte long, so no token has a "
                                 "successor to predict", path));
   }
-  offset_ = first_token_;
+  set_slots(first_token_, file_.size(), *last_scorable);
 }
 
 bool TextFileSource::is_separator(std::size_t offset) const {
@@ -168,59 +231,11 @@ bool TextFileSource::starts_document(std::size_t offset) const {
   return offset == first_token_ || (offset >= 2 && b[offset - 1] == '\n' && b[offset - 2] == '\n');
 }
 
-std::int64_t TextFileSource::document_position(std::size_t offset) const {
-  // A document holds no separator, so its tokens are consecutive bytes.
-  std::size_t start = offset;
-  while (!starts_document(start)) --start;
-  return static_cast<std::int64_t>(offset - start);
-}
-
-StreamToken TextFileSource::peek() const {
-  if (exhausted()) return {0, pad_position_, false};
-  return {file_.data()[offset_], position_, true};
-}
-
-void TextFileSource::advance() {
-  if (exhausted()) {
-    pad_position_ = next_count(pad_position_, file_.path(), "pad_position");
-    return;
-  }
-  std::size_t next = skip_separators(offset_ + 1);
-  if (next == file_.size()) {
-    if (!loop_) {
-      offset_ = next;
-      pad_position_ = 0;
-      return;
-    }
-    epoch_ = next_count(epoch_, file_.path(), "epoch");
-    next = first_token_;
-  }
-  position_ = starts_document(next) ? 0 : position_ + 1;
-  offset_ = next;
-}
-
-nlohmann::json TextFileSource::cursor() const {
-  return {{"source", "text"},   {"epoch", epoch_},       {"offset", offset_},
-          {"pad_position", pad_position_}, {"file_size", file_.size()}, {"file_hash", file_.content_hash()}};
-}
-
-void TextFileSource::restore(const nlohmann::json& cursor) {
-  const std::string what = "text data " + file_.path();
-  check_cursor_source(cursor, "text", what);
-  const auto size = static_cast<std::int64_t>(file_.size());
-  file_.check_cursor_matches(cursor, what);
-  const std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMaxInt, what);
-  const std::int64_t offset =
-      cursor_integer(cursor, "offset", static_cast<std::int64_t>(first_token_), loop_ ? size - 1 : size, what);
-  if (offset < size && is_separator(static_cast<std::size_t>(offset))) {
+void TextFileSource::check_token_slot(std::size_t offset, const std::string& what) const {
+  if (is_separator(offset)) {
     throw DataError(fmt::format("{}: cursor field 'offset': byte {} lies inside a blank-line separator, not on a token",
                                 what, offset));
   }
-  const std::int64_t pad_position = cursor_integer(cursor, "pad_position", 0, offset == size ? kMaxInt : 0, what);
-  epoch_ = epoch;
-  offset_ = static_cast<std::size_t>(offset);
-  pad_position_ = pad_position;
-  position_ = offset < size ? document_position(offset_) : 0;
 }
 
 std::string TextFileSource::describe() const {
@@ -251,7 +266,8 @@ std::int64_t resolved_token_width(const std::string& path, std::int64_t width) {
 
 TokenFileSource::TokenFileSource(const std::string& path, std::int64_t usable_vocab, std::int64_t width,
                                  std::optional<std::int64_t> eos_id, bool loop)
-    : file_(path), width_(resolved_token_width(path, width)), eos_id_(eos_id), loop_(loop) {
+    : FileStreamSource(path, loop, "tokens", "token data"), width_(resolved_token_width(path, width)),
+      eos_id_(eos_id) {
   if (file_.size() % static_cast<std::size_t>(width_) != 0) {
     throw DataError(fmt::format("{}: file size {} bytes is not a multiple of the token width {}", path, file_.size(),
                                 width_));
@@ -262,26 +278,25 @@ TokenFileSource::TokenFileSource(const std::string& path, std::int64_t usable_vo
     throw DataError(fmt::format("{}: data.eos_id: expected an integer in [0, {}) (the usable vocabulary), got {}", path,
                                 usable_vocab, *eos_id_), "data.eos_id");
   }
-  bool scorable = false;  // some token has a successor in its document (a target); the last one is
-                          // where a non-looping file is used up (one-token documents may follow)
+  // Some token must have a successor in its document (a target); the last one is where a
+  // non-looping file is used up (one-token documents may follow).
+  std::optional<std::size_t> last_scorable;
   for (std::size_t i = 0; i < token_count_; ++i) {
-    const std::int64_t t = token(i);
+    const std::int64_t t = token_at(i);
     if (t >= usable_vocab) {
       throw DataError(fmt::format("{}: token index {} (byte offset {}) is {}, which is not below the usable vocabulary size {}",
                                   path, i, i * static_cast<std::size_t>(width_), t, usable_vocab));
     }
-    if (i + 1 < token_count_ && !(eos_id_ && t == *eos_id_)) {
-      scorable = true;
-      last_scorable_ = i;
-    }
+    if (i + 1 < token_count_ && !(eos_id_ && t == *eos_id_)) last_scorable = i;
   }
-  if (!scorable) {
+  if (!last_scorable) {
     throw DataError(fmt::format("{}: nothing to train on: {}, so no token has a successor to predict", path,
                                 token_count_ == 1 ? "the file holds one token" : "every document is one token long"));
   }
+  set_slots(0, token_count_, *last_scorable);
 }
 
-std::int64_t TokenFileSource::token(std::size_t index) const {
+std::int64_t TokenFileSource::token_at(std::size_t index) const {
   // Assemble little-endian bytes explicitly: correct on any host byte order.
   const unsigned char* p = file_.data() + index * static_cast<std::size_t>(width_);
   std::uint32_t value = 0;
@@ -290,55 +305,7 @@ std::int64_t TokenFileSource::token(std::size_t index) const {
 }
 
 bool TokenFileSource::starts_document(std::size_t index) const {
-  return index == 0 || (eos_id_ && token(index - 1) == *eos_id_);
-}
-
-StreamToken TokenFileSource::peek() const {
-  if (exhausted()) return {0, pad_position_, false};
-  return {token(index_), position_, true};
-}
-
-void TokenFileSource::advance() {
-  if (exhausted()) {
-    pad_position_ = next_count(pad_position_, file_.path(), "pad_position");
-    return;
-  }
-  std::size_t next = index_ + 1;
-  if (next == token_count_) {
-    if (!loop_) {
-      index_ = next;
-      pad_position_ = 0;
-      return;
-    }
-    epoch_ = next_count(epoch_, file_.path(), "epoch");
-    next = 0;
-  }
-  position_ = starts_document(next) ? 0 : position_ + 1;
-  index_ = next;
-}
-
-nlohmann::json TokenFileSource::cursor() const {
-  return {{"source", "tokens"},   {"epoch", epoch_},       {"offset", index_},
-          {"pad_position", pad_position_}, {"file_size", file_.size()}, {"file_hash", file_.content_hash()}};
-}
-
-void TokenFileSource::restore(const nlohmann::json& cursor) {
-  const std::string what = "token data " + file_.path();
-  check_cursor_source(cursor, "tokens", what);
-  const auto count = static_cast<std::int64_t>(token_count_);
-  file_.check_cursor_matches(cursor, what);
-  const std::int64_t epoch = cursor_integer(cursor, "epoch", 0, kMaxInt, what);
-  const std::int64_t offset = cursor_integer(cursor, "offset", 0, loop_ ? count - 1 : count, what);
-  const std::int64_t pad_position = cursor_integer(cursor, "pad_position", 0, offset == count ? kMaxInt : 0, what);
-  epoch_ = epoch;
-  index_ = static_cast<std::size_t>(offset);
-  pad_position_ = pad_position;
-  position_ = 0;
-  if (offset < count) {
-    std::size_t start = index_;
-    while (!starts_document(start)) --start;
-    position_ = static_cast<std::int64_t>(index_ - start);
-  }
+  return index == 0 || (eos_id_ && token_at(index - 1) == *eos_id_);
 }
 
 std::string TokenFileSource::describe() const {

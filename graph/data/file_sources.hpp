@@ -46,38 +46,67 @@ class MappedFile {
   int guard_ = -1;  // graph/data/mapped_file_guard.hpp: a SIGBUS in the mapping names this file
 };
 
-// Byte-level text: token id = byte value. Documents are separated by blank lines: a run of two
-// or more '\n' ends a document and is dropped; a single '\n' is an ordinary token.
-// The cursor's offset is a byte offset in the file.
-class TextFileSource : public PackedSource {
+// What the two file sources share: a walk over the file's token slots (bytes or tokens) in
+// epochs, each token's position in its document, padding after the end of a file that does not
+// loop, and the cursor. A derived source says what a slot holds, where documents start and which
+// slot follows another; its constructor checks the file and then calls set_slots.
+class FileStreamSource : public PackedSource {
  public:
-  TextFileSource(const std::string& path, std::int64_t usable_vocab, bool loop = true);
-
   nlohmann::json cursor() const override;
   void restore(const nlohmann::json& cursor) override;
-  bool exhausted() const override { return offset_ == file_.size(); }
-  bool used_up() const override { return !loop_ && (exhausted() || offset_ > last_scorable_); }
-  std::string describe() const override;
+  bool exhausted() const override { return at_ == end_; }
+  bool used_up() const override { return !loop_ && (exhausted() || at_ > last_scorable_); }
   void check_unchanged() const override { file_.check_unchanged(); }
 
  protected:
+  // kind: the cursor's "source" ("text", "tokens"); what: how errors name the data ("text data").
+  FileStreamSource(const std::string& path, bool loop, const char* kind, const char* what);
+  // The token slots are [first, end); last_scorable: the last whose successor is in its document
+  // (a target: where a file that does not loop is used up).
+  void set_slots(std::size_t first, std::size_t end, std::size_t last_scorable);
+
+  virtual std::int64_t token_at(std::size_t slot) const = 0;
+  virtual std::size_t next_slot(std::size_t slot) const = 0;  // the token slot after `slot`, or end
+  virtual bool starts_document(std::size_t slot) const = 0;
+  // A restored cursor's slot in [first, end) that holds no token: DataError naming `what`.
+  virtual void check_token_slot(std::size_t, const std::string&) const {}
+
   StreamToken peek() const override;
   void advance() override;
 
- private:
-  bool is_separator(std::size_t offset) const;  // byte is part of a run of >= 2 newlines
-  std::size_t skip_separators(std::size_t offset) const;
-  bool starts_document(std::size_t offset) const;
-  std::int64_t document_position(std::size_t offset) const;  // scans back to the document start
-
   MappedFile file_;
   bool loop_;
-  std::size_t first_token_ = 0;  // first byte that is not a separator
-  std::size_t last_scorable_ = 0;  // the last byte whose successor is in its document (a target)
+
+ private:
+  std::int64_t document_position(std::size_t slot) const;  // scans back to the document start
+
+  const char* kind_;
+  const char* what_;
+  std::size_t first_ = 0, end_ = 0, last_scorable_ = 0;
   std::int64_t epoch_ = 0;
-  std::size_t offset_ = 0;  // always a token, or file size once exhausted
+  std::size_t at_ = 0;  // always a token slot, or end_ once exhausted
   std::int64_t position_ = 0;
   std::int64_t pad_position_ = 0;
+};
+
+// Byte-level text: token id = byte value. Documents are separated by blank lines: a run of two
+// or more '\n' ends a document and is dropped; a single '\n' is an ordinary token.
+// The cursor's offset is a byte offset in the file.
+class TextFileSource : public FileStreamSource {
+ public:
+  TextFileSource(const std::string& path, std::int64_t usable_vocab, bool loop = true);
+  std::string describe() const override;
+
+ private:
+  std::int64_t token_at(std::size_t offset) const override { return file_.data()[offset]; }
+  std::size_t next_slot(std::size_t offset) const override { return skip_separators(offset + 1); }
+  bool starts_document(std::size_t offset) const override;
+  void check_token_slot(std::size_t offset, const std::string& what) const override;
+
+  bool is_separator(std::size_t offset) const;  // byte is part of a run of >= 2 newlines
+  std::size_t skip_separators(std::size_t offset) const;
+
+  std::size_t first_token_ = 0;  // first byte that is not a separator
 };
 
 // The token width of a tokens file: `width` (2 or 4), or with 0 the one its extension names
@@ -86,39 +115,23 @@ std::int64_t resolved_token_width(const std::string& path, std::int64_t width);
 
 // Little-endian uint16 (.u16) or uint32 (.u32) tokens. With eos_id, a document ends after each
 // eos token; without, each epoch of the file is one document. The cursor's offset counts tokens.
-class TokenFileSource : public PackedSource {
+class TokenFileSource : public FileStreamSource {
  public:
   // width: 2 or 4 bytes, or 0 to take it from the extension.
   TokenFileSource(const std::string& path, std::int64_t usable_vocab, std::int64_t width = 0,
                   std::optional<std::int64_t> eos_id = std::nullopt, bool loop = true);
-
-  nlohmann::json cursor() const override;
-  void restore(const nlohmann::json& cursor) override;
-  bool exhausted() const override { return index_ == token_count_; }
-  bool used_up() const override { return !loop_ && (exhausted() || index_ > last_scorable_); }
   std::string describe() const override;
-  void check_unchanged() const override { file_.check_unchanged(); }
   std::int64_t width() const { return width_; }
   std::size_t token_count() const { return token_count_; }
 
- protected:
-  StreamToken peek() const override;
-  void advance() override;
-
  private:
-  std::int64_t token(std::size_t index) const;
-  bool starts_document(std::size_t index) const;
+  std::int64_t token_at(std::size_t index) const override;
+  std::size_t next_slot(std::size_t index) const override { return index + 1; }
+  bool starts_document(std::size_t index) const override;
 
-  MappedFile file_;
   std::int64_t width_;
   std::optional<std::int64_t> eos_id_;
-  bool loop_;
   std::size_t token_count_ = 0;
-  std::size_t last_scorable_ = 0;  // the last token whose successor is in its document (a target)
-  std::int64_t epoch_ = 0;
-  std::size_t index_ = 0;  // token_count_ once exhausted
-  std::int64_t position_ = 0;
-  std::int64_t pad_position_ = 0;
 };
 
 }  // namespace atl
