@@ -21,6 +21,7 @@
 #include "graph/plan/mesh.hpp"
 #include "graph/training/output_path.hpp"
 #include "graph/training/preflight.hpp"
+#include "graph/training/run_records.hpp"
 #include "graph/training/run_start.hpp"
 #include "graph/training/starting_point.hpp"
 #include "graph/checkpoint/checkpoint_dir.hpp"
@@ -134,6 +135,137 @@ nlohmann::json trainer_state_json(const RunConfig& config, const Model& model, c
           {"config", to_json(config)}};
 }
 
+// The run header: what trains, on what, from where, and the settings worth a second look.
+void print_run_header(std::ostream& out, const RunConfig& config, const Model& model, const TrainingEngine& engine,
+                      const DataSource& data, const std::string& cpu_kernel, int threads,
+                      const StartingPoint& begin) {
+  const auto& t = config.train;
+  const auto& mesh = config.topology.mesh;
+  const std::string experts =
+      mesh.ep > 1 ? fmt::format(", ep {} ({})", mesh.ep, expert_dispatch_flow_name(config.topology.ep_dispatch)) : "";
+  out << fmt::format("atoll-train: {} {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
+                     "(dp_shard {} x dp_replicate {}{}), data {}, cpu kernels {} with {} thread(s) per rank\n",
+                     model.family(), model.preset(), model.parameter_count(), t.steps, t.global_batch, t.seq_len,
+                     precision_name(config.precision), engine.name(), mesh.dp_shard, mesh.dp_replicate, experts,
+                     data.describe(), cpu_kernel, threads)
+      << std::flush;
+  out << "start: " << begin.description << "\n";
+  if (!begin.changed_settings.empty()) {
+    out << "note: settings differ from the checkpoint's run: " << begin.changed_settings
+        << " (the steps from here differ from that run's own continuation)\n";
+  }
+  if (!begin.model_changes.empty()) {
+    out << "note: the model differs from that of the checkpoint it starts from (its config.json): "
+        << begin.model_changes << "\n";
+  }
+  if (t.warmup > 0 && t.warmup >= t.steps) {  // legal (a short probe of a long schedule), but rarely meant
+    const std::string reach = t.warmup == t.steps ? std::string("reaches train.lr only at the last step")
+                                                  : fmt::format("rises to {:.3g} of train.lr by the last step",
+                                                                static_cast<double>(t.steps) / static_cast<double>(t.warmup));
+    out << fmt::format("note: train.warmup ({}) is not below train.steps ({}): the learning rate {} and never decays\n",
+                       t.warmup, t.steps, reach);
+  }
+}
+
+// The run's checkpoints: every process takes part in gathering the state, node 0 (the writer)
+// saves it; the last one saved is remembered.
+class RunCheckpoints {
+ public:
+  RunCheckpoints(const RunConfig& config, const Model& model, TrainingEngine& engine, const DataSource& data,
+                 bool writer, std::int64_t first_step, std::ostream& out)
+      : config_(config), model_(model), engine_(engine), data_(data), writer_(writer), first_step_(first_step),
+        out_(out) {}
+
+  // `tokens`: trained on up to and including `step`; `last_applied`: the last step whose update
+  // was applied (first_step - 1 when none was), to name the one to blame for unsavable weights.
+  std::filesystem::path save(std::int64_t step, std::int64_t tokens, std::int64_t last_applied) {
+    TrainingState state = engine_.state();  // a collective: every process takes part
+    if (!writer_) {
+      return remember(step, std::filesystem::path(config_.checkpoint.dir) / (checkpoint_dir_name(step) + " (on node 0)"));
+    }
+    CheckpointContents contents{step,
+                                std::move(state.master),
+                                std::move(state.exp_avg),
+                                std::move(state.exp_avg_sq),
+                                trainer_state_json(config_, model_, engine_, step, tokens, data_),
+                                model_.hf_config()};
+    std::filesystem::path saved;
+    try {
+      saved = save_checkpoint(config_.checkpoint.dir, contents, static_cast<int>(config_.checkpoint.keep));
+    } catch (const UnsavableState& e) {
+      throw DivergedWeights(diverged_message(step, last_applied, e.what()));
+    } catch (const std::exception& e) {
+      // A file (FileWriteError), its folder or the rename into place (filesystem_error): the step
+      // named. Anything else is not the file system's and goes on as it is.
+      if (!dynamic_cast<const FileWriteError*>(&e) && !dynamic_cast<const std::filesystem::filesystem_error*>(&e)) throw;
+      throw FileWriteError(fmt::format("the checkpoint of step {} was not saved: {}; {}", step, e.what(), what_is_kept()));
+    }
+    out_ << "checkpoint saved: " << saved.string() << "\n" << std::flush;
+    return remember(step, saved);
+  }
+
+  // The step saved last (-1: none), and where.
+  std::int64_t last_saved() const { return last_saved_; }
+  const std::filesystem::path& last_saved_path() const { return last_saved_path_; }
+
+ private:
+  const std::filesystem::path& remember(std::int64_t step, std::filesystem::path path) {
+    last_saved_ = step;
+    last_saved_path_ = std::move(path);
+    return last_saved_path_;
+  }
+
+  std::string what_is_kept() const {
+    const std::optional<std::filesystem::path> kept = latest_checkpoint(config_.checkpoint.dir);
+    return kept ? "the latest checkpoint, " + kept->string() + ", is kept" : std::string("checkpoint.dir holds no checkpoint");
+  }
+
+  // A skipped step changed nothing: an earlier applied update is the one to blame.
+  std::string diverged_message(std::int64_t step, std::int64_t last_applied, const char* what) const {
+    const std::string which =
+        last_applied == step ? fmt::format("step {}: the update left", step)
+        : last_applied < first_step_
+            ? fmt::format("step {} (skipped, as every step since the start): the weights it started from hold", step)
+            : fmt::format("step {} (skipped): the update of step {}, the last one applied, left", step, last_applied);
+    return fmt::format("{} values a checkpoint may not hold{} (usually a learning rate far too large: lower "
+                       "train.lr): {}; {}",
+                       which, last_applied == step ? " although the step's loss and gradient norm were finite" : "",
+                       what, what_is_kept());
+  }
+
+  const RunConfig& config_;
+  const Model& model_;
+  TrainingEngine& engine_;
+  const DataSource& data_;
+  const bool writer_;
+  const std::int64_t first_step_;
+  std::ostream& out_;
+  std::int64_t last_saved_ = -1;
+  std::filesystem::path last_saved_path_;
+};
+
+// The console's word on a step not applied; throws NonFiniteError when the run may not go on.
+void report_not_applied(std::ostream& out, const StepResult& r, std::int64_t step, std::int64_t skipped,
+                        const TrainConfig& t) {
+  if (held_no_targets(r)) {
+    out << fmt::format("step {:>5}/{}  not applied: its rows hold no target (only padding or one-token "
+                       "documents)\n", step, t.steps)
+        << std::flush;
+    return;
+  }
+  if (!t.skip_nonfinite_steps) {
+    throw NonFiniteError(fmt::format("step {}: {}; the step was not applied and no checkpoint was saved "
+                                     "(train.on_nonfinite: stop)",
+                                     step, r.nonfinite));
+  }
+  if (skipped > t.max_skipped_steps) {
+    throw NonFiniteError(fmt::format("step {}: {}; {} steps skipped, more than train.max_skipped_steps ({})", step,
+                                     r.nonfinite, skipped, t.max_skipped_steps));
+  }
+  out << fmt::format("step {:>5}/{}  skipped: {} ({} skipped so far)\n", step, t.steps, r.nonfinite, skipped)
+      << std::flush;
+}
+
 }  // namespace
 
 double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
@@ -156,7 +288,6 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     }
   }
   const std::int64_t tokens_before = begin.tokens;
-  const std::string start_description = begin.description;
   const std::int64_t first_step = begin.state.step + 1;
   std::unique_ptr<TrainingEngine> engine =
       make_engine(EngineInputs{config, model, std::move(begin.state.master), optimizer_settings(t),
@@ -174,134 +305,34 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run_dir;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
-  if (options.writer) create_directories_durably(run_dir);
-
-  nlohmann::json run_json;
-  run_json["config"] = to_json(config);
-  run_json["model"] = {{"family", model->family()}, {"preset", model->preset()}, {"parameters", model->parameter_count()}};
-  run_json["engine"] = engine->name();
   const std::string cpu_kernel = cpu::kernel_description(cpu::cpu_features());
   const int threads = compute_threads(config, options.ranks_here);
-  run_json["cpu_kernel"] = cpu_kernel;
-  run_json["compute_threads"] = threads;
-  run_json["data"] = data->describe();
-  // The file's content, to tell another file of the same name or kind from this one (a resume
-  // into this run_dir compares it with the checkpoint's cursor).
-  if (const nlohmann::json cursor = data->cursor(); cursor.is_object() && cursor.contains("file_hash")) {
-    run_json["data_file_hash"] = cursor.at("file_hash");
-  }
-  if (!begin.began_from.empty()) run_json["began_from"] = begin.began_from;
-  if (auto h = data->entropy_nats_per_token()) run_json["entropy_nats_per_token"] = *h;
-  // metrics.jsonl is the live record: one line appended and flushed per step, so a crash keeps
-  // every finished step. It starts as the history this run continues (empty for a fresh run;
-  // on resume, the lines before the resumed step), written durably in one piece. Read before
-  // run.json is rewritten: a damaged record stops the run with nothing changed.
-  std::string history, cut;  // cut: the lines after the resumed step (kept with the checkpoints set aside)
-  if (options.writer && begin.resumed && fs::exists(metrics_path)) {
-    std::ifstream old(metrics_path);
-    std::int64_t number = 0;
-    for (std::string line; std::getline(old, line);) {
-      ++number;
-      // A line cut short by a crash is not history.
-      if (!nlohmann::json::accept(line)) continue;
-      const nlohmann::json record = nlohmann::json::parse(line);
-      if (!record.is_object() || !record.contains("step") || !record.at("step").is_number_integer()) {
-        throw ConfigError(metrics_path.string(), "line " + std::to_string(number),
-                          "expected a step's record (a JSON object with an integer \"step\"); the file is not "
-                          "a metrics.jsonl atoll wrote (move it away: the resumed run then starts a new one)");
-      }
-      (record.at("step").get<std::int64_t>() < first_step ? history : cut) += line + "\n";
-    }
-  }
-  if (options.writer) write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
-
-  if (options.writer) prepare_checkpoint_dir(config, options, begin, cut, out);
+  nlohmann::json run_json = run_record(config, *model, *engine, *data, cpu_kernel, threads, begin.began_from);
   std::ofstream metrics;
   if (options.writer) {
-    write_file_durably(metrics_path, history);
+    create_directories_durably(run_dir);
+    // metrics.jsonl starts as the history this run continues (empty for a fresh run), written
+    // durably in one piece. Read before run.json is rewritten: a damaged record stops the run with
+    // nothing changed.
+    const MetricsHistory history = begin.resumed && fs::exists(metrics_path)
+                                       ? read_metrics_history(metrics_path, first_step)
+                                       : MetricsHistory{};
+    write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
+    prepare_checkpoint_dir(config, options, begin, history.cut, out);
+    write_file_durably(metrics_path, history.kept);
     metrics.open(metrics_path, std::ios::app);
     if (!metrics) throw std::runtime_error("cannot append to " + metrics_path.string());
     if (options.started) options.started();
   }
-
-  const auto& mesh = config.topology.mesh;
-  const std::string experts =
-      mesh.ep > 1 ? fmt::format(", ep {} ({})", mesh.ep, expert_dispatch_flow_name(config.topology.ep_dispatch)) : "";
-  out << fmt::format("atoll-train: {} {} ({} parameters), {} steps of {}x{} tokens, precision {}, engine {} "
-                     "(dp_shard {} x dp_replicate {}{}), data {}, cpu kernels {} with {} thread(s) per rank\n",
-                     model->family(), model->preset(), model->parameter_count(), t.steps, t.global_batch, t.seq_len,
-                     precision_name(config.precision), engine->name(), mesh.dp_shard, mesh.dp_replicate, experts,
-                     data->describe(), cpu_kernel, threads)
-      << std::flush;
+  print_run_header(out, config, *model, *engine, *data, cpu_kernel, threads, begin);
 
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   double last_loss = 0;
-  out << "start: " << start_description << "\n";
-  if (!begin.changed_settings.empty()) {
-    out << "note: settings differ from the checkpoint's run: " << begin.changed_settings
-        << " (the steps from here differ from that run's own continuation)\n";
-  }
-  if (!begin.model_changes.empty()) {
-    out << "note: the model differs from that of the checkpoint it starts from (its config.json): "
-        << begin.model_changes << "\n";
-  }
-  if (t.warmup > 0 && t.warmup >= t.steps) {  // legal (a short probe of a long schedule), but rarely meant
-    const std::string reach = t.warmup == t.steps ? std::string("reaches train.lr only at the last step")
-                                                  : fmt::format("rises to {:.3g} of train.lr by the last step",
-                                                                static_cast<double>(t.steps) / static_cast<double>(t.warmup));
-    out << fmt::format("note: train.warmup ({}) is not below train.steps ({}): the learning rate {} and never decays\n",
-                       t.warmup, t.steps, reach);
-  }
   std::int64_t tokens_total = tokens_before;
   std::int64_t skipped = 0;
   std::int64_t last_applied = first_step - 1;  // the last step whose update was applied (skip_step), or the start
-  std::int64_t last_saved = -1;
-  fs::path last_saved_path;
-  auto save = [&](std::int64_t s) {
-    TrainingState state = engine->state();  // a collective: every process takes part
-    if (!options.writer) {
-      last_saved = s;
-      last_saved_path = fs::path(config.checkpoint.dir) / (checkpoint_dir_name(s) + " (on node 0)");
-      return last_saved_path;
-    }
-    CheckpointContents contents{s,
-                                std::move(state.master),
-                                std::move(state.exp_avg),
-                                std::move(state.exp_avg_sq),
-                                trainer_state_json(config, *model, *engine, s, tokens_total, *data),
-                                model->hf_config()};
-    fs::path saved;
-    auto what_is_kept = [&] {
-      const std::optional<fs::path> kept = latest_checkpoint(config.checkpoint.dir);
-      return kept ? "the latest checkpoint, " + kept->string() + ", is kept" : std::string("checkpoint.dir holds no checkpoint");
-    };
-    try {
-      saved = save_checkpoint(config.checkpoint.dir, contents, static_cast<int>(config.checkpoint.keep));
-    } catch (const UnsavableState& e) {
-      // A skipped step changed nothing: an earlier applied update is the one to blame.
-      const std::string which =
-          last_applied == s ? fmt::format("step {}: the update left", s)
-          : last_applied < first_step
-              ? fmt::format("step {} (skipped, as every step since the start): the weights it started from hold", s)
-              : fmt::format("step {} (skipped): the update of step {}, the last one applied, left", s, last_applied);
-      throw DivergedWeights(fmt::format("{} values a checkpoint may not hold{} (usually a learning rate far too "
-                                        "large: lower train.lr): {}; {}",
-                                        which,
-                                        last_applied == s ? " although the step's loss and gradient norm were finite"
-                                                          : "",
-                                        e.what(), what_is_kept()));
-    } catch (const std::exception& e) {
-      // A file (FileWriteError), its folder or the rename into place (filesystem_error): the step
-      // named. Anything else is not the file system's and goes on as it is.
-      if (!dynamic_cast<const FileWriteError*>(&e) && !dynamic_cast<const std::filesystem::filesystem_error*>(&e)) throw;
-      throw FileWriteError(fmt::format("the checkpoint of step {} was not saved: {}; {}", s, e.what(), what_is_kept()));
-    }
-    last_saved = s;
-    last_saved_path = saved;
-    out << "checkpoint saved: " << saved.string() << "\n" << std::flush;
-    return saved;
-  };
+  RunCheckpoints checkpoints(config, *model, *engine, *data, options.writer, first_step, out);
   auto write_trace = [&] {
     if (options.trace_path.empty()) return;  // (each node its own ranks', at its own path: node_trace_path)
     auto trace = engine->chrome_trace();
@@ -318,8 +349,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     if (done < first_step) {
       saved = "no step was taken";
     } else if (config.checkpoint.every > 0) {
-      saved = "checkpoint " + (last_saved == done ? last_saved_path : save(done)).string() +
-              " holds it; continue with --resume";
+      const fs::path path = checkpoints.last_saved() == done ? checkpoints.last_saved_path()
+                                                             : checkpoints.save(done, tokens_total, last_applied);
+      saved = "checkpoint " + path.string() + " holds it; continue with --resume";
     }
     metrics.close();
     try {
@@ -346,7 +378,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
       if (const int signal = requested(); signal != 0) {
         out << "(" << stop_signal_name(signal) << " came as the run ended: nothing to stop)\n";
       }
-      if (config.checkpoint.every > 0 && last_saved != s - 1) save(s - 1);
+      if (config.checkpoint.every > 0 && checkpoints.last_saved() != s - 1) {
+        checkpoints.save(s - 1, tokens_total, last_applied);
+      }
       break;
     }
     if (const int signal = requested(); signal != 0 && stop_signal == 0) {
@@ -368,60 +402,11 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     if (r.applied) {
       last_loss = r.loss;  // the final loss is the trained model's, not a skipped step's
       last_applied = s;
-    }
-    nlohmann::json line = {{"step", r.step},           {"loss", r.loss},       {"grad_norm", r.grad_norm},
-                           {"lr", r.lr},               {"tokens", tokens_total}, {"targets", r.targets},
-                           {"bytes_gathered", r.bytes_gathered}, {"bytes_reduced", r.bytes_reduced},
-                           {"bytes_dispatch", r.bytes_dispatch}, {"bytes_combine", r.bytes_combine},
-                           {"tokens_per_s", r.tokens / std::max(step_seconds, 1e-9)},
-                           {"elapsed_s", elapsed}};
-    // Router load per MoE layer: the busiest expert's tokens over the mean (1 = balanced).
-    if (!r.expert_load.empty()) line["expert_load"] = r.expert_load;
-    // Not applied with nothing non-finite: its batch held no target (StepResult::applied). A batch
-    // without targets whose norm is NaN (NaN weights) stays a non-finite step.
-    const bool no_targets = !r.applied && r.nonfinite.empty();
-    if (no_targets) line["no_targets"] = true;
-    if (!r.applied && !no_targets) {
+    } else if (!held_no_targets(r)) {
       ++skipped;
-      line["skipped"] = true;  // a non-finite loss or norm is written as null
-      line["skipped_steps"] = skipped;
-      line["nonfinite"] = r.nonfinite;
     }
-    if (options.writer) {
-      std::error_code size_ec;
-      const std::uintmax_t size_before = std::filesystem::file_size(metrics_path, size_ec);
-      errno = 0;
-      metrics << line.dump() << "\n" << std::flush;
-      if (!metrics) {  // the record of the run cannot go on: stop rather than train unrecorded
-        const int error = errno;
-        // What reached the file of this line (a full disk takes part of it) is cut off again, so the
-        // file stays whole lines that a JSON reader takes.
-        metrics.close();
-        if (!size_ec) std::filesystem::resize_file(metrics_path, size_before, size_ec);
-        const std::string cut = size_ec ? "; what reached the file of that line may remain (cutting it off failed: " +
-                                              size_ec.message() + ")"
-                                        : "";
-        throw FileWriteError(fmt::format("{}: cannot append step {}'s line: {}{}", metrics_path.string(), s,
-                                         error != 0 ? std::strerror(error) : "the stream failed", cut));
-      }
-    }
-    if (no_targets) {
-      out << fmt::format("step {:>5}/{}  not applied: its rows hold no target (only padding or one-token "
-                         "documents)\n", s, t.steps)
-          << std::flush;
-    } else if (!r.applied) {
-      if (!t.skip_nonfinite_steps) {
-        throw NonFiniteError(fmt::format("step {}: {}; the step was not applied and no checkpoint was saved "
-                                         "(train.on_nonfinite: stop)",
-                                         s, r.nonfinite));
-      }
-      if (skipped > t.max_skipped_steps) {
-        throw NonFiniteError(fmt::format("step {}: {}; {} steps skipped, more than train.max_skipped_steps ({})", s,
-                                         r.nonfinite, skipped, t.max_skipped_steps));
-      }
-      out << fmt::format("step {:>5}/{}  skipped: {} ({} skipped so far)\n", s, t.steps, r.nonfinite, skipped)
-          << std::flush;
-    }
+    if (options.writer) append_metrics_line(metrics, metrics_path, step_record(r, tokens_total, step_seconds, elapsed, skipped), s);
+    if (!r.applied) report_not_applied(out, r, s, skipped, t);
     if (s == first_step || s % t.log_every == 0 || s == t.steps) {
       const double eta = elapsed / static_cast<double>(s - first_step + 1) * static_cast<double>(t.steps - s);
       out << fmt::format("step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  tokens/s {:.0f}  eta {}\n", s,
@@ -429,7 +414,9 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
                          format_duration(eta))
           << std::flush;
     }
-    if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) save(s);
+    if (config.checkpoint.every > 0 && (s % config.checkpoint.every == 0 || s == t.steps)) {
+      checkpoints.save(s, tokens_total, last_applied);
+    }
     // Some process asked to stop: every process learns it from this step and stops after it.
     if (r.stop_signal != 0 && s < t.steps) stop_after(s, r.stop_signal);
   }
