@@ -153,6 +153,204 @@ void assign_stages(Plan& plan) {
   }
 }
 
+void check_unique_names(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules) {
+  std::set<std::string> seen;
+  for (const auto& s : specs) {
+    if (!seen.insert(s.name).second) {
+      throw std::invalid_argument("planner (" + rules.family + "): parameter '" + s.name + "' is declared twice");
+    }
+  }
+}
+
+// Expert parallelism splits each layer's routed experts evenly over the ep ranks.
+void check_expert_split(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, const Mesh& mesh) {
+  if (mesh.ep() == 1) return;
+  bool experts = false;
+  for (const auto& spec : specs) {
+    const std::int64_t layer = layer_of(spec.name, rules.layer_prefix);
+    const std::string prefix = block_name(rules, layer) + "." + rules.experts_module + ".";
+    if (layer < 0 || spec.name.rfind(prefix, 0) != 0) continue;
+    experts = true;
+    if (spec.shape.empty() || spec.shape[0] % mesh.ep() != 0) {
+      throw ConfigError(mesh.source_file(), "topology.mesh.ep",
+                        "expected ep to divide the number of experts of every MoE layer; " + spec.name + " holds " +
+                            std::to_string(spec.shape.empty() ? 0 : spec.shape[0]) + " experts, ep is " +
+                            std::to_string(mesh.ep()));
+    }
+  }
+  if (!experts) {
+    throw ConfigError(mesh.source_file(), "topology.mesh.ep",
+                      "expected 1 for a model without routed experts (" + rules.family + "), got " +
+                          std::to_string(mesh.ep()));
+  }
+}
+
+struct Drafts {
+  std::map<std::string, Draft> by_name;
+  std::vector<std::string> first_seen;
+};
+
+// 1. Every param to a draft unit: under a layer, its experts (ep > 1), its island or its block;
+// otherwise an embedding, a head, a model-level island or the root.
+Drafts draft_units(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, const Mesh& mesh) {
+  Drafts drafts;
+  auto assign = [&](const std::string& name, UnitRole role, std::int64_t layer, bool island, const ParamSpec& spec) {
+    auto [it, inserted] = drafts.by_name.try_emplace(name, Draft{name, role, layer, island, {}});
+    if (inserted) drafts.first_seen.push_back(name);
+    it->second.specs.push_back(&spec);
+  };
+  for (const auto& spec : specs) {
+    const std::string module = module_of(spec.name);
+    if (const std::int64_t layer = layer_of(spec.name, rules.layer_prefix); layer >= 0) {
+      const std::string block = block_name(rules, layer);
+      const std::string island = island_module(block, module, rules.fp32_modules);
+      const std::string experts = block + "." + rules.experts_module;
+      if (mesh.ep() > 1 && under_module(spec.name, experts)) {
+        assign(experts, UnitRole::experts, layer, false, spec);  // EP owns them (§5.3 step 1)
+      } else if (!island.empty()) {
+        assign(island, UnitRole::island, layer, true, spec);
+      } else {
+        assign(block, UnitRole::block, layer, false, spec);
+      }
+      continue;
+    }
+    auto owner = [&](const std::vector<std::string>& modules) -> std::string {
+      for (const auto& m : modules) {
+        if (under_module(spec.name, m)) return m;
+      }
+      return {};
+    };
+    if (const std::string m = owner(rules.embedding_modules); !m.empty()) {
+      assign(m, UnitRole::embedding, -1, false, spec);
+    } else if (const std::string h = owner(rules.head_modules); !h.empty()) {
+      assign(h, UnitRole::head, -1, rules.head_is_island, spec);
+    } else if (const std::string island = island_module("", module, rules.fp32_modules); !island.empty()) {
+      assign(island, UnitRole::island, -1, true, spec);
+    } else {
+      assign("model", UnitRole::root, -1, false, spec);
+    }
+  }
+  return drafts;
+}
+
+// 2. Every unit must be dtype-uniform.
+void check_uniform_dtypes(const Drafts& drafts, const FamilyShardingRules& rules) {
+  for (const auto& name : drafts.first_seen) {
+    const Draft& d = drafts.by_name.at(name);
+    for (const ParamSpec* s : d.specs) {
+      if (s->island && !d.island) fail_island_outside(*s, d.name, rules);
+      if (!s->island && d.island) fail_bulk_inside(*s, d.name, rules);
+      if (s->storage_dtype != d.specs.front()->storage_dtype) {
+        throw std::invalid_argument(fmt::format(
+            "planner ({}): unit '{}' mixes storage dtypes ({} for '{}', {} for '{}'); parameter '{}' must be moved "
+            "into its own submodule",
+            rules.family, d.name, dtype_name(d.specs.front()->storage_dtype), d.specs.front()->name,
+            dtype_name(s->storage_dtype), s->name, s->name));
+      }
+    }
+  }
+}
+
+// 3. Forward execution order (plan.hpp).
+std::vector<const Draft*> forward_order(const Drafts& drafts, const FamilyShardingRules& rules) {
+  std::vector<const Draft*> order;
+  auto take = [&](auto predicate) {
+    for (const auto& name : drafts.first_seen) {
+      const Draft& d = drafts.by_name.at(name);
+      if (predicate(d)) order.push_back(&d);
+    }
+  };
+  for (const auto& m : rules.embedding_modules) {
+    if (auto it = drafts.by_name.find(m); it != drafts.by_name.end() && it->second.role == UnitRole::embedding) {
+      order.push_back(&it->second);
+    }
+  }
+  std::set<std::int64_t> layers;
+  for (const auto& [name, d] : drafts.by_name) {
+    if (d.layer >= 0) layers.insert(d.layer);
+  }
+  for (std::int64_t l : layers) {
+    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::island; });
+    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::block; });
+    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::experts; });
+  }
+  take([](const Draft& d) { return d.layer < 0 && d.role == UnitRole::island; });
+  take([](const Draft& d) { return d.role == UnitRole::root; });
+  for (const auto& m : rules.head_modules) {
+    if (auto it = drafts.by_name.find(m); it != drafts.by_name.end() && it->second.role == UnitRole::head) {
+      order.push_back(&it->second);
+    }
+  }
+  return order;
+}
+
+// 4. A unit's layout, policy and schedule (the last layer's and pipeline parallelism's schedules
+// are fixed up by make_plan).
+UnitPlan layout_unit(const Draft& d, const FamilyShardingRules& rules, const Mesh& mesh, Precision precision) {
+  UnitPlan u;
+  u.name = d.name;
+  u.role = d.role;
+  u.layer = d.layer;
+  u.island = d.island;
+  const bool experts = d.role == UnitRole::experts;
+  u.shard_count = experts ? mesh.ep_shard() : mesh.shard_group_size();
+  u.shard_axis = experts ? kExpertShardAxis : "dp_shard";
+  u.ep_slices = experts ? mesh.ep() : 1;
+  u.storage_dtype = d.specs.front()->storage_dtype;
+  for (const ParamSpec* s : d.specs) {
+    Shape shape = s->shape;
+    if (experts) shape[0] /= mesh.ep();  // one EP rank's experts (ep divides E: checked before)
+    const int dim = experts && shape.size() >= 2 ? 1 : 0;
+    u.params.push_back(layout_param(s->name, shape, dim, u.shard_count, u.shard_numel));
+    u.numel += u.params.back().numel();
+    u.shard_numel += u.params.back().shard_numel;
+  }
+  u.policy = d.island ? island_policy() : bulk_policy(precision);
+  switch (d.role) {
+    case UnitRole::embedding: u.schedule = {true, 0, 0, false}; break;
+    case UnitRole::island: u.schedule = {false, 0, 0, true}; break;
+    case UnitRole::experts: u.schedule = {true, 0, 0, false}; break;  // gathered for its op only
+    case UnitRole::block:
+      u.schedule = {true, 1, 2, false};
+      if (rules.block_casts_inputs_itself) u.policy.cast_forward_inputs = false;
+      break;
+    case UnitRole::head:
+    case UnitRole::root: u.schedule = {false, 0, 0, false}; break;
+  }
+  return u;
+}
+
+// MODELS.md §6 invariant 4: every parameter is owned by exactly one unit (FSDP or expert group).
+void check_single_owner(const Plan& plan, const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules) {
+  std::map<std::string, int> owners;
+  for (const auto& u : plan.units) {
+    for (const auto& p : u.params) ++owners[p.name];
+  }
+  for (const auto& s : specs) {
+    if (owners[s.name] != 1) {
+      throw std::logic_error(fmt::format("planner ({}): parameter '{}' is owned by {} units, expected 1", rules.family,
+                                         s.name, owners[s.name]));
+    }
+  }
+}
+
+// Each block names the blocks its gathers prefetch, forward and backward.
+void resolve_prefetch_units(Plan& plan) {
+  std::vector<std::size_t> blocks;
+  for (std::size_t i = 0; i < plan.units.size(); ++i) {
+    if (plan.units[i].role == UnitRole::block) blocks.push_back(i);
+  }
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    UnitPlan& u = plan.units[blocks[b]];
+    for (std::size_t k = 1; k <= static_cast<std::size_t>(u.schedule.forward_prefetch) && b + k < blocks.size(); ++k) {
+      u.forward_prefetch_units.push_back(plan.units[blocks[b + k]].name);
+    }
+    for (std::size_t k = 1; k <= static_cast<std::size_t>(u.schedule.backward_prefetch) && k <= b; ++k) {
+      u.backward_prefetch_units.push_back(plan.units[blocks[b - k]].name);
+    }
+  }
+}
+
 }  // namespace
 
 const char* unit_role_name(UnitRole role) {
@@ -219,157 +417,14 @@ const UnitPlan& Plan::unit_of_param(const std::string& param) const {
 
 Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& rules, const Mesh& mesh,
                Precision precision) {
-  std::set<std::string> seen;
-  for (const auto& s : specs) {
-    if (!seen.insert(s.name).second) {
-      throw std::invalid_argument("planner (" + rules.family + "): parameter '" + s.name + "' is declared twice");
-    }
-  }
-
-  // Expert parallelism splits each layer's routed experts evenly over the ep ranks.
-  if (mesh.ep() > 1) {
-    bool experts = false;
-    for (const auto& spec : specs) {
-      const std::int64_t layer = layer_of(spec.name, rules.layer_prefix);
-      const std::string prefix = block_name(rules, layer) + "." + rules.experts_module + ".";
-      if (layer < 0 || spec.name.rfind(prefix, 0) != 0) continue;
-      experts = true;
-      if (spec.shape.empty() || spec.shape[0] % mesh.ep() != 0) {
-        throw ConfigError(mesh.source_file(), "topology.mesh.ep",
-                          "expected ep to divide the number of experts of every MoE layer; " + spec.name + " holds " +
-                              std::to_string(spec.shape.empty() ? 0 : spec.shape[0]) + " experts, ep is " +
-                              std::to_string(mesh.ep()));
-      }
-    }
-    if (!experts) {
-      throw ConfigError(mesh.source_file(), "topology.mesh.ep",
-                        "expected 1 for a model without routed experts (" + rules.family + "), got " +
-                            std::to_string(mesh.ep()));
-    }
-  }
-
-  // 1. Assign every param to a draft unit.
-  std::map<std::string, Draft> drafts;
-  std::vector<std::string> first_seen;
-  auto assign = [&](const std::string& name, UnitRole role, std::int64_t layer, bool island, const ParamSpec& spec) {
-    auto [it, inserted] = drafts.try_emplace(name, Draft{name, role, layer, island, {}});
-    if (inserted) first_seen.push_back(name);
-    it->second.specs.push_back(&spec);
-  };
-  for (const auto& spec : specs) {
-    const std::string module = module_of(spec.name);
-    if (const std::int64_t layer = layer_of(spec.name, rules.layer_prefix); layer >= 0) {
-      const std::string block = block_name(rules, layer);
-      const std::string island = island_module(block, module, rules.fp32_modules);
-      const std::string experts = block + "." + rules.experts_module;
-      if (mesh.ep() > 1 && under_module(spec.name, experts)) {
-        assign(experts, UnitRole::experts, layer, false, spec);  // EP owns them (§5.3 step 1)
-      } else if (!island.empty()) {
-        assign(island, UnitRole::island, layer, true, spec);
-      } else {
-        assign(block, UnitRole::block, layer, false, spec);
-      }
-      continue;
-    }
-    auto owner = [&](const std::vector<std::string>& modules) -> std::string {
-      for (const auto& m : modules) {
-        if (under_module(spec.name, m)) return m;
-      }
-      return {};
-    };
-    if (const std::string m = owner(rules.embedding_modules); !m.empty()) {
-      assign(m, UnitRole::embedding, -1, false, spec);
-    } else if (const std::string h = owner(rules.head_modules); !h.empty()) {
-      assign(h, UnitRole::head, -1, rules.head_is_island, spec);
-    } else if (const std::string island = island_module("", module, rules.fp32_modules); !island.empty()) {
-      assign(island, UnitRole::island, -1, true, spec);
-    } else {
-      assign("model", UnitRole::root, -1, false, spec);
-    }
-  }
-
-  // 2. Every unit must be dtype-uniform.
-  for (const auto& name : first_seen) {
-    const Draft& d = drafts.at(name);
-    for (const ParamSpec* s : d.specs) {
-      if (s->island && !d.island) fail_island_outside(*s, d.name, rules);
-      if (!s->island && d.island) fail_bulk_inside(*s, d.name, rules);
-      if (s->storage_dtype != d.specs.front()->storage_dtype) {
-        throw std::invalid_argument(fmt::format(
-            "planner ({}): unit '{}' mixes storage dtypes ({} for '{}', {} for '{}'); parameter '{}' must be moved "
-            "into its own submodule",
-            rules.family, d.name, dtype_name(d.specs.front()->storage_dtype), d.specs.front()->name,
-            dtype_name(s->storage_dtype), s->name, s->name));
-      }
-    }
-  }
-
-  // 3. Forward execution order.
-  std::vector<const Draft*> order;
-  auto take = [&](auto predicate) {
-    for (const auto& name : first_seen) {
-      const Draft& d = drafts.at(name);
-      if (predicate(d)) order.push_back(&d);
-    }
-  };
-  for (const auto& m : rules.embedding_modules) {
-    if (auto it = drafts.find(m); it != drafts.end() && it->second.role == UnitRole::embedding) order.push_back(&it->second);
-  }
-  std::set<std::int64_t> layers;
-  for (const auto& [name, d] : drafts) {
-    if (d.layer >= 0) layers.insert(d.layer);
-  }
-  for (std::int64_t l : layers) {
-    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::island; });
-    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::block; });
-    take([&](const Draft& d) { return d.layer == l && d.role == UnitRole::experts; });
-  }
-  take([](const Draft& d) { return d.layer < 0 && d.role == UnitRole::island; });
-  take([](const Draft& d) { return d.role == UnitRole::root; });
-  for (const auto& m : rules.head_modules) {
-    if (auto it = drafts.find(m); it != drafts.end() && it->second.role == UnitRole::head) order.push_back(&it->second);
-  }
-
-  // 4. Layout, policies and schedules.
+  check_unique_names(specs, rules);
+  check_expert_split(specs, rules, mesh);
+  const Drafts drafts = draft_units(specs, rules, mesh);
+  check_uniform_dtypes(drafts, rules);
   Plan plan;
   plan.mesh = mesh;
   plan.precision = precision;
-  const int shard_count = mesh.shard_group_size();
-  std::vector<std::size_t> blocks;  // indices of block units in plan.units
-  for (const Draft* d : order) {
-    UnitPlan u;
-    u.name = d->name;
-    u.role = d->role;
-    u.layer = d->layer;
-    u.island = d->island;
-    const bool experts = d->role == UnitRole::experts;
-    u.shard_count = experts ? mesh.ep_shard() : shard_count;
-    u.shard_axis = experts ? kExpertShardAxis : "dp_shard";
-    u.ep_slices = experts ? mesh.ep() : 1;
-    u.storage_dtype = d->specs.front()->storage_dtype;
-    for (const ParamSpec* s : d->specs) {
-      Shape shape = s->shape;
-      if (experts) shape[0] /= mesh.ep();  // one EP rank's experts (ep divides E: checked above)
-      const int dim = experts && shape.size() >= 2 ? 1 : 0;
-      u.params.push_back(layout_param(s->name, shape, dim, u.shard_count, u.shard_numel));
-      u.numel += u.params.back().numel();
-      u.shard_numel += u.params.back().shard_numel;
-    }
-    u.policy = d->island ? island_policy() : bulk_policy(precision);
-    switch (d->role) {
-      case UnitRole::embedding: u.schedule = {true, 0, 0, false}; break;
-      case UnitRole::island: u.schedule = {false, 0, 0, true}; break;
-      case UnitRole::experts: u.schedule = {true, 0, 0, false}; break;  // gathered for its op only
-      case UnitRole::block:
-        u.schedule = {true, 1, 2, false};  // the last block is fixed up below
-        if (rules.block_casts_inputs_itself) u.policy.cast_forward_inputs = false;
-        blocks.push_back(plan.units.size());
-        break;
-      case UnitRole::head:
-      case UnitRole::root: u.schedule = {false, 0, 0, false}; break;
-    }
-    plan.units.push_back(std::move(u));
-  }
+  for (const Draft* d : forward_order(drafts, rules)) plan.units.push_back(layout_unit(*d, rules, mesh, precision));
   assign_stages(plan);
   // MODELS.md §5.2, §6.17: no reshard and no prefetch under pipeline parallelism, for every unit
   // (the embedding too): nothing is gathered again for each micro-batch.
@@ -378,34 +433,19 @@ Plan make_plan(const std::vector<ParamSpec>& specs, const FamilyShardingRules& r
   }
   // MODELS.md §5.2: every layer reshards after forward except the last, needed first in backward:
   // its block and, under expert parallelism, its experts (a unit of their own, of that layer).
-  if (!blocks.empty()) {
-    const std::int64_t last = plan.units[blocks.back()].layer;
+  std::int64_t last_block_layer = -1;
+  for (const auto& u : plan.units) {
+    if (u.role == UnitRole::block) last_block_layer = u.layer;
+  }
+  if (last_block_layer >= 0) {
     for (auto& u : plan.units) {
-      if ((u.role == UnitRole::block || u.role == UnitRole::experts) && u.layer == last) {
+      if ((u.role == UnitRole::block || u.role == UnitRole::experts) && u.layer == last_block_layer) {
         u.schedule.reshard_after_forward = false;
       }
     }
   }
-  // MODELS.md §6 invariant 4: every parameter is owned by exactly one unit (FSDP or expert group).
-  std::map<std::string, int> owners;
-  for (const auto& u : plan.units) {
-    for (const auto& p : u.params) ++owners[p.name];
-  }
-  for (const auto& s : specs) {
-    if (owners[s.name] != 1) {
-      throw std::logic_error(fmt::format("planner ({}): parameter '{}' is owned by {} units, expected 1", rules.family,
-                                         s.name, owners[s.name]));
-    }
-  }
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    UnitPlan& u = plan.units[blocks[b]];
-    for (std::size_t k = 1; k <= static_cast<std::size_t>(u.schedule.forward_prefetch) && b + k < blocks.size(); ++k) {
-      u.forward_prefetch_units.push_back(plan.units[blocks[b + k]].name);
-    }
-    for (std::size_t k = 1; k <= static_cast<std::size_t>(u.schedule.backward_prefetch) && k <= b; ++k) {
-      u.backward_prefetch_units.push_back(plan.units[blocks[b - k]].name);
-    }
-  }
+  check_single_owner(plan, specs, rules);
+  resolve_prefetch_units(plan);
   return plan;
 }
 

@@ -12,7 +12,7 @@
 // (model.norm). Units without params are not formed.
 //
 // Unit order in Plan::units is forward execution order:
-//   embeddings, then per layer [islands of the layer..., block], then model-level islands, then
+//   embeddings, then per layer [islands of the layer..., block, experts (ep > 1)], then model-level islands, then
 //   the root "model" (final norm), then heads.
 //
 // Every unit is dtype-uniform: island units hold only island params (ParamSpec::island) and take
