@@ -52,6 +52,61 @@ void refuse_torchrun_nodes(const atl::RunConfig& config) {
   }
 }
 
+// One node of a ucx job: placed, joined at the rendezvous, then its share of the run. `prefix`
+// becomes "[node N] " for nodes other than 0 (the caller's messages use it too).
+void train_as_node(const atl::RunConfig& config, const atl::NodeFlags& node, const atl::RunOptions& options,
+                   const std::vector<std::string>& sets, std::string& prefix) {
+  const atl::NodePlacement placed = atl::place_this_node(config, node);
+  prefix = atl::node_prefix(placed.spec.node_rank);  // from here on, even for a placement by Slurm or host name
+  atl::exit_on_escaped_exception(prefix + "atoll-train");
+  atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
+  if (!options.trace_path.empty() && placed.spec.node_rank != 0) {  // (node 0's is checked with its outputs)
+    node_options.trace_path = atl::node_trace_path(options.trace_path, placed.spec.node_rank);
+    atl::check_output_path(node_options.trace_path, true, config.source_file, "--trace");
+  }
+  const atl::NodeLaunch launch = atl::launch_node(config, placed, std::cerr, options.stop_requested);
+  // Node 0 writes the run; the others print to stderr behind their node rank.
+  node_options.writer = launch.spec.node_rank == 0;
+  node_options.ranks_here = static_cast<int>(launch.ranks.size());
+  // Node 0 alone reads the checkpoint to start from; when it cannot, every node stops.
+  bool start_failed = false;
+  node_options.from_writer = launch.from_node0;
+  node_options.from_writer->bytes = [&start_failed, &launch](std::vector<std::byte> bytes) {
+    std::vector<std::byte> got = launch.from_node0.bytes(std::move(bytes));
+    start_failed = atl::is_start_failure(got);
+    return got;
+  };
+  auto node_out = atl::prefixed_stream(std::cerr, prefix);
+  // Ends every node agrees on (done, a stop every node takes after the same step, a
+  // non-finite step every node sees) say goodbye, so the other nodes do not count this one
+  // as lost while they finish; any other end closes the control channel like a crash.
+  try {
+    atl::run_training(config, node_options, launch.engine, node_options.writer ? std::cout : *node_out);
+  } catch (const atl::RunStopped&) {
+    launch.control->finish();
+    throw;
+  } catch (const atl::DivergedWeights& e) {  // node 0's alone: every node ends with its exit code
+    launch.control->abort(atl::exit_code_for(e), atl::end_message(e, sets));
+    throw;
+  } catch (const atl::NonFiniteError&) {
+    launch.control->finish();
+    throw;
+  } catch (const atl::RunFinished&) {  // every node finds the data used up at the same step
+    launch.control->finish();
+    throw;
+  } catch (const std::exception& e) {
+    if (start_failed) {
+      launch.control->finish();  // every node knows: an agreed end
+    } else if (atl::exit_code_for(e) == 2) {
+      // Bad input this node alone met (its copy of the data file changed, say): every node
+      // exits 2 with its message, not 1 for a lost node, which a launcher would restart.
+      launch.control->abort(2, atl::end_message(e, sets));
+    }
+    throw;
+  }
+  launch.control->finish();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,55 +201,7 @@ int main(int argc, char** argv) {
     }
     if (config.topology.backend != atl::Backend::ucx) refuse_torchrun_nodes(config);
     if (config.topology.backend == atl::Backend::ucx && config.topology.engine == atl::Engine::actors) {
-      const atl::NodePlacement placed = atl::place_this_node(config, node);
-      prefix = atl::node_prefix(placed.spec.node_rank);  // from here on, even for a placement by Slurm or host name
-      atl::exit_on_escaped_exception(prefix + "atoll-train");
-      atl::RunOptions node_options = options;  // holds the launch's hand-over: gone with the launch
-      if (!options.trace_path.empty() && placed.spec.node_rank != 0) {  // (node 0's is checked with its outputs)
-        node_options.trace_path = atl::node_trace_path(options.trace_path, placed.spec.node_rank);
-        atl::check_output_path(node_options.trace_path, true, config.source_file, "--trace");
-      }
-      const atl::NodeLaunch launch = atl::launch_node(config, placed, std::cerr, options.stop_requested);
-      // Node 0 writes the run; the others print to stderr behind their node rank.
-      node_options.writer = launch.spec.node_rank == 0;
-      node_options.ranks_here = static_cast<int>(launch.ranks.size());
-      // Node 0 alone reads the checkpoint to start from; when it cannot, every node stops.
-      bool start_failed = false;
-      node_options.from_writer = launch.from_node0;
-      node_options.from_writer->bytes = [&start_failed, &launch](std::vector<std::byte> bytes) {
-        std::vector<std::byte> got = launch.from_node0.bytes(std::move(bytes));
-        start_failed = atl::is_start_failure(got);
-        return got;
-      };
-      auto node_out = atl::prefixed_stream(std::cerr, prefix);
-      // Ends every node agrees on (done, a stop every node takes after the same step, a
-      // non-finite step every node sees) say goodbye, so the other nodes do not count this one
-      // as lost while they finish; any other end closes the control channel like a crash.
-      try {
-        atl::run_training(config, node_options, launch.engine, node_options.writer ? std::cout : *node_out);
-      } catch (const atl::RunStopped&) {
-        launch.control->finish();
-        throw;
-      } catch (const atl::DivergedWeights& e) {  // node 0's alone: every node ends with its exit code
-        launch.control->abort(atl::exit_code_for(e), atl::end_message(e, sets));
-        throw;
-      } catch (const atl::NonFiniteError&) {
-        launch.control->finish();
-        throw;
-      } catch (const atl::RunFinished&) {  // every node finds the data used up at the same step
-        launch.control->finish();
-        throw;
-      } catch (const std::exception& e) {
-        if (start_failed) {
-          launch.control->finish();  // every node knows: an agreed end
-        } else if (atl::exit_code_for(e) == 2) {
-          // Bad input this node alone met (its copy of the data file changed, say): every node
-          // exits 2 with its message, not 1 for a lost node, which a launcher would restart.
-          launch.control->abort(2, atl::end_message(e, sets));
-        }
-        throw;
-      }
-      launch.control->finish();
+      train_as_node(config, node, options, sets, prefix);
       return 0;
     }
     const atl::EngineFactory engine = config.topology.engine == atl::Engine::reference ? atl::make_reference_engine

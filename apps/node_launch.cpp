@@ -115,14 +115,11 @@ NodePlacement place_this_node(const RunConfig& config, const NodeFlags& flags) {
   return placed;
 }
 
-NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std::ostream& log,
-                       std::function<int()> stop_requested) {
-  NodeLaunch launch;
-  launch.spec = placed.spec;
-  const std::vector<int>& ranks = placed.ranks;
-  const std::vector<std::vector<int>>& every_node = placed.all;  // each node's ranks (messages about a lost node)
-  const Mesh mesh(config.topology.mesh, config.source_file);
-  const NodeSpec& spec = launch.spec;
+namespace {
+
+// The job token every connection must show: ATOLL_JOB_TOKEN or topology.job_token_file (required
+// with more than one node). Its warning, if any, goes to `log`.
+std::string node_job_token(const RunConfig& config, const NodeSpec& spec, std::ostream& log) {
   JobToken token;
   try {
     token = resolve_job_token(config.topology.job_token_file, process_environment()("ATOLL_JOB_TOKEN"));
@@ -137,10 +134,12 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
                       "a multi-node ucx job needs a job token: ATOLL_JOB_TOKEN (scripts/launch generates one) or "
                       "a file named here");
   }
-  // (No history of collectives: the engine counts each step's traffic from its tap.)
-  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, CollectiveRecorder::without_history(),
-                                          config.topology.ucx_peer_errors);
-  world->set_message_prefix(node_prefix(spec.node_rank));
+  return token.token.value_or("");
+}
+
+// The job as the nodes compare it at the rendezvous: the resolved config less what may differ
+// between nodes, plus the launch (placement, step program, wire version).
+nlohmann::json job_description(const RunConfig& config, const Mesh& mesh, const std::vector<std::vector<int>>& every_node) {
   nlohmann::json job = to_json(config);
   // Nodes may name the same config, and the same token, by different paths.
   job.erase("source_file");
@@ -151,95 +150,63 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
     job["checkpoint"].erase("dir");
   }
   job["launch"] = launch_description(config, mesh, every_node);
-  // Nodes read their own copies of a data file (no shared file system needed): the copies must
-  // hold the same bytes. A node that cannot read its copy says so after the rendezvous, where the
-  // others learn of it as a differing job (not as a node that never came).
-  std::exception_ptr unreadable_data;
-  try {
-    if (spec.nnodes > 1) {  // (a second pass over the file: only where there is another copy to compare)
-      if (const auto hash = data_content_hash(config.data, config.source_file)) job["data"]["content_hash"] = *hash;
-    }
-  } catch (const DataError& e) {
-    unreadable_data = std::current_exception();
-    job["data"]["content_hash"] = std::string("unreadable: ") + e.what();
+  return job;
+}
+
+// A differing job, with what the differing key means for the user where it is not plain. Called
+// in a handler of `e`.
+[[noreturn]] void explain_mismatch(const JobMismatch& e, const RunConfig& config, const NodeSpec& spec) {
+  if (e.key().rfind("launch.placement", 0) == 0) {
+    throw JobMismatch(e.key(), std::string(e.what()) + " (the nodes place the ranks differently: every node needs the "
+                                   "same --nnodes, NNODES or SLURM_NNODES, and topology.nodes; node " +
+                                   std::to_string(spec.node_rank) + " runs " + std::to_string(spec.nnodes) +
+                                   " nodes, placed by " + (spec.source().empty() ? "defaults" : spec.source()) + ")");
   }
-  RendezvousSettings settings;
-  settings.master_addr = spec.master_addr;
-  settings.master_port = spec.master_port;
-  settings.node_rank = spec.node_rank;
-  settings.nnodes = spec.nnodes;
-  settings.token = token.token.value_or("");
-  settings.job = job.dump();
-  settings.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.rendezvous_timeout_s * 1000));
-  settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };
-  settings.stop_requested = std::move(stop_requested);
-  RendezvousLinks links;
-  std::map<int, WorkerAddress> addresses;
-  try {
-    addresses = rendezvous(settings, world->local_addresses(), &links);
-  } catch (const RendezvousStopped& e) {  // before any step: nothing was written
-    throw RunStopped(e.signal(), "stopped by " + stop_signal_name(e.signal()) +
-                                     " while waiting for the other nodes at the rendezvous; nothing was written");
-  } catch (const JobMismatch& e) {
-    if (unreadable_data) std::rethrow_exception(unreadable_data);  // its own reason, not the mismatch
-    if (e.key().rfind("launch.placement", 0) == 0) {
-      throw JobMismatch(e.key(), std::string(e.what()) + " (the nodes place the ranks differently: every node needs the "
-                                     "same --nnodes, NNODES or SLURM_NNODES, and topology.nodes; node " +
-                                     std::to_string(spec.node_rank) + " runs " + std::to_string(spec.nnodes) +
-                                     " nodes, placed by " + (spec.source().empty() ? "defaults" : spec.source()) + ")");
-    }
-    if (e.key() == "launch.step_program" || e.key() == "launch.ucx_wire_version") {
-      throw JobMismatch(e.key(), std::string(e.what()) + " (the same config gives the nodes different " +
-                                     (e.key() == "launch.step_program" ? "step programs" : "UCX message formats") +
-                                     ": they run different atoll builds)");
-    }
-    if (e.key() == "data.content_hash") {
-      throw JobMismatch(e.key(), std::string(e.what()) + " (the nodes' copies of " + config.data.path +
-                                     " differ, or one cannot be read and its node names why: every node must read the same bytes)");
-    }
-    throw;
-  } catch (const std::runtime_error& e) {  // say where node 0's address and port came from
-    throw std::runtime_error(std::string(e.what()) + " [node " + std::to_string(spec.node_rank) + " of " +
-                             std::to_string(spec.nnodes) + ", placed by " +
-                             (spec.source().empty() ? std::string("defaults") : spec.source()) + "]");
+  if (e.key() == "launch.step_program" || e.key() == "launch.ucx_wire_version") {
+    throw JobMismatch(e.key(), std::string(e.what()) + " (the same config gives the nodes different " +
+                                   (e.key() == "launch.step_program" ? "step programs" : "UCX message formats") +
+                                   ": they run different atoll builds)");
   }
-  if (unreadable_data) std::rethrow_exception(unreadable_data);  // every node's copy fails alike
-  world->connect(addresses);
-  world->name_ranks([every_node](int rank) {
-    for (std::size_t n = 0; n < every_node.size(); ++n) {
-      const auto& r = every_node[n];
-      if (std::find(r.begin(), r.end(), rank) != r.end()) return "rank " + std::to_string(rank) + " (node " + std::to_string(n) + ")";
-    }
-    return "rank " + std::to_string(rank);
-  });
-  // A transfer that fails with every process alive (the data network broke, the control
-  // connections did not) would leave every node waiting: stop once a lost node would have been
-  // named by then (a node that died is, within topology.heartbeat_timeout_s). Processes that
-  // disagree about a collective run different builds or plans: exit 2, a restart cannot help.
+  if (e.key() == "data.content_hash") {
+    throw JobMismatch(e.key(), std::string(e.what()) + " (the nodes' copies of " + config.data.path +
+                                   " differ, or one cannot be read and its node names why: every node must read the same bytes)");
+  }
+  throw;  // (called in the handler of `e`: rethrows it as it is)
+}
+
+// A transfer that fails with every process alive (the data network broke, the control
+// connections did not) would leave every node waiting: stop once a lost node would have been
+// named by then (a node that died is, within topology.heartbeat_timeout_s). Processes that
+// disagree about a collective run different builds or plans: exit 2, a restart cannot help.
+void stop_on_failed_transfers(UcxWorld& world, const RunConfig& config, int node) {
   const double grace_s = config.topology.heartbeat_timeout_s + 10;
-  world->on_transfer_failure(std::chrono::milliseconds(static_cast<std::int64_t>(grace_s * 1000)),
-                             [node = spec.node_rank, grace_s](TransferFailure kind) {
-                               const std::string prefix = node_prefix(node);
-                               if (kind == TransferFailure::disagreement) {
-                                 std::fprintf(stderr,
-                                              "%satoll-train: the nodes disagree about a collective (see the message "
-                                              "above): they run different atoll builds or plans; stopping\n",
-                                              prefix.c_str());
-                                 std::fflush(stderr);
-                                 std::_Exit(2);
-                               }
-                               std::fprintf(stderr,
-                                            "%satoll-train: a UCX transfer failed %.0f s ago (see the message above) "
-                                            "and no node was lost: the data network between the nodes failed while "
-                                            "their control connections stayed up; stopping\n",
-                                            prefix.c_str(), grace_s);
-                               std::fflush(stderr);
-                               std::_Exit(1);
-                             });
+  world.on_transfer_failure(std::chrono::milliseconds(static_cast<std::int64_t>(grace_s * 1000)),
+                            [node, grace_s](TransferFailure kind) {
+                              const std::string prefix = node_prefix(node);
+                              if (kind == TransferFailure::disagreement) {
+                                std::fprintf(stderr,
+                                             "%satoll-train: the nodes disagree about a collective (see the message "
+                                             "above): they run different atoll builds or plans; stopping\n",
+                                             prefix.c_str());
+                                std::fflush(stderr);
+                                std::_Exit(2);
+                              }
+                              std::fprintf(stderr,
+                                           "%satoll-train: a UCX transfer failed %.0f s ago (see the message above) "
+                                           "and no node was lost: the data network between the nodes failed while "
+                                           "their control connections stayed up; stopping\n",
+                                           prefix.c_str(), grace_s);
+                              std::fflush(stderr);
+                              std::_Exit(1);
+                            });
+}
+
+// What this node does when the control plane reports another node lost, ending the job, or done.
+ControlPlaneSettings control_plane_settings(const RunConfig& config, int me, const std::shared_ptr<UcxWorld>& world,
+                                            const std::vector<std::vector<int>>& every_node, std::ostream& log) {
   ControlPlaneSettings control;
-  control.node_rank = spec.node_rank;
+  control.node_rank = me;
   control.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.heartbeat_timeout_s * 1000));
-  const int me = spec.node_rank;
   control.on_lost = [&log, every_node, me](int node, const std::string& why) {
     const std::vector<int>& lost = every_node.at(static_cast<std::size_t>(node));
     log << node_prefix(me) << "atoll-train: node " << me << ": lost node " << node << " (ranks " << lost.front() << ".." << lost.back()
@@ -266,7 +233,74 @@ NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std
       if (static_cast<int>(n) != me) world->expect_end(every_node[n]);
     }
   };
-  launch.control = std::make_shared<ControlPlane>(std::move(control), std::move(links));
+  return control;
+}
+
+}  // namespace
+
+NodeLaunch launch_node(const RunConfig& config, const NodePlacement& placed, std::ostream& log,
+                       std::function<int()> stop_requested) {
+  NodeLaunch launch;
+  launch.spec = placed.spec;
+  const std::vector<int>& ranks = placed.ranks;
+  const std::vector<std::vector<int>>& every_node = placed.all;  // each node's ranks (messages about a lost node)
+  const Mesh mesh(config.topology.mesh, config.source_file);
+  const NodeSpec& spec = launch.spec;
+  const std::string token = node_job_token(config, spec, log);
+  // (No history of collectives: the engine counts each step's traffic from its tap.)
+  auto world = std::make_shared<UcxWorld>(mesh.world_size(), ranks, CollectiveRecorder::without_history(),
+                                          config.topology.ucx_peer_errors);
+  world->set_message_prefix(node_prefix(spec.node_rank));
+  nlohmann::json job = job_description(config, mesh, every_node);
+  // Nodes read their own copies of a data file (no shared file system needed): the copies must
+  // hold the same bytes. A node that cannot read its copy says so after the rendezvous, where the
+  // others learn of it as a differing job (not as a node that never came).
+  std::exception_ptr unreadable_data;
+  try {
+    if (spec.nnodes > 1) {  // (a second pass over the file: only where there is another copy to compare)
+      if (const auto hash = data_content_hash(config.data, config.source_file)) job["data"]["content_hash"] = *hash;
+    }
+  } catch (const DataError& e) {
+    unreadable_data = std::current_exception();
+    job["data"]["content_hash"] = std::string("unreadable: ") + e.what();
+  }
+  RendezvousSettings settings;
+  settings.master_addr = spec.master_addr;
+  settings.master_port = spec.master_port;
+  settings.node_rank = spec.node_rank;
+  settings.nnodes = spec.nnodes;
+  settings.token = token;
+  settings.job = job.dump();
+  settings.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(config.topology.rendezvous_timeout_s * 1000));
+  settings.log = [&log](const std::string& message) { log << "rendezvous: " << message << "\n" << std::flush; };
+  settings.stop_requested = std::move(stop_requested);
+  RendezvousLinks links;
+  std::map<int, WorkerAddress> addresses;
+  try {
+    addresses = rendezvous(settings, world->local_addresses(), &links);
+  } catch (const RendezvousStopped& e) {  // before any step: nothing was written
+    throw RunStopped(e.signal(), "stopped by " + stop_signal_name(e.signal()) +
+                                     " while waiting for the other nodes at the rendezvous; nothing was written");
+  } catch (const JobMismatch& e) {
+    if (unreadable_data) std::rethrow_exception(unreadable_data);  // its own reason, not the mismatch
+    explain_mismatch(e, config, spec);
+  } catch (const std::runtime_error& e) {  // say where node 0's address and port came from
+    throw std::runtime_error(std::string(e.what()) + " [node " + std::to_string(spec.node_rank) + " of " +
+                             std::to_string(spec.nnodes) + ", placed by " +
+                             (spec.source().empty() ? std::string("defaults") : spec.source()) + "]");
+  }
+  if (unreadable_data) std::rethrow_exception(unreadable_data);  // every node's copy fails alike
+  world->connect(addresses);
+  world->name_ranks([every_node](int rank) {
+    for (std::size_t n = 0; n < every_node.size(); ++n) {
+      const auto& r = every_node[n];
+      if (std::find(r.begin(), r.end(), rank) != r.end()) return "rank " + std::to_string(rank) + " (node " + std::to_string(n) + ")";
+    }
+    return "rank " + std::to_string(rank);
+  });
+  stop_on_failed_transfers(*world, config, spec.node_rank);
+  launch.control = std::make_shared<ControlPlane>(control_plane_settings(config, spec.node_rank, world, every_node, log),
+                                                  std::move(links));
   launch.from_node0 = hand_over_from_node0(world, every_node, ranks.front());
   launch.ranks = ranks;
   launch.engine = [world, ranks](EngineInputs in) -> std::unique_ptr<TrainingEngine> {

@@ -218,9 +218,9 @@ bool wait_unless_stopped(const RendezvousSettings& s, int fd, Clock::time_point 
   }
 }
 
-std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
-                                        RendezvousLinks* links) {
-  const auto deadline = Clock::now() + s.timeout;
+// Node 0's listening socket at the master address (every interface when that address is this
+// machine's loopback name, which other machines cannot reach).
+Socket listen_for_nodes(const RendezvousSettings& s) {
   Endpoint addr = resolve(s.master_addr, s.master_port);
   const std::string host = listen_host(s.master_addr, ip_text(addr));
   if (host != s.master_addr) {  // every interface: a literal, no lookup
@@ -240,91 +240,110 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
     fail("cannot listen on " + host + " port " + std::to_string(s.master_port));
   }
   if (::listen(listener.fd(), 64) != 0) fail("listen");
-  struct Joined {
-    Socket socket;
-    json hello;
-  };
+  return listener;
+}
+
+// A node that joined: its connection and what it said (its job and worker addresses).
+struct Joined {
+  Socket socket;
+  json hello;
+};
+
+// The nodes joined so far, and those that joined, then closed their connection (their process ended).
+struct Joining {
   std::map<int, Joined> joined;
-  std::set<int> left;  // nodes that joined, then closed their connection (their process ended)
-  while (static_cast<int>(joined.size()) < s.nnodes - 1) {
+  std::set<int> left;
+};
+
+// Takes one connection: its token first, alone, in a small message (a connection without it costs
+// node 0 no more than kMaxGreeting bytes, and nothing else it says is read), then its hello. A
+// refused peer is told why (best effort: an intruder may be gone), so a misconfigured node names
+// its fault instead of waiting out the rendezvous; the token itself is never sent.
+void admit(const RendezvousSettings& s, Socket peer, Clock::time_point deadline, Joining& nodes) {
+  json hello;
+  bool token_valid = false;
+  try {
+    // A short deadline per connection: a silent peer cannot hold the rendezvous.
+    const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+    const json greeting = receive_message(peer.fd(), soon, kMaxGreeting);
+    token_valid = greeting.contains("token") && greeting["token"].is_string() &&
+                  same_token(greeting["token"].get<std::string>(), s.token);
+    if (token_valid) {  // the node waits for this before it says more: a refusal finds nothing unread
+      send_message(peer.fd(), json{{"accepted", true}}, soon);
+      hello = receive_message(peer.fd(), soon);
+    }
+  } catch (const std::exception& e) {
+    if (s.log) s.log(std::string("dropped a connection that sent no valid greeting: ") + e.what());
+    return;
+  }
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    if (s.log) s.log("refused a connection " + why);
+    try {
+      const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+      send_message(peer.fd(), json{{"refused", why}, {"key", key}}, soon);
+    } catch (const std::exception&) {
+    }
+  };
+  if (!token_valid) return refuse("ATOLL_JOB_TOKEN", "with a wrong job token");
+  auto& joined = nodes.joined;
+  const int node = hello.contains("node") && hello["node"].is_number_integer() ? hello["node"].get<int>() : -1;
+  // A node whose launcher restarted it claims its number again: its earlier connection closed
+  // (maybe since the last look).
+  if (joined.count(node) && closed_by_peer(joined.at(node).socket.fd())) {
+    joined.erase(node);
+    nodes.left.insert(node);
+  }
+  if (node < 1 || node >= s.nnodes || joined.count(node)) {
+    return refuse("--node-rank", "claiming node " + std::to_string(node) +
+                                     (joined.count(node) ? ", which another process took"
+                                                         : ", not a node of this job (node 0 runs " +
+                                                               std::to_string(s.nnodes) + " nodes: check --nnodes too)"));
+  }
+  if (nodes.left.erase(node) && s.log) {
+    s.log("node " + std::to_string(node) + " joined again (its earlier connection had closed)");
+  }
+  joined[node] = Joined{std::move(peer), std::move(hello)};
+}
+
+// Waits until every other node has joined (and is still there), or the deadline, which names
+// the missing nodes.
+std::map<int, Joined> await_nodes(const RendezvousSettings& s, const Socket& listener, Clock::time_point deadline) {
+  Joining nodes;
+  while (static_cast<int>(nodes.joined.size()) < s.nnodes - 1) {
     // In slices of a second: a joined node whose process ends meanwhile is missing again, and the
     // timeout names it as such (a restarted one joins again).
     const auto slice = std::min(deadline, Clock::now() + std::chrono::seconds(1));
     const bool arrived = wait_unless_stopped(s, listener.fd(), slice);
-    for (auto it = joined.begin(); it != joined.end();) {
+    for (auto it = nodes.joined.begin(); it != nodes.joined.end();) {
       if (!closed_by_peer(it->second.socket.fd())) {
         ++it;
         continue;
       }
       if (s.log) s.log("node " + std::to_string(it->first) + " left the rendezvous (its connection closed)");
-      left.insert(it->first);
-      it = joined.erase(it);
+      nodes.left.insert(it->first);
+      it = nodes.joined.erase(it);
     }
     if (!arrived && slice < deadline) continue;
     if (!arrived) {
       std::string missing;
       for (int n = 1; n < s.nnodes; ++n) {
-        if (!joined.count(n)) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(n) + (left.count(n) ? " (joined, then left)" : "");
+        if (!nodes.joined.count(n)) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(n) + (nodes.left.count(n) ? " (joined, then left)" : "");
         }
       }
-      fail_plain(std::to_string(joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined within " +
-           seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s); missing: node " + missing);
+      fail_plain(std::to_string(nodes.joined.size() + 1) + " of " + std::to_string(s.nnodes) + " nodes joined within " +
+                 seconds_text(s.timeout) + " s (topology.rendezvous_timeout_s); missing: node " + missing);
     }
     Socket peer(::accept(listener.fd(), nullptr, nullptr));
-    if (peer.fd() < 0) continue;
-    // The token comes first, alone, in a small message: a connection without it costs node 0 no
-    // more than kMaxGreeting bytes, and nothing else it says is read.
-    json hello;
-    bool token_valid = false;
-    try {
-      // A short deadline per connection: a silent peer cannot hold the rendezvous.
-      const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-      const json greeting = receive_message(peer.fd(), soon, kMaxGreeting);
-      token_valid = greeting.contains("token") && greeting["token"].is_string() &&
-                    same_token(greeting["token"].get<std::string>(), s.token);
-      if (token_valid) {  // the node waits for this before it says more: a refusal finds nothing unread
-        send_message(peer.fd(), json{{"accepted", true}}, soon);
-        hello = receive_message(peer.fd(), soon);
-      }
-    } catch (const std::exception& e) {
-      if (s.log) s.log(std::string("dropped a connection that sent no valid greeting: ") + e.what());
-      continue;
-    }
-    // A refused peer is told why (best effort: an intruder may be gone), so a misconfigured node
-    // names its fault instead of waiting out the rendezvous; the token itself is never sent.
-    auto refuse = [&](const std::string& key, const std::string& why) {
-      if (s.log) s.log("refused a connection " + why);
-      try {
-        const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-        send_message(peer.fd(), json{{"refused", why}, {"key", key}}, soon);
-      } catch (const std::exception&) {
-      }
-    };
-    if (!token_valid) {
-      refuse("ATOLL_JOB_TOKEN", "with a wrong job token");
-      continue;
-    }
-    const int node = hello.contains("node") && hello["node"].is_number_integer() ? hello["node"].get<int>() : -1;
-    // A node whose launcher restarted it claims its number again: its earlier connection closed
-    // (maybe since the last look).
-    if (joined.count(node) && closed_by_peer(joined.at(node).socket.fd())) {
-      joined.erase(node);
-      left.insert(node);
-    }
-    if (node < 1 || node >= s.nnodes || joined.count(node)) {
-      refuse("--node-rank", "claiming node " + std::to_string(node) +
-                                (joined.count(node) ? ", which another process took"
-                                                    : ", not a node of this job (node 0 runs " +
-                                                          std::to_string(s.nnodes) + " nodes: check --nnodes too)"));
-      continue;
-    }
-    if (left.erase(node) && s.log) {
-      s.log("node " + std::to_string(node) + " joined again (its earlier connection had closed)");
-    }
-    joined[node] = Joined{std::move(peer), std::move(hello)};
+    if (peer.fd() >= 0) admit(s, std::move(peer), deadline, nodes);
   }
-  // Every node runs the same job, or none does.
+  return std::move(nodes.joined);
+}
+
+// Every node runs the same job, or none does: each joined node gets the address book, or the first
+// differing key (and this node throws JobMismatch naming it).
+std::map<int, WorkerAddress> answer_nodes(const RendezvousSettings& s, const std::map<int, Joined>& joined,
+                                          const std::map<int, WorkerAddress>& mine, Clock::time_point deadline) {
   std::string mismatch_key;
   int mismatch_node = -1;
   for (const auto& [node, j] : joined) {
@@ -354,6 +373,15 @@ std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::
     throw JobMismatch(mismatch_key, "node " + std::to_string(mismatch_node) + " runs a different job: the first "
                                         "differing config key is " + mismatch_key);
   }
+  return all;
+}
+
+std::map<int, WorkerAddress> coordinate(const RendezvousSettings& s, const std::map<int, WorkerAddress>& mine,
+                                        RendezvousLinks* links) {
+  const auto deadline = Clock::now() + s.timeout;
+  const Socket listener = listen_for_nodes(s);
+  std::map<int, Joined> joined = await_nodes(s, listener, deadline);
+  std::map<int, WorkerAddress> all = answer_nodes(s, joined, mine, deadline);
   if (links) {
     for (auto& [node, j] : joined) links->sockets[node] = j.socket.release();
   }
