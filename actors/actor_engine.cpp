@@ -8,7 +8,6 @@
 #include "actors/supervision.hpp"
 
 #include "comm/sim/sim_backend.hpp"
-#include "kernels/cpu/compute_pool.hpp"
 #include "graph/plan/flat_shards.hpp"
 #include "graph/training/run.hpp"
 
@@ -213,11 +212,8 @@ ActorEngine::ActorEngine(EngineInputs in, ProcessOptions process) : impl_(std::m
   }
   im.rows_per_step = static_cast<std::int64_t>(im.program->micro_batches) * config.train.micro_batch *
                      static_cast<std::int64_t>(mesh.dp_indices(im.ranks).size());
-  // compute.threads, or by default the machine's threads shared by this process's ranks (the
-  // ranks are the parallelism; results do not depend on the thread count).
-  const int threads_per_rank = config.compute.threads > 0
-                                   ? static_cast<int>(config.compute.threads)
-                                   : cpu::default_compute_threads(static_cast<int>(im.ranks.size()));
+  // compute.threads, or the default for this process's ranks (results do not depend on it).
+  const int threads_per_rank = compute_threads(config, static_cast<int>(im.ranks.size()));
   im.backend = process.backend ? process.backend : make_comm_backend(config, world, in.keep_collective_records);
   if (im.backend->world_size() != world) {
     throw std::invalid_argument("actor runtime: the " + im.backend->name() + " backend serves " +
@@ -311,7 +307,7 @@ void ActorEngine::spawn_actors(const EngineInputs& in, const Plan& plan, const M
     }
   }
   im.trainer = spawn_trainer_actor(sys, TrainerActorSetup{im.plan, im.ranks, im.stages, config.train.micro_batch,
-                                                          in.start_step, config.precision, in.optimizer, im.tracer,
+                                                          in.start_step, in.optimizer, im.tracer,
                                                           std::move(watched), in.model->routed_experts()});
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,17 @@ struct CollectiveRequest {
   std::string tag;
   std::vector<std::int64_t> send_counts, recv_counts;  // all_to_all_v: elements per group member
 };
+
+// The communicator call that runs a step program's collective (graph/ names them without comm/).
+inline CollectiveKind collective_kind(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_gather: return CollectiveKind::all_gather;
+    case CollectiveOp::reduce_scatter: return CollectiveKind::reduce_scatter;
+    case CollectiveOp::all_reduce: return CollectiveKind::all_reduce;
+    case CollectiveOp::all_to_all_v: return CollectiveKind::all_to_all_v;
+  }
+  throw std::logic_error("collective_kind: unknown CollectiveOp");
+}
 
 struct ComputeTask {
   std::string name;  // "forward model.layers.0.router": its trace span and errors say it

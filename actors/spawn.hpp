@@ -23,7 +23,7 @@ struct UnitActorSetup {
   std::size_t unit_index = 0;
   int rank = 0;
   int shard_index = 0;            // this rank's position in the unit's shard group
-  comm_actor comm;                // the rank's collective stream (dp_shard and dp_replicate groups)
+  comm_actor comm;                // the rank's collective stream (every group the rank is in)
   Tensor initial_shard;           // f32 [shard_numel]
   Tensor initial_exp_avg, initial_exp_avg_sq;  // f32 [shard_numel]
   std::vector<bool> weight_decay;  // per UnitParam
@@ -37,7 +37,7 @@ struct StageActorSetup {
   int rank = 0;
   std::vector<unit_actor> units;  // plan order
   compute_actor compute;
-  comm_actor comm;                // the rank's collective stream (the report)
+  comm_actor comm;                // the rank's collective stream (every group the rank is in)
   std::shared_ptr<const StepProgram> program;  // compiled once per engine, the same on every rank
   std::shared_ptr<SpanTracer> tracer;
 };
@@ -55,7 +55,6 @@ struct TrainerActorSetup {
   std::vector<stage_actor> stages;  // their stages, in the same order
   std::int64_t micro_batch = 1;     // rows per micro-batch
   std::int64_t start_step = 0;      // steps already taken (resuming)
-  Precision precision = Precision::bf16;
   OptimizerSettings optimizer;
   std::shared_ptr<SpanTracer> tracer;
   std::vector<WatchedActor> watched;  // every other actor of the process

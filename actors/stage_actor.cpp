@@ -20,7 +20,7 @@ namespace atl::stage {
 std::vector<CollectiveNode> scheduled(const StageState& st, const StepInstruction& ins) {
   std::vector<CollectiveNode> out;
   for (std::uint64_t c : posted_by(ins)) {
-    CollectiveNode node = st.program->collectives[c];
+    CollectiveNode node = st.setup.program->collectives[c];
     node.seq += st.seq_base;
     out.push_back(std::move(node));
   }
@@ -74,10 +74,10 @@ std::optional<ComputePart> forward_part(stage_pointer self, const StepInstructio
       fail(self, caf::make_error(caf::sec::runtime_error, "stage: a micro-batch starts before the step's count"));
       return std::nullopt;
     }
-    if (static_cast<int>(st.runs.size()) >= st.program->activation_buffers) {
+    if (static_cast<int>(st.runs.size()) >= st.setup.program->activation_buffers) {
       fail(self, caf::make_error(caf::sec::runtime_error,
                                  "stage: micro-batch " + std::to_string(mb) + " would exceed the plan's " +
-                                     std::to_string(st.program->activation_buffers) + " activation buffers"));
+                                     std::to_string(st.setup.program->activation_buffers) + " activation buffers"));
       return std::nullopt;
     }
     try {
@@ -89,7 +89,7 @@ std::optional<ComputePart> forward_part(stage_pointer self, const StepInstructio
     }
   }
   auto run = st.runs.at(mb);
-  const bool last = op + 1 == static_cast<int>(st.program->ops.size());
+  const bool last = op + 1 == static_cast<int>(st.setup.program->ops.size());
   return ComputePart{{"forward " + st.setup.model->ops()[static_cast<std::size_t>(op)].name,
                       [run, op, weights] { run->forward(op, *weights); }},
                      [=] {
@@ -108,7 +108,7 @@ ComputePart backward_part(stage_pointer self, const StepInstruction& ins, std::s
   auto& st = self->state;
   const int op = ins.op, mb = ins.micro_batch;
   auto grads = std::make_shared<TensorMap>();  // this op's units' gradient tensors, by name
-  for (std::size_t u : st.program->op_units[static_cast<std::size_t>(op)]) {
+  for (std::size_t u : st.setup.program->op_units[static_cast<std::size_t>(op)]) {
     auto& mine = st.unit_grads[u];
     if (mine.empty()) {
       mine.push_back(std::make_shared<TensorMap>());
@@ -131,10 +131,10 @@ ComputePart backward_part(stage_pointer self, const StepInstruction& ins, std::s
 // order, then the instruction after the run.
 void run_compute(stage_pointer self) {
   auto& st = self->state;
-  const std::size_t begin = st.pc, end = compute_run_end(*st.program, begin);
+  const std::size_t begin = st.pc, end = compute_run_end(*st.setup.program, begin);
   std::vector<std::size_t> units;  // read by the run, each once
   for (std::size_t i = begin; i < end; ++i) {
-    for (std::size_t u : st.program->op_units[static_cast<std::size_t>(st.program->instructions[i].op)]) {
+    for (std::size_t u : st.setup.program->op_units[static_cast<std::size_t>(st.setup.program->instructions[i].op)]) {
       if (std::find(units.begin(), units.end(), u) == units.end()) units.push_back(u);
     }
   }
@@ -143,7 +143,7 @@ void run_compute(stage_pointer self) {
     ComputeJob job;
     std::vector<std::function<void()>> after;
     for (std::size_t i = begin; i < end; ++i) {
-      const StepInstruction& ins = s.program->instructions[i];
+      const StepInstruction& ins = s.setup.program->instructions[i];
       std::optional<ComputePart> part =
           ins.kind == StepInstructionKind::forward ? forward_part(self, ins, weights) : backward_part(self, ins, weights);
       if (!part) return;  // the step failed
@@ -202,7 +202,7 @@ void report(stage_pointer self, const StepInstruction& ins) {
               const int world = s.setup.plan->mesh.world_size();
               const Tensor recv = Tensor::empty({world * send.numel()}, DType::i64);
               self->request(s.setup.comm, caf::infinite, collect_atom::value,
-                            CollectiveRequest{seq, s.program->collectives[ins.collective].axis,
+                            CollectiveRequest{seq, s.setup.program->collectives[ins.collective].axis,
                                               CollectiveKind::all_gather, send, recv, "report", {}, {}})
                   .then(
                       [=](done_atom) {
@@ -251,7 +251,7 @@ void count(stage_pointer self, const StepInstruction& ins) {
   const int world = st.setup.plan->mesh.world_size();
   const Tensor recv = Tensor::empty({3 * world}, DType::i64);
   self->request(st.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{st.seq_base + ins.collective, st.program->collectives[ins.collective].axis,
+                CollectiveRequest{st.seq_base + ins.collective, st.setup.program->collectives[ins.collective].axis,
                                   CollectiveKind::all_gather, send, recv, "count", {}, {}})
       .then(
           [=](done_atom) {
@@ -275,7 +275,7 @@ void count(stage_pointer self, const StepInstruction& ins) {
 // Walks instructions until one must wait (a compute run, the count) or the program ends.
 void advance(stage_pointer self) {
   auto& st = self->state;
-  const auto& instructions = st.program->instructions;
+  const auto& instructions = st.setup.program->instructions;
   while (st.active && st.pc < instructions.size()) {
     const StepInstruction& ins = instructions[st.pc];
     switch (ins.kind) {
@@ -361,13 +361,12 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, StageActorSetup se
                                      " micro-batches, the step program runs " +
                                      std::to_string(s.setup.program->micro_batches) + " per rank");
         }
-        s.program = s.setup.program;
         s.unit_grads.assign(s.setup.units.size(), {});
         s.exchanges.clear();
         s.step = std::move(step);
         s.pc = 0;
         s.seq_base = s.next_seq;
-        s.next_seq += s.program->collectives.size();
+        s.next_seq += s.setup.program->collectives.size();
         s.loss_sums.clear();
         s.routing.clear();
         s.load = ExpertCounts{s.setup.model->routed_experts(), {}};

@@ -34,15 +34,16 @@ void span(stage_pointer self, const std::string& track, const std::string& name,
   tracer->add({self->state.setup.rank, track, name, "experts", start, tracer->now_us()});
 }
 
-// Posts one collective of the rank's stream, then `next` (in the stage's thread). Its span, named
-// by the tag's part ("<op>:dispatch" -> "dispatch"), runs from the post to the completion.
-void post(stage_pointer self, const CollectiveNode& node, CollectiveKind kind, Tensor send, Tensor recv,
+// Posts one collective of the rank's stream (the kind the program gives it), then `next` (in the
+// stage's thread). Its span, named by the tag's part ("<op>:dispatch" -> "dispatch"), runs from the
+// post to the completion.
+void post(stage_pointer self, const CollectiveNode& node, Tensor send, Tensor recv,
           std::vector<std::int64_t> send_counts, std::vector<std::int64_t> recv_counts, std::function<void()> next) {
   const double start = self->state.setup.tracer->now_us();
   const auto colon = node.tag.rfind(':');
   const std::string track = "expert group " + node.tag.substr(0, colon), name = node.tag.substr(colon + 1);
   self->request(self->state.setup.comm, caf::infinite, collect_atom::value,
-                CollectiveRequest{node.seq, node.axis, kind, std::move(send), std::move(recv), node.tag,
+                CollectiveRequest{node.seq, node.axis, collective_kind(node.op), std::move(send), std::move(recv), node.tag,
                                   std::move(send_counts), std::move(recv_counts)})
       .then(
           [=](done_atom) {
@@ -124,7 +125,7 @@ bool per_source_grads(stage_pointer self, int op, const TensorMap& weights, std:
                       std::vector<TensorMap>& out) {
   auto& s = self->state;
   out.assign(sources, TensorMap());
-  for (std::size_t u : s.program->op_units[static_cast<std::size_t>(op)]) {
+  for (std::size_t u : s.setup.program->op_units[static_cast<std::size_t>(op)]) {
     auto& mine = s.unit_grads[u];
     if (!mine.empty()) {
       fail(self, caf::make_error(caf::sec::runtime_error, "stage: expert group " + s.setup.plan->units[u].name +
@@ -144,7 +145,7 @@ bool per_source_grads(stage_pointer self, int op, const TensorMap& weights, std:
 }
 
 std::string group_task(const StageState& st, int op) {
-  return "expert group " + st.program->ops[static_cast<std::size_t>(op)].name;
+  return "expert group " + st.setup.program->ops[static_cast<std::size_t>(op)].name;
 }
 
 void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
@@ -162,12 +163,12 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
   const Tensor x_send = wire == DType::f32 ? rows->x_rows : rows->x_rows.to(wire);
   const auto experts = static_cast<std::int64_t>(rows->expert_rows.size());
   const Tensor all_counts = Tensor::empty({ep * experts}, DType::i64);
-  post(self, nodes.at(0), CollectiveKind::all_gather, i64_tensor(rows->expert_rows), all_counts, {}, {}, [=] {
+  post(self, nodes.at(0), i64_tensor(rows->expert_rows), all_counts, {}, {}, [=] {
     auto& s = self->state;
     ExchangeRecord record;
-    if (!guarded(self, [&] { record.rows = plan_expert_exchange(all_counts, ep, ep_index(s)); })) return;
+    if (!guarded(self, [&] { record.exchange = plan_expert_exchange(all_counts, ep, ep_index(s)); })) return;
     record.hidden = rows->x_rows.size(1);
-    const ExpertExchange x = record.rows;
+    const ExpertExchange x = record.exchange;
     const std::int64_t H = record.hidden;
     s.exchanges[{mb, op}] = record;
     const Tensor x_in = Tensor::empty({x.received(), H}, wire), w_in = Tensor::empty({x.received()});
@@ -175,7 +176,7 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
     auto both_arrived = [=] {
       if (++*arrived < 2) return;
       // The owner's experts on every source's rows, then the outputs back to their sources.
-      with_params(self, self->state.program->op_units[static_cast<std::size_t>(op)],
+      with_params(self, self->state.setup.program->op_units[static_cast<std::size_t>(op)],
                   [=](std::shared_ptr<TensorMap> weights) {
                     auto out = std::make_shared<Tensor>();
                     compute(
@@ -195,7 +196,7 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
                         },
                         [=] {
                           const Tensor back = Tensor::empty({x.sent(), H}, wire);
-                          post(self, nodes.at(3), CollectiveKind::all_to_all_v, *out, back,
+                          post(self, nodes.at(3), *out, back,
                                element_counts(x.recv_rows, H), element_counts(x.send_rows, H), [=] {
                                  if (guarded(self, [&] {
                                        run->set_expert_output(op, wire == DType::f32 ? back : back.to(DType::f32));
@@ -206,9 +207,9 @@ void all_to_all_forward(stage_pointer self, const StepInstruction& ins) {
                         });
                   });
     };
-    post(self, nodes.at(1), CollectiveKind::all_to_all_v, x_send, x_in, element_counts(x.send_rows, H),
+    post(self, nodes.at(1), x_send, x_in, element_counts(x.send_rows, H),
          element_counts(x.recv_rows, H), both_arrived);
-    post(self, nodes.at(2), CollectiveKind::all_to_all_v, rows->w_rows, w_in, x.send_rows, x.recv_rows,
+    post(self, nodes.at(2), rows->w_rows, w_in, x.send_rows, x.recv_rows,
          both_arrived);
   });
 }
@@ -220,14 +221,14 @@ void all_to_all_backward(stage_pointer self, const StepInstruction& ins) {
   if (!exchange_inputs(self, ins, run, nodes)) return;
   std::optional<ExchangeRecord> record = take_record(self, mb, op);
   if (!record) return;
-  const ExpertExchange x = record->rows;
+  const ExpertExchange x = record->exchange;
   const std::int64_t H = record->hidden;
   Tensor d_out;
   if (!guarded(self, [&] { d_out = run->expert_output_grad(op); })) return;
   const Tensor d_in = Tensor::empty({x.received(), H});
-  post(self, nodes.at(0), CollectiveKind::all_to_all_v, d_out, d_in, element_counts(x.send_rows, H),
+  post(self, nodes.at(0), d_out, d_in, element_counts(x.send_rows, H),
        element_counts(x.recv_rows, H), [=] {
-         const auto& units = self->state.program->op_units[static_cast<std::size_t>(op)];
+         const auto& units = self->state.setup.program->op_units[static_cast<std::size_t>(op)];
          with_params(self, units, [=](std::shared_ptr<TensorMap> weights) {
            std::vector<TensorMap> grads;
            if (!per_source_grads(self, op, *weights, x.recv_rows.size(), grads)) return;
@@ -241,9 +242,9 @@ void all_to_all_backward(stage_pointer self, const StepInstruction& ins) {
                    if (++*arrived < 2) return;
                    if (guarded(self, [&] { run->set_expert_input_grads(op, {dx, dw}); })) next_instruction(self);
                  };
-                 post(self, nodes.at(1), CollectiveKind::all_to_all_v, result->d_x_rows, dx,
+                 post(self, nodes.at(1), result->d_x_rows, dx,
                       element_counts(x.recv_rows, H), element_counts(x.send_rows, H), both_arrived);
-                 post(self, nodes.at(2), CollectiveKind::all_to_all_v, result->d_w_rows, dw, x.recv_rows,
+                 post(self, nodes.at(2), result->d_w_rows, dw, x.recv_rows,
                       x.send_rows, both_arrived);
                });
          });
@@ -272,7 +273,7 @@ void all_gather_forward(stage_pointer self, const StepInstruction& ins) {
   auto arrived = std::make_shared<int>(0);
   auto all_arrived = [=] {
     if (++*arrived < 4) return;
-    with_params(self, self->state.program->op_units[static_cast<std::size_t>(op)],
+    with_params(self, self->state.setup.program->op_units[static_cast<std::size_t>(op)],
                 [=](std::shared_ptr<TensorMap> w) {
                   const Tensor slots = Tensor::zeros({ep * T * K, H});
                   compute(
@@ -309,7 +310,7 @@ void all_gather_forward(stage_pointer self, const StepInstruction& ins) {
                       },
                       [=] {
                         self->state.exchanges[{mb, op}] = *record;
-                        post(self, nodes.at(4), CollectiveKind::all_reduce, Tensor(), slots, {}, {}, [=] {
+                        post(self, nodes.at(4), Tensor(), slots, {}, {}, [=] {
                           const Tensor mine = slots.slice_rows(me * T * K, (me + 1) * T * K);
                           if (guarded(self, [&] {
                                 run->set_expert_output(op, gather_rows_from_slots(mine, record->own, 0,
@@ -321,10 +322,10 @@ void all_gather_forward(stage_pointer self, const StepInstruction& ins) {
                       });
                 });
   };
-  post(self, nodes.at(0), CollectiveKind::all_gather, rows.tokens, tokens, {}, {}, all_arrived);
-  post(self, nodes.at(1), CollectiveKind::all_gather, rows.weights, weights, {}, {}, all_arrived);
-  post(self, nodes.at(2), CollectiveKind::all_gather, rows.indices, indices, {}, {}, all_arrived);
-  post(self, nodes.at(3), CollectiveKind::all_gather, rows.token_mask, mask, {}, {}, all_arrived);
+  post(self, nodes.at(0), rows.tokens, tokens, {}, {}, all_arrived);
+  post(self, nodes.at(1), rows.weights, weights, {}, {}, all_arrived);
+  post(self, nodes.at(2), rows.indices, indices, {}, {}, all_arrived);
+  post(self, nodes.at(3), rows.token_mask, mask, {}, {}, all_arrived);
 }
 
 void all_gather_backward(stage_pointer self, const StepInstruction& ins) {
@@ -341,8 +342,8 @@ void all_gather_backward(stage_pointer self, const StepInstruction& ins) {
   if (!guarded(self, [&] { d_out = run->expert_output_grad(op); })) return;
   const Tensor mine = Tensor::zeros({TK, H}), every = Tensor::empty({ep * TK, H});
   if (!guarded(self, [&] { scatter_rows_to_slots(d_out, record->own, 0, mine); })) return;
-  post(self, nodes.at(0), CollectiveKind::all_gather, mine, every, {}, {}, [=] {
-    with_params(self, self->state.program->op_units[static_cast<std::size_t>(op)],
+  post(self, nodes.at(0), mine, every, {}, {}, [=] {
+    with_params(self, self->state.setup.program->op_units[static_cast<std::size_t>(op)],
                 [=](std::shared_ptr<TensorMap> w) {
                   std::vector<TensorMap> grads;
                   if (!per_source_grads(self, op, *w, static_cast<std::size_t>(ep), grads)) return;
@@ -382,8 +383,8 @@ void all_gather_backward(stage_pointer self, const StepInstruction& ins) {
                             next_instruction(self);
                           }
                         };
-                        post(self, nodes.at(1), CollectiveKind::reduce_scatter, dx, dx_mine, {}, {}, both_arrived);
-                        post(self, nodes.at(2), CollectiveKind::reduce_scatter, dw, dw_mine, {}, {}, both_arrived);
+                        post(self, nodes.at(1), dx, dx_mine, {}, {}, both_arrived);
+                        post(self, nodes.at(2), dw, dw_mine, {}, {}, both_arrived);
                       });
                 });
   });
@@ -392,12 +393,12 @@ void all_gather_backward(stage_pointer self, const StepInstruction& ins) {
 }  // namespace
 
 void expert_forward(stage_pointer self, const StepInstruction& ins) {
-  if (self->state.program->expert_flow == ExpertDispatchFlow::all_gather) return all_gather_forward(self, ins);
+  if (self->state.setup.program->expert_flow == ExpertDispatchFlow::all_gather) return all_gather_forward(self, ins);
   all_to_all_forward(self, ins);
 }
 
 void expert_backward(stage_pointer self, const StepInstruction& ins) {
-  if (self->state.program->expert_flow == ExpertDispatchFlow::all_gather) return all_gather_backward(self, ins);
+  if (self->state.setup.program->expert_flow == ExpertDispatchFlow::all_gather) return all_gather_backward(self, ins);
   all_to_all_backward(self, ins);
 }
 

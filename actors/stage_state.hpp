@@ -17,7 +17,7 @@ namespace atl::stage {
 // An experts op's exchange of one micro-batch, from its forward to its backward.
 struct ExchangeRecord {
   std::int64_t hidden = 0;
-  ExpertExchange rows;  // all_to_all: who sent how many rows where
+  ExpertExchange exchange;  // all_to_all: who sent how many rows where
   // all_gather: this rank's own dispatch (its rows' (token, slot) pairs), and as an owner each
   // source's dispatch with the rows of this rank's experts in it: [first, first + count).
   ExpertDispatch own;
@@ -32,7 +32,6 @@ struct StageState {
   bool active = false;
   bool failed = false;  // a step failed: the stage refuses everything after (fail())
   StageStep step;
-  std::shared_ptr<const StepProgram> program;
   std::size_t pc = 0;          // next instruction
   std::uint64_t seq_base = 0;  // the step's first collective sequence number
   // The micro-batches in flight, by id (at most the program's activation buffers); shared with
