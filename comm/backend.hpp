@@ -1,6 +1,6 @@
 // A communication backend: builds the Communicator of a rank in a group, and keeps the collective
 // record of the ranks it serves. The runtime asks the backend for every group of its own ranks
-// and never sees which backend it is (sim today; ucx and nccl behind the same interface).
+// and never sees which backend it is (sim or ucx; nccl later, behind the same interface).
 #pragma once
 #include <memory>
 #include <string>

@@ -117,11 +117,12 @@ struct RunConfig {
   ComputeConfig compute;
 };
 
+// The most tokens a step may hold (global_batch x seq_len): beyond it, sizes overflow.
+inline constexpr std::int64_t kMaxStepTokens = std::int64_t{1} << 31;
+
 // Reads `path`, applies each `key.path=value` of `sets` to the YAML tree (the value is parsed as
 // YAML; missing mappings on the path are created), then validates. Throws ConfigError.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets = {});
-// The most tokens a step may hold (global_batch x seq_len): beyond it, sizes overflow.
-inline constexpr std::int64_t kMaxStepTokens = std::int64_t{1} << 31;
 // The same from YAML text; `source_name` stands in for the file name in errors.
 RunConfig parse_run_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& sets = {});

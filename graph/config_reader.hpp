@@ -86,7 +86,6 @@ class ConfigReader {
 
   std::string path(const std::string& key) const;  // dotted: prefix.key
   const std::string& file() const { return file_; }
-  const std::string& prefix() const { return prefix_; }
 
   // How a value reads in an error: numbers and booleans as is, other scalars quoted,
   // "a mapping", "a list", "nothing".

@@ -546,7 +546,6 @@ SimWorld::SimWorld(int world_size, SimOptions options, std::shared_ptr<Collectiv
 SimWorld::~SimWorld() { impl_->shutdown(); }
 
 int SimWorld::world_size() const { return impl_->world_size; }
-const SimOptions& SimWorld::options() const { return impl_->options; }
 const std::shared_ptr<CollectiveRecorder>& SimWorld::recorder() const { return impl_->recorder; }
 
 std::unique_ptr<Communicator> SimWorld::communicator(const Group& group, int rank) {

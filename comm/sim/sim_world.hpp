@@ -52,7 +52,6 @@ class SimWorld {
   SimWorld& operator=(const SimWorld&) = delete;
 
   int world_size() const;
-  const SimOptions& options() const;
   const std::shared_ptr<CollectiveRecorder>& recorder() const;
 
   // The communicator of global rank `rank` in `group`. Throws std::invalid_argument when the

@@ -3,7 +3,8 @@
 //                       (exp_avg.<name>, exp_avg_sq.<name>), trainer_state.json, config.json, COMPLETE
 // A save writes everything into root/.tmp-step-00000010-<pid>, COMPLETE last, then renames the
 // directory into place, so a save killed at any point leaves every earlier checkpoint loadable.
-// A root has one writer at a time (a save removes every .tmp-* directory it finds there).
+// A root has one writer at a time (a save removes the .tmp-step-, .tmp-replaced-step- and
+// .tmp-retired-step- directories it finds there; nothing else, so an import may share a folder).
 #pragma once
 #include <cstdint>
 #include <filesystem>

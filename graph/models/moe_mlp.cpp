@@ -62,8 +62,7 @@ void moe_shared_forward(const std::string& p, const TensorMap& w, Precision prec
   k.shared_out = project(k.sact, w.at(p + "mlp.shared_experts.down_proj.weight"), prec);
 }
 
-Tensor moe_combine_forward(const std::string& /*p*/, const TensorMap& /*w*/, const MoeMlpSpec& spec, Precision prec,
-                           MoeMlpCache& k) {
+Tensor moe_combine_forward(const MoeMlpSpec& spec, Precision prec, MoeMlpCache& k) {
   Tensor out = combine_forward(k.experts.down_out, k.dispatch, k.x.size(1), experts_config(spec, prec));
   if (!spec.shared_expert()) return out;
   Tensor sum = scaled_add(out, 1.0f, k.shared_out, 1.0f, prec);  // fp32 sum, rounded once
@@ -71,9 +70,8 @@ Tensor moe_combine_forward(const std::string& /*p*/, const TensorMap& /*w*/, con
   return sum;
 }
 
-void moe_combine_backward(const std::string& /*p*/, const TensorMap& /*w*/, const Tensor& d_out,
-                          const MoeMlpSpec& spec, Precision prec, const MoeMlpCache& k, MoeMlpBackward& b,
-                          const TensorMap& /*grads*/) {
+void moe_combine_backward(const Tensor& d_out, const MoeMlpSpec& spec, Precision prec, const MoeMlpCache& k,
+                          MoeMlpBackward& b) {
   b.combined = combine_backward(d_out, k.experts.down_out, k.dispatch, experts_config(spec, prec));
   if (spec.shared_expert()) b.d_out = d_out;  // the shared expert's backward reads it
 }
@@ -168,7 +166,7 @@ Tensor moe_mlp_forward(const std::string& p, const TensorMap& w, const Tensor& x
   moe_dispatch_forward(k);
   if (spec.shared_expert()) moe_shared_forward(p, w, prec, k);
   moe_experts_forward(p, w, spec, prec, k);
-  return moe_combine_forward(p, w, spec, prec, k);
+  return moe_combine_forward(spec, prec, k);
 }
 
 }  // namespace atl

@@ -72,11 +72,10 @@ void moe_dispatch_forward(MoeMlpCache& cache);
 void moe_shared_forward(const std::string& layer_prefix, const TensorMap& w, Precision precision, MoeMlpCache& cache);
 void moe_experts_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
                          Precision precision, MoeMlpCache& cache);
-Tensor moe_combine_forward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,
-                           Precision precision, MoeMlpCache& cache);
-void moe_combine_backward(const std::string& layer_prefix, const TensorMap& w, const Tensor& d_out,
-                          const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache, MoeMlpBackward& b,
-                          const TensorMap& grads);
+// (They read no parameter: the combine op's output norm and residual add are the family's mlp_output_*.)
+Tensor moe_combine_forward(const MoeMlpSpec& spec, Precision precision, MoeMlpCache& cache);
+void moe_combine_backward(const Tensor& d_out, const MoeMlpSpec& spec, Precision precision, const MoeMlpCache& cache,
+                          MoeMlpBackward& b);
 void moe_shared_backward(const std::string& layer_prefix, const TensorMap& w, Precision precision,
                          const MoeMlpCache& cache, MoeMlpBackward& b, const TensorMap& grads);
 void moe_experts_backward(const std::string& layer_prefix, const TensorMap& w, const MoeMlpSpec& spec,

@@ -131,8 +131,7 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::combine: {
         auto g = model_.mlp_output_backward(l, w, *block(l), grad_, ctx_, grads);
         residual_grad_ = std::move(g.d_residual);
-        moe_combine_backward(model_.layer_prefix(l), w, g.d_m, model_.moe_spec(), prec, block(l)->moe, moe_grad(l),
-                             grads);
+        moe_combine_backward(g.d_m, model_.moe_spec(), prec, block(l)->moe, moe_grad(l));
         break;
       }
       case OpKind::experts:
@@ -236,35 +235,35 @@ class SublayerRun final : public MicroBatchRun {
     const Precision prec = ctx_.precision;
     switch (model_.op_kind(op)) {
       case OpKind::embedding:
-        hidden_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
+        state_ = model_.embed_forward(w, batch_.input_ids, ctx_, &embed_);
         break;
       case OpKind::attention_mix:
         if constexpr (M::kResidualMixOps) {
           block(l) = std::make_shared<typename M::BlockCache>();
-          attn_in_ = model_.attention_mix_forward(l, w, hidden_, ctx_, *block(l));
+          attn_in_ = model_.attention_mix_forward(l, w, state_, ctx_, *block(l));
           break;
         }
         throw std::logic_error("sublayer run: this family has no mix ops");
       case OpKind::attention:
         if constexpr (M::kResidualMixOps) {
-          hidden_ = model_.attention_core_forward(l, w, hidden_, ctx_, *block(l));
+          state_ = model_.attention_core_forward(l, w, state_, ctx_, *block(l));
           attn_in_.clear();
         } else {
           block(l) = std::make_shared<typename M::BlockCache>();
-          hidden_ = model_.attention_sublayer_forward(l, w, hidden_, ctx_, *block(l));
+          state_ = model_.attention_sublayer_forward(l, w, state_, ctx_, *block(l));
         }
         break;
       case OpKind::mlp_mix:
         if constexpr (M::kResidualMixOps) {
-          model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));  // block(l)->mlp_in: the router's input
+          model_.mlp_input_forward(l, w, state_, ctx_, *block(l));  // block(l)->mlp_in: the router's input
           break;
         }
         throw std::logic_error("sublayer run: this family has no mix ops");
       case OpKind::mlp:
-        hidden_ = mlp_sublayer_forward(model_, l, w, hidden_, ctx_, *block(l));
+        state_ = mlp_sublayer_forward(model_, l, w, state_, ctx_, *block(l));
         break;
       case OpKind::router: {
-        const Tensor x = M::kResidualMixOps ? block(l)->mlp_in : model_.mlp_input_forward(l, w, hidden_, ctx_, *block(l));
+        const Tensor x = M::kResidualMixOps ? block(l)->mlp_in : model_.mlp_input_forward(l, w, state_, ctx_, *block(l));
         moe_route_forward(model_.layer_prefix(l), w, x, ctx_.valid.reshape({ctx_.tokens()}), model_.moe_spec(), prec,
                           block(l)->moe);
         routing_.push_back({l, M::routing_indices(*block(l))});
@@ -280,13 +279,13 @@ class SublayerRun final : public MicroBatchRun {
         moe_experts_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
         break;
       case OpKind::combine: {
-        const Tensor m = moe_combine_forward(model_.layer_prefix(l), w, model_.moe_spec(), prec, block(l)->moe);
-        hidden_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
+        const Tensor m = moe_combine_forward(model_.moe_spec(), prec, block(l)->moe);
+        state_ = model_.mlp_output_forward(l, w, m, ctx_, *block(l));
         break;
       }
       case OpKind::head:
-        logits_ = model_.head_forward(w, hidden_, ctx_, &head_);
-        hidden_ = {};
+        logits_ = model_.head_forward(w, state_, ctx_, &head_);
+        state_ = {};
         break;
       case OpKind::loss:
         loss_cache_ = std::make_shared<LmLossCache>();
@@ -304,7 +303,7 @@ class SublayerRun final : public MicroBatchRun {
       case OpKind::attention:
       case OpKind::mlp:
       case OpKind::combine:
-        return {state_tensors(hidden_)};
+        return {state_tensors(state_)};
       case OpKind::attention_mix: return {attn_in_};
       case OpKind::mlp_mix: return {{blocks_[static_cast<std::size_t>(l)]->mlp_in}};
       case OpKind::router: {
@@ -350,7 +349,7 @@ class SublayerRun final : public MicroBatchRun {
   Batch batch_;
   TokenContext ctx_;
   float grad_scale_;
-  typename M::State hidden_;
+  typename M::State state_;  // the residual stream between ops (Inkling2: completed blocks + partial)
   typename M::StateGrad grad_;
   typename M::StateGrad residual_grad_;  // an MoE layer's residual share of d mid, from combine to router
   std::vector<Tensor> attn_in_, attn_in_grad_;  // mix ops: attention's inputs, and their gradients

@@ -36,7 +36,7 @@ Tensor pack_for_reduce_scatter(const UnitPlan& unit, const TensorMap& full_grads
 TensorMap join_ep_slices(const UnitPlan& unit, const std::vector<TensorMap>& slices);
 
 // The real rows one shard owns, per param: its shape with shard_dim cut to rows_on(i) (a 0-d
-// param reads as [1] on shard 0 and [0] elsewhere). For checkpoints written from shards.
+// param reads as [1] on shard 0 and [0] elsewhere). The inverse of pack_shard, for inspection and tests.
 TensorMap unpack_shard(const UnitPlan& unit, const Tensor& shard, int shard_index, int count);
 
 }  // namespace atl

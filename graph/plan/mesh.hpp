@@ -55,10 +55,11 @@ class Mesh {
   // dp_shard_idx (cp ranks of one dp index see the same rows).
   int dp_index(int rank) const;
 
-  // Axis "dp_shard": the ranks of this rank's (pp, dp_replicate) slice, dp_shard then cp
-  // increasing (cp fastest), i.e. increasing rank order.
   // The data-parallel indices of `ranks`, increasing and distinct (a process's blocks of the batch).
   std::vector<int> dp_indices(const std::vector<int>& ranks) const;
+
+  // Axis "dp_shard": the ranks of this rank's (pp, dp_replicate) slice, dp_shard then cp
+  // increasing (cp fastest), i.e. increasing rank order.
   Group shard_group(int rank) const;
   // Axis "dp_replicate": the ranks that share this rank's (pp, dp_shard, cp), dp_replicate increasing.
   Group replicate_group(int rank) const;

@@ -67,11 +67,11 @@ const char* step_instruction_name(StepInstructionKind kind);
 
 struct StepInstruction {
   StepInstructionKind kind = StepInstructionKind::forward;
-  int op = -1;                  // forward, backward
-  int micro_batch = -1;         // forward, backward, grads
+  int op = -1;                  // forward, backward, expert_*
+  int micro_batch = -1;         // forward, backward, grads, expert_*
   std::size_t unit = 0;         // gather, release, grads
   bool last = false;            // grads: the step's last micro-batch
-  std::uint64_t collective = 0;  // gather, grads with last, count, report: index into StepProgram::collectives
+  std::uint64_t collective = 0;  // gather, grads with last, count, report, expert_*: index into StepProgram::collectives
   int collective_count = 0;      // the collectives it posts: collective, collective + 1, ... (HSDP grads: 2)
 
   bool is_compute() const { return kind == StepInstructionKind::forward || kind == StepInstructionKind::backward; }
@@ -117,8 +117,8 @@ struct StepProgram {
 // Ops run forward 0..n-1 and backward n-1..0; each reads the units that own its parameters (a
 // unit may be read by several ops). With dp_replicate > 1 every reduction of a unit sharded over
 // dp_shard adds an all-reduce. With ep > 1 the experts ops are expert_forward / expert_backward.
-// Throws std::invalid_argument for micro_batches < 1, ConfigError (topology.mesh.pp) for a
-// pipeline-parallel plan, std::logic_error when an op reads a parameter no unit owns or a unit is
+// Throws std::invalid_argument for micro_batches < 1, ConfigError (topology.mesh.pp or .cp) for a
+// pipeline- or context-parallel plan, std::logic_error when an op reads a parameter no unit owns or a unit is
 // read by no op.
 StepProgram compile_step_program(const Plan& plan, const std::vector<OpSpec>& ops, int micro_batches,
                                  StepSchedule schedule = StepSchedule::one_at_a_time,

@@ -52,7 +52,6 @@ std::optional<double> address_space_room() {
   rlimit limit{};
   if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
   std::ifstream in("/proc/self/status");
-  std::string key;
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("VmSize:", 0) == 0) {
       const double used = std::strtod(line.c_str() + 7, nullptr) * 1024.0;

@@ -300,9 +300,6 @@ nlohmann::json effective_model_section(const nlohmann::json& section, const std:
   return out;
 }
 
-// Resuming continues the same run: the model, the seed and the data must be those the checkpoint
-// was saved with (anything else silently changes the batches). Imports carry no run to continue.
-//
 // The data section is compared as the data it reads: a file source's path may be written another
 // way (another working directory, an absolute path) when the cursor holds the file's content hash,
 // which the restore checks; token_width 0 stands for the width the file's extension gives.
@@ -341,6 +338,8 @@ void check_saved_kinds(const nlohmann::json& saved, const fs::path& dir) {
   }
 }
 
+// Resuming continues the same run: the model, the seed and the data must be those the checkpoint
+// was saved with (anything else silently changes the batches). Imports carry no run to continue.
 // The model is compared as resolved: an override equal to the preset's value changes nothing.
 void check_same_run(const RunConfig& config, const Model& model, const nlohmann::json& trainer_state,
                     const fs::path& dir) {

@@ -158,7 +158,7 @@ Tensor moe_points(const std::string& prefix, const TensorMap& w, const Tensor& x
   pts.round(prefix + "mlp.experts gate_up output", moe.experts.gate_up_out);
   pts.round(prefix + "mlp.experts GLU activation", moe.experts.act_out);
   pts.round(prefix + "mlp.experts down output", moe.experts.down_out);
-  const Tensor m = moe_combine_forward(prefix, w, spec, prec, moe);
+  const Tensor m = moe_combine_forward(spec, prec, moe);
   pts.round(prefix + "combined expert output (MoE output)", m);
   return m;
 }

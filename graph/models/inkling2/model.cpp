@@ -152,8 +152,8 @@ Inkling2Model::Inkling2Model(Inkling2Config config) : FamilyModel(std::move(conf
   specs_.push_back(out_query);
   specs_.push_back(make_param("norm.weight", {H}, Init::ones));
   specs_.push_back(make_param("lm_head.weight", {c.vocab_size, H}));
-  // The attention sublayer reads the depth mixes and attention; the router op the MLP mix and
-  // norm before the router; the combine op mlp_sconv and the residual add.
+  // attention_mix reads attn_query/attn_norms, attention the rest of the attention side; mlp_mix
+  // reads mlp_query and mlp_norm (-> the router's input); combine mlp_sconv and the residual add.
   split_into_ops(SublayerSplit{{"mlp_query.weight", "mlp_norm.weight"},
                                 {"mlp_sconv.weight"},
                                 [](std::int64_t) { return true; },

@@ -4,8 +4,9 @@
 // SwiGLU experts; fp32 softcapped logits with an unused-vocabulary mask.
 //
 // Like Beam, the model is split into the pieces the actor runtime's ops run (embedding + embed_norm;
-// per layer the attention sublayer, then the MoE as router, dispatch, experts, combine; the final
-// output_query mix + norm + head + loss); each piece's forward returns what its backward needs, so
+// per layer the attention depth mixes (attention_mix), the attention sublayer, the MLP depth mix
+// (mlp_mix), then the MoE as router, dispatch, experts, combine; the final output_query mix + norm
+// + head, and the loss); each piece's forward returns what its backward needs, so
 // the reference trainer and the actor runtime share the math (graph/models/sublayer_run.hpp).
 // Native names have no `model.` prefix (MODELS.md §10.2.10).
 #pragma once
@@ -143,7 +144,8 @@ class Inkling2Model : public FamilyModel<Inkling2Config> {
   LossSum forward(const TensorMap& w, const Batch& batch, Precision precision,
                   Tensor* logits_out = nullptr) const override;
 
-  // --- StagedModel: ops() = embed, per layer attention, router, dispatch, experts, combine, head ---
+  // --- StagedModel: ops() = embed, per layer attention_mix, attention, mlp_mix, router, dispatch,
+  // experts, combine; head, loss ---
   std::map<std::string, std::vector<TensorMeta>> activation_metas(std::int64_t rows, std::int64_t seq) const override;
   std::int64_t routed_experts() const override { return config_.n_routed_experts; }
   std::unique_ptr<MicroBatchRun> start(const Batch& micro_batch, Precision precision, float grad_scale) const override;
