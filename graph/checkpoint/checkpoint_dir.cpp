@@ -101,6 +101,21 @@ void check_tensor_values(const fs::path& file, const std::string& what, const Te
   }
 }
 
+namespace {
+
+// Every value of the weights and moments a load takes: finite, second moments >= 0 (the weights'
+// messages name `weights_file`, the moments' `moments_file`).
+void check_state_values(const fs::path& weights_file, const fs::path& moments_file, const TensorMap& model,
+                        const TensorMap& exp_avg, const TensorMap& exp_avg_sq, const char* hint) {
+  for (const auto& n : model.names()) {
+    check_tensor_values(weights_file, "weight '" + n + "'", model.at(n), false, hint);
+    check_tensor_values(moments_file, std::string(kExpAvgPrefix) + n, exp_avg.at(n), false, hint);
+    check_tensor_values(moments_file, std::string(kExpAvgSqPrefix) + n, exp_avg_sq.at(n), true, hint);
+  }
+}
+
+}  // namespace
+
 fs::path normalised_directory(const fs::path& dir) {
   fs::path d = dir.lexically_normal();
   if (d.filename().empty()) d = d.parent_path();
@@ -141,12 +156,7 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointContents& content
   check_optimizer_matches(final_dir, contents.model, contents.exp_avg_sq, kExpAvgSqPrefix);
   // Never write what a load would refuse.
   try {
-    for (const auto& n : contents.model.names()) {
-      check_tensor_values(final_dir, "weight '" + n + "'", contents.model.at(n), false, kNeverSavedHint);
-      check_tensor_values(final_dir, std::string(kExpAvgPrefix) + n, contents.exp_avg.at(n), false, kNeverSavedHint);
-      check_tensor_values(final_dir, std::string(kExpAvgSqPrefix) + n, contents.exp_avg_sq.at(n), true,
-                          kNeverSavedHint);
-    }
+    check_state_values(final_dir, final_dir, contents.model, contents.exp_avg, contents.exp_avg_sq, kNeverSavedHint);
   } catch (const CheckpointError& e) {
     throw UnsavableState(e.what());
   }
@@ -325,13 +335,7 @@ CheckpointContents load_checkpoint(const fs::path& dir_in, const CheckpointLoadO
     c.exp_avg.insert(n, exp_avg.at(n));
     c.exp_avg_sq.insert(n, exp_avg_sq.at(n));
   }
-  if (!options.allow_nonfinite) {
-    for (const auto& n : c.model.names()) {
-      check_tensor_values(dir, "weight '" + n + "'", c.model.at(n), false, kInspectHint);
-      check_tensor_values(optimizer_file, std::string(kExpAvgPrefix) + n, c.exp_avg.at(n), false, kInspectHint);
-      check_tensor_values(optimizer_file, std::string(kExpAvgSqPrefix) + n, c.exp_avg_sq.at(n), true, kInspectHint);
-    }
-  }
+  if (!options.allow_nonfinite) check_state_values(dir, optimizer_file, c.model, c.exp_avg, c.exp_avg_sq, kInspectHint);
 
   const fs::path state_file = dir / kTrainerStateFile;
   c.trainer_state = read_json_file(state_file);
