@@ -198,21 +198,21 @@ TextFileSource::TextFileSource(const std::string& path, std::int64_t usable_voca
                                   path, i, bytes[i], usable_vocab));
     }
   }
-  first_token_ = skip_separators(0);
-  if (first_token_ == file_.size()) {
+  const std::size_t first_token = skip_separators(0);
+  if (first_token == file_.size()) {
     throw DataError(fmt::format("{}: no text (the file is empty or only blank lines)", path));
   }
   // A target is a token's successor in its document: some document must hold two bytes. The last
   // such byte is where a non-looping file is used up (blank lines or one-byte documents may follow).
   std::optional<std::size_t> last_scorable;
-  for (std::size_t i = file_.size() - 1; !last_scorable && i-- > first_token_;) {
+  for (std::size_t i = file_.size() - 1; !last_scorable && i-- > first_token;) {
     if (!is_separator(i) && !is_separator(i + 1)) last_scorable = i;
   }
   if (!last_scorable) {
     throw DataError(fmt::format("{}: nothing to train on: every document is one byte long, so no token has a "
                                 "successor to predict", path));
   }
-  set_slots(first_token_, file_.size(), *last_scorable);
+  set_slots(first_token, file_.size(), *last_scorable);
 }
 
 bool TextFileSource::is_separator(std::size_t offset) const {
@@ -228,7 +228,7 @@ std::size_t TextFileSource::skip_separators(std::size_t offset) const {
 
 bool TextFileSource::starts_document(std::size_t offset) const {
   const unsigned char* b = file_.data();
-  return offset == first_token_ || (offset >= 2 && b[offset - 1] == '\n' && b[offset - 2] == '\n');
+  return offset == first_slot() || (offset >= 2 && b[offset - 1] == '\n' && b[offset - 2] == '\n');
 }
 
 void TextFileSource::check_token_slot(std::size_t offset, const std::string& what) const {

@@ -64,6 +64,7 @@ class FileStreamSource : public PackedSource {
   // The token slots are [first, end); last_scorable: the last whose successor is in its document
   // (a target: where a file that does not loop is used up).
   void set_slots(std::size_t first, std::size_t end, std::size_t last_scorable);
+  std::size_t first_slot() const { return first_; }
 
   virtual std::int64_t token_at(std::size_t slot) const = 0;
   virtual std::size_t next_slot(std::size_t slot) const = 0;  // the token slot after `slot`, or end
@@ -92,7 +93,7 @@ class FileStreamSource : public PackedSource {
 // Byte-level text: token id = byte value. Documents are separated by blank lines: a run of two
 // or more '\n' ends a document and is dropped; a single '\n' is an ordinary token.
 // The cursor's offset is a byte offset in the file.
-class TextFileSource : public FileStreamSource {
+class TextFileSource final : public FileStreamSource {
  public:
   TextFileSource(const std::string& path, std::int64_t usable_vocab, bool loop = true);
   std::string describe() const override;
@@ -105,8 +106,6 @@ class TextFileSource : public FileStreamSource {
 
   bool is_separator(std::size_t offset) const;  // byte is part of a run of >= 2 newlines
   std::size_t skip_separators(std::size_t offset) const;
-
-  std::size_t first_token_ = 0;  // first byte that is not a separator
 };
 
 // The token width of a tokens file: `width` (2 or 4), or with 0 the one its extension names
@@ -115,7 +114,7 @@ std::int64_t resolved_token_width(const std::string& path, std::int64_t width);
 
 // Little-endian uint16 (.u16) or uint32 (.u32) tokens. With eos_id, a document ends after each
 // eos token; without, each epoch of the file is one document. The cursor's offset counts tokens.
-class TokenFileSource : public FileStreamSource {
+class TokenFileSource final : public FileStreamSource {
  public:
   // width: 2 or 4 bytes, or 0 to take it from the extension.
   TokenFileSource(const std::string& path, std::int64_t usable_vocab, std::int64_t width = 0,
