@@ -97,12 +97,11 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
   const double threads = static_cast<double>(compute_threads(config, ranks_here));
   RunMemoryEstimate e;
   const Mesh mesh(config.topology.mesh, config.source_file);
-  // Micro-batches a rank runs in a step (the reference trainer: all of them); one for a batch the
-  // mesh cannot split, which atoll-train refuses and atoll-plan shows.
+  // Micro-batches a rank runs in a step (the reference trainer, one rank: all of them); one for a
+  // batch the mesh cannot split, which atoll-train refuses and atoll-plan shows.
   double per_rank = 1;
   try {
-    per_rank = reference ? std::max<double>(1.0, config.train.global_batch / config.train.micro_batch)
-                         : micro_batches_per_rank(config, mesh);
+    per_rank = micro_batches_per_rank(config, mesh);
   } catch (const ConfigError&) {
   }
   // The reference trainer runs its micro-batches in waves of one per thread.
