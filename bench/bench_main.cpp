@@ -66,6 +66,12 @@ void bench_gemm(const GemmCase& g) {
     return best_seconds(7, [&] { cpu::gemm_f32(shape, a.data<float>(), b.data<float>(), c.data<float>(), operands); });
   };
   const double fp32_s = atoll(cpu::GemmOperands::f32), bf16_s = atoll(cpu::GemmOperands::bf16);
+  double amx_s = 0;
+  if (cpu::amx_available()) {  // the opt-in route (compute.bf16_gemm: amx)
+    cpu::use_bf16_amx(true);
+    amx_s = atoll(cpu::GemmOperands::bf16);
+    cpu::use_bf16_amx(false);
+  }
   const double blas_s = best_seconds(7, [&] {
     cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
                 static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a.data<float>(), static_cast<int>(lda),
@@ -73,10 +79,12 @@ void bench_gemm(const GemmCase& g) {
                 static_cast<int>(g.n));
   });
   std::printf("  %-22s %c%c [%4lld x %4lld x %4lld]  atoll fp32 %6.1f  sgemm %6.1f  fp32/sgemm %.2f   atoll bf16 %6.1f  "
-              "bf16/fp32 %.2f\n",
+              "bf16/fp32 %.2f",
               g.what, g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', static_cast<long long>(g.m), static_cast<long long>(g.n),
               static_cast<long long>(g.k), flops / fp32_s * 1e-9, flops / blas_s * 1e-9, blas_s / fp32_s,
               flops / bf16_s * 1e-9, fp32_s / bf16_s);
+  if (amx_s > 0) std::printf("   amx %6.1f  amx/fp32 %.2f", flops / amx_s * 1e-9, fp32_s / amx_s);
+  std::printf("\n");
 }
 
 RunConfig bench_config(int dp_shard, const char* preset, std::int64_t rows, std::int64_t micro, std::int64_t seq,
@@ -169,6 +177,10 @@ int main(int argc, char** argv) {
   std::printf("atoll-bench  (OpenBLAS anchor kernel %s, OPENBLAS_CORETYPE=%s; atoll's own kernels ignore both)\n",
               openblas_get_corename(), coretype ? coretype : "unset");
   std::printf("cpu kernels: %s\n", cpu::kernel_description(cpu::cpu_features()).c_str());
+  if (cpu::detected_cpu_features().bf16_dot) {
+    std::printf("vdpbf16ps multiply-adds per second vs fp32 FMA: %.2f (below 1 the bf16 chain runs on FMAs)\n",
+                cpu::bf16_dot_rate_vs_fma());
+  }
   // GFLOP/s on one thread each (OpenBLAS pinned to one thread, atoll without a compute pool).
   openblas_set_num_threads(1);
   std::printf("GEMM, beam-small shapes, one thread, GFLOP/s:\n");
@@ -198,18 +210,30 @@ int main(int argc, char** argv) {
   // steps gave bf16/fp32 at 2 threads anywhere from 0.84 to 1.41 on the same build).
   constexpr int kRounds = 3;
   for (int threads : {1, cores}) {
-    double fp32 = 0, bf16 = 0;
+    double fp32 = 0, bf16 = 0, amx = 0;
     for (int round = 0; round < kRounds; ++round) {
       fp32 = std::max(fp32, trainer_run(Precision::fp32, threads, 3).tokens_per_s);
       bf16 = std::max(bf16, trainer_run(Precision::bf16, threads, 3).tokens_per_s);
+      if (cpu::amx_available()) {
+        cpu::use_bf16_amx(true);
+        amx = std::max(amx, trainer_run(Precision::bf16, threads, 3).tokens_per_s);
+        cpu::use_bf16_amx(false);
+      }
     }
     if (threads == 1) fp32_one = fp32;
-    std::printf("  compute.threads %d: fp32 %.0f, bf16 %.0f, bf16/fp32 %.3f, fp32 vs fp32 on one thread %.3f\n",
+    std::printf("  compute.threads %d: fp32 %.0f, bf16 %.0f, bf16/fp32 %.3f, fp32 vs fp32 on one thread %.3f",
                 threads, fp32, bf16, bf16 / fp32, fp32 / fp32_one);
+    if (amx > 0) std::printf("; bf16 on amx %.0f, amx/fp32 %.3f", amx, amx / fp32);
+    std::printf("\n");
     if (cores == 1) break;
   }
   print_step_fractions("fp32", trainer_run(Precision::fp32, 1, 3, true));
   print_step_fractions("bf16", trainer_run(Precision::bf16, 1, 3, true));
+  if (cpu::amx_available()) {
+    cpu::use_bf16_amx(true);
+    print_step_fractions("bf16 on amx", trainer_run(Precision::bf16, 1, 3, true));
+    cpu::use_bf16_amx(false);
+  }
 
   // The actor runtime's overhead: beam-small, the same global batch (8 x 256 tokens, micro-batches
   // of 2 rows), reference trainer vs the actors simulating dp_shard = 4 in this process.

@@ -357,6 +357,7 @@ RunConfig read_run_config(const YAML::Node& root, const std::string& source_name
     ConfigReader compute = top.section("compute");
     config.compute.threads = compute.get_non_negative("threads", 0);
     compute.check(config.compute.threads <= 4096, "threads", "a thread count of at most 4096 (0 = automatic)");
+    config.compute.bf16_amx = compute.get_choice("bf16_gemm", "chain", {"chain", "amx"}) == "amx";
     compute.finish();
   }
   // A resolved config (run.json's "config", trainer_state.json) names the file it was read from;
@@ -506,7 +507,7 @@ nlohmann::json to_json(const RunConfig& c) {
         {"every", c.checkpoint.every},
         {"keep", c.checkpoint.keep},
         {"load", c.checkpoint.load}}},
-      {"compute", {{"threads", c.compute.threads}}},
+      {"compute", {{"threads", c.compute.threads}, {"bf16_gemm", c.compute.bf16_amx ? "amx" : "chain"}}},
   };
   out["topology"].update(multi_process_settings(c.topology));
   return out;

@@ -103,6 +103,9 @@ struct CheckpointConfig {
 // Threads of one rank's kernels (kernels/cpu/compute_pool.hpp); results do not depend on them.
 struct ComputeConfig {
   std::int64_t threads = 0;  // 0 = every core for a process that runs one rank, else one per rank
+  // compute.bf16_gemm: "chain" (false: gemm.hpp's FMA order, the same bits on every CPU) or "amx"
+  // (true: AMX tiles for bf16 operands, faster; the same bits only among CPUs with AMX).
+  bool bf16_amx = false;
 };
 
 struct RunConfig {

@@ -77,6 +77,16 @@ TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& 
   return given.names().empty() ? TensorMap::zeros_like(specs) : given;
 }
 
+void use_bf16_gemm(const RunConfig& config) {
+  if (config.compute.bf16_amx && !cpu::amx_available()) {
+    throw ConfigError(config.source_file, "compute.bf16_gemm",
+                      "amx needs a CPU with AMX tiles and bf16 (Sapphire Rapids or later) and a Linux that grants "
+                      "their state; this one has " + cpu::kernel_description(cpu::cpu_features()) +
+                          " (use chain, the default)");
+  }
+  cpu::use_bf16_amx(config.compute.bf16_amx);
+}
+
 int compute_threads(const RunConfig& config, int ranks_here) {
   if (config.compute.threads > 0) return static_cast<int>(config.compute.threads);
   return cpu::default_compute_threads(ranks_in_process(config, ranks_here));
@@ -271,6 +281,7 @@ void report_not_applied(std::ostream& out, const StepResult& r, std::int64_t ste
 double run_training(const RunConfig& config, const RunOptions& options, const EngineFactory& make_engine,
                     std::ostream& out) {
   // Everything that can be wrong with the config is found before run_dir is touched.
+  use_bf16_gemm(config);
   std::shared_ptr<const Model> model = make_model(config.model, config.source_file);
   Mesh(config.topology.mesh, config.source_file).require_runnable();  // planned, not run yet: pp, cp, ep > 1
   check_memory_preflight(config, *model, options.ranks_here);  // before the data source, the weights or the engine allocate

@@ -108,6 +108,9 @@ std::unique_ptr<TrainingEngine> make_reference_engine(EngineInputs inputs);
 // The initial moments of EngineInputs: the given ones, or zeros.
 TensorMap initial_moments(const TensorMap& given, const std::vector<ParamSpec>& specs);
 OptimizerSettings optimizer_settings(const TrainConfig& train);
+// compute.bf16_gemm for every kernel of this process; ConfigError where amx is asked for and the
+// CPU or OS lacks it.
+void use_bf16_gemm(const RunConfig& config);
 // compute.threads resolved: the configured count, or the default for the ranks this process runs
 // (ranks_in_process) -- kernels/cpu/compute_pool.hpp.
 int compute_threads(const RunConfig& config, int ranks_here = 0);

@@ -1,6 +1,10 @@
 #include "kernels/cpu/cpu_features.hpp"
 
 #include <cstdlib>
+#if defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <stdexcept>
 #include <string_view>
 
@@ -42,8 +46,17 @@ CpuFeatures select_features() {
   return f;
 }
 
+CpuFeatures process_features() {
+  CpuFeatures f = select_features();
+  if (f.bf16_dot && bf16_dot_rate_vs_fma() < 1.0) {
+    f.bf16_dot = false;
+    f.bf16_dot_slower = true;
+  }
+  return f;
+}
+
 CpuFeatures& selected() {
-  static CpuFeatures features = select_features();
+  static CpuFeatures features = process_features();
   return features;
 }
 
@@ -55,7 +68,32 @@ void use_cpu_features(CpuFeatures f) {
   const CpuFeatures best = detected_cpu_features();
   if (best.isa < f.isa) f.isa = best.isa;
   f.bf16_dot = f.bf16_dot && best.bf16_dot && f.isa == Isa::avx512;
+  f.bf16_dot_slower = f.bf16_dot_slower && !f.bf16_dot;
+  f.bf16_amx = f.bf16_amx && amx_available();
   selected() = f;
+}
+
+bool amx_available() {
+#if defined(__x86_64__)
+  static const bool available = [] {
+    unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
+    __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
+    const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
+    // Linux hands out the 8 KiB tile state only on request (once per process, for every thread).
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+void use_bf16_amx(bool on) {
+  if (on && !amx_available()) {
+    throw CpuIsaError("AMX with bf16 is not available on this CPU (or Linux refused its tile state)");
+  }
+  selected().bf16_amx = on;
 }
 
 const char* isa_name(Isa isa) {
@@ -68,7 +106,11 @@ const char* isa_name(Isa isa) {
 }
 
 std::string kernel_description(const CpuFeatures& f) {
-  return std::string(isa_name(f.isa)) + (f.bf16_dot ? " (bf16 dot)" : "");
+  const char* bf16 = f.bf16_amx          ? " (bf16 amx)"
+                     : f.bf16_dot        ? " (bf16 dot)"
+                     : f.bf16_dot_slower ? " (bf16 on FMAs: its dot is slower)"
+                                         : "";
+  return std::string(isa_name(f.isa)) + bf16;
 }
 
 }  // namespace atl::cpu

@@ -36,8 +36,14 @@ struct Operands {
   float* c;
 };
 
-// How a GEMM's operands are packed and multiplied.
-enum class Route { f32, bf16_dot, bf16_as_f32 };
+// How a GEMM's operands are packed and multiplied. bf16_amx: the opt-in AMX tiles (not the chain's
+// bits: gemm_kernel_amx.cpp).
+enum class Route { f32, bf16_dot, bf16_as_f32, bf16_amx };
+
+// AMX panels hold whole chunks of 32 k (16 pairs), zero-padded.
+constexpr std::int64_t kAmxChunkPairs = 16;
+
+bool pairs_route(Route r) { return r == Route::bf16_dot || r == Route::bf16_amx; }
 
 struct Plan {
   Route route;
@@ -60,6 +66,10 @@ Plan plan_for(GemmOperands operands) {
     k = f32_kernel_avx2();
     pack = pack_kernels_avx2();
   }
+  if (operands == GemmOperands::bf16 && f.bf16_amx) {
+    const Bf16MicroKernel b = bf16_kernel_amx();
+    return {Route::bf16_amx, b.mr, b.nr, nullptr, b.run, pack_kernels_avx512()};
+  }
   if (operands == GemmOperands::bf16 && f.bf16_dot) {
     const Bf16MicroKernel b = bf16_kernel_avx512();
     return {Route::bf16_dot, b.mr, b.nr, nullptr, b.run, pack};
@@ -72,12 +82,16 @@ Plan plan_for(GemmOperands operands) {
 struct Scratch {
   void* a = nullptr;
   void* b = nullptr;
-  std::size_t a_bytes = 0, b_bytes = 0;
+  void* pairs = nullptr;  // AMX: A's pair-major panels before their chunks are transposed
+  void* rows = nullptr;   // AMX: panels packed across k before they are spread to padded depth
+  std::size_t a_bytes = 0, b_bytes = 0, pairs_bytes = 0, rows_bytes = 0;
   float tile[32 * 32];
 
   ~Scratch() {
     std::free(a);
     std::free(b);
+    std::free(pairs);
+    std::free(rows);
   }
   static void* grow(void*& p, std::size_t& have, std::size_t need) {
     if (need <= have) return p;
@@ -127,12 +141,33 @@ bool copy_full_panel(std::int64_t width, const float* base, std::int64_t k_strid
 // `count` are zero. f32: k' = k. bf16_dot: uint32 pairs (k even in the low half), k padded to even.
 // bf16_as_f32: bf16-rounded floats with each pair swapped (odd k first), k padded to even.
 // k-contiguous lines (rows of A, columns of B^T) are transposed into panels a register block at a time.
+// bf16_amx: bf16_dot's panels, each zero-padded to `padded_pairs` (whole chunks).
 void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int64_t width, const Plan& plan,
-                void* out) {
+                void* out, std::int64_t padded_pairs = 0) {
   const Route route = plan.route;
   const PackKernels& pk = plan.pack;
   const std::int64_t pairs = (kc + 1) / 2, depth = route == Route::f32 ? kc : 2 * pairs;
   const bool k_contiguous = src.k_stride == 1;
+  if (route == Route::bf16_amx) {
+    // Operands across k: every panel in one pass over whole rows (per panel, each row would be
+    // read in 128-byte pieces), then each panel moved to its padded place.
+    std::uint32_t* across_k = nullptr;
+    if (!k_contiguous) {
+      across_k = static_cast<std::uint32_t*>(Scratch::grow(tls_scratch.rows, tls_scratch.rows_bytes,
+                                                           sizeof(std::uint32_t) * pairs * ((count + width - 1) / width) * width));
+      pk.bf16_pairs(src.base, src.k_stride, kc, count, across_k, width);
+    }
+    for (std::int64_t p0 = 0; p0 < count; p0 += width) {
+      std::uint32_t* dst = static_cast<std::uint32_t*>(out) + p0 * padded_pairs;
+      if (k_contiguous) {
+        pk.pair_lines(src.base + p0 * src.line_stride, src.line_stride, std::min(width, count - p0), kc, dst, width);
+      } else {
+        std::copy_n(across_k + p0 * pairs, pairs * width, dst);
+      }
+      std::fill(dst + pairs * width, dst + padded_pairs * width, 0u);
+    }
+    return;
+  }
   if (route == Route::bf16_dot && !k_contiguous) {  // every panel at once: whole rows read in order
     pk.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width);
     return;
@@ -170,11 +205,40 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
   }
 }
 
+std::int64_t padded_pairs(std::int64_t kc) { return (kc + 2 * kAmxChunkPairs - 1) / (2 * kAmxChunkPairs) * kAmxChunkPairs; }
+
+// AMX's A tiles read rows along k: each chunk of a pair-major panel ([16 pairs][MR rows])
+// transposed to [MR rows][16 pairs].
+void pack_a_amx(const Lines& lines, const Plan& p, std::int64_t mc, std::int64_t kc, void* out) {
+  const std::int64_t pairs = padded_pairs(kc), panels = (mc + p.mr - 1) / p.mr;
+  if (lines.k_stride == 1) {  // rows along k: rounded straight into place
+    for (std::int64_t panel = 0; panel < panels; ++panel) {
+      p.pack.amx_rows(lines.base + panel * p.mr * lines.line_stride, lines.line_stride,
+                      std::min<std::int64_t>(p.mr, mc - panel * p.mr), kc, static_cast<std::uint32_t*>(out) + panel * p.mr * pairs,
+                      p.mr, pairs);
+    }
+    return;
+  }
+  Scratch& scratch = tls_scratch;
+  auto* pair_major = static_cast<std::uint32_t*>(
+      Scratch::grow(scratch.pairs, scratch.pairs_bytes, sizeof(std::uint32_t) * pairs * panels * p.mr));
+  pack_lines(lines, mc, kc, p.mr, p, pair_major, pairs);
+  auto* dst = static_cast<std::uint32_t*>(out);
+  for (std::int64_t chunk = 0; chunk < panels * pairs / kAmxChunkPairs; ++chunk) {
+    const std::int64_t at = chunk * kAmxChunkPairs * p.mr;
+    p.pack.transpose(pair_major + at, p.mr, kAmxChunkPairs, p.mr, dst + at, kAmxChunkPairs);
+  }
+}
+
 // A rows [i0, i0+mc) x k [k0, k0+kc) into MR-row panels.
 void pack_a(const Operands& o, const Plan& p, std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc,
             void* out) {
   const GemmShape& s = o.s;
   const Lines lines = s.trans_a ? Lines{o.a + k0 * s.lda + i0, 1, s.lda} : Lines{o.a + i0 * s.lda + k0, s.lda, 1};
+  if (p.route == Route::bf16_amx) {
+    pack_a_amx(lines, p, mc, kc, out);
+    return;
+  }
   pack_lines(lines, mc, kc, p.mr, p, out);
 }
 
@@ -183,7 +247,7 @@ void pack_b(const Operands& o, const Plan& p, std::int64_t k0, std::int64_t kc, 
             void* out) {
   const GemmShape& s = o.s;
   const Lines lines = s.trans_b ? Lines{o.b + j0 * s.ldb + k0, s.ldb, 1} : Lines{o.b + k0 * s.ldb + j0, 1, s.ldb};
-  pack_lines(lines, nc, kc, p.nr, p, out);
+  pack_lines(lines, nc, kc, p.nr, p, out, p.route == Route::bf16_amx ? padded_pairs(kc) : 0);
 }
 
 // One MR x NR tile; an edge tile goes through a padded buffer so it runs the same kernel.
@@ -200,7 +264,7 @@ void run_tile(const Plan& p, std::int64_t depth, const void* ap, const void* bp,
       for (std::int64_t r = 0; r < rows; ++r) std::memcpy(tile + r * ld, c + r * ldc, sizeof(float) * cols);
     }
   }
-  if (p.route == Route::bf16_dot) {
+  if (pairs_route(p.route)) {
     p.bf16(depth / 2, static_cast<const std::uint32_t*>(ap), static_cast<const std::uint32_t*>(bp), target, ld,
            accumulate);
   } else {
@@ -217,12 +281,14 @@ struct KBlock {
   std::int64_t kc, depth, stride;
 };
 
-std::int64_t block_k(const Plan& p) { return p.route == Route::bf16_dot ? kKcBf16 : kKc; }
+std::int64_t block_k(const Plan& p) { return pairs_route(p.route) ? kKcBf16 : kKc; }
 
 KBlock k_block(const Plan& p, std::int64_t k, std::int64_t pc) {
   const std::int64_t kc = std::min(block_k(p), k - pc);
-  const std::int64_t depth = p.route == Route::f32 ? kc : (kc + 1) / 2 * 2;
-  return {kc, depth, static_cast<std::int64_t>(sizeof(float)) * (p.route == Route::bf16_dot ? depth / 2 : depth)};
+  const std::int64_t depth = p.route == Route::f32        ? kc
+                             : p.route == Route::bf16_amx ? 2 * padded_pairs(kc)
+                                                          : (kc + 1) / 2 * 2;
+  return {kc, depth, static_cast<std::int64_t>(sizeof(float)) * (pairs_route(p.route) ? depth / 2 : depth)};
 }
 
 // vdpbf16ps treats denormal inputs (the accumulator's too) as zero and flushes denormal results,
@@ -295,11 +361,32 @@ void gemm_serial_whole_a(const Operands& o, const Plan& p) {
   }
 }
 
+// The AMX tile configuration, loaded on this thread for one GEMM part and released after.
+class AmxTiles {
+ public:
+  explicit AmxTiles(bool on) : on_(on) {
+#if defined(__x86_64__)
+    if (on_) amx_tiles_on();
+#endif
+  }
+  ~AmxTiles() {
+#if defined(__x86_64__)
+    if (on_) amx_tiles_off();
+#endif
+  }
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+
+ private:
+  bool on_;
+};
+
 // BLIS order: a B block (K block x column block) packed once, A packed per row block.
 void gemm_serial(const Operands& o, const Plan& p) {
   const Bf16DenormalRule denormals(p.route == Route::bf16_as_f32);  // once per call and per pool part
+  const AmxTiles tiles(p.route == Route::bf16_amx);
   const GemmShape& s = o.s;
-  if (s.m <= kWholeARows && (s.n > kNc || (s.trans_a && p.route == Route::bf16_dot))) {
+  if (s.m <= kWholeARows && (s.n > kNc || (s.trans_a && pairs_route(p.route)))) {
     gemm_serial_whole_a(o, p);
     return;
   }

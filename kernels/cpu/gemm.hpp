@@ -15,6 +15,9 @@
 //                   of those FMAs (the accumulator's too) and every result below FLT_MIN in
 //                   magnitude counts as a zero of its sign (DAZ, FTZ; on x86-64 through MXCSR);
 //                   the fp32 route keeps denormals.
+// The one exception is opt-in: with use_bf16_amx (compute.bf16_gemm: amx) bf16 operands run on
+// AMX tiles, whose sums are not this chain (gemm_kernel_amx.cpp): still batch, tile and thread
+// invariant, but the same bits only among CPUs with AMX.
 // Double (finite-difference references only) is a plain loop in the fp32 order.
 #pragma once
 #include <cstdint>

@@ -59,12 +59,17 @@ using SwappedRows = void (*)(const float* src, std::int64_t k_stride, std::int64
                              std::int64_t width);
 using SwappedLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
                               float* dst, std::int64_t width);
+// amx_rows: k-contiguous lines into AMX A panels (avx512 only: null elsewhere), `padded_pairs`
+// pairs (whole chunks of 16) deep.
+using AmxRows = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
+                         std::uint32_t* dst, std::int64_t width, std::int64_t padded_pairs);
 struct PackKernels {
   TransposeLines transpose;
   Bf16Pairs bf16_pairs;
   PairLines pair_lines;
   SwappedRows swapped_rows;
   SwappedLines swapped_lines;
+  AmxRows amx_rows = nullptr;
 };
 
 F32MicroKernel f32_kernel_portable();
@@ -75,6 +80,14 @@ PackKernels pack_kernels_avx2();
 F32MicroKernel f32_kernel_avx512();
 Bf16MicroKernel bf16_kernel_avx512();
 PackKernels pack_kernels_avx512();
+// AMX (gemm_kernel_amx.cpp): 32 x 32 tiles; A panels as [k/32][32 rows][16 pairs], B panels as
+// bf16_pairs with width 32, both zero-padded to whole chunks of 32 k. amx_available() checks
+// CPUID and asks Linux for the tile state; a thread loads the tile configuration before running
+// the kernel and releases it after.
+bool amx_available();
+void amx_tiles_on();
+void amx_tiles_off();
+Bf16MicroKernel bf16_kernel_amx();
 #endif
 
 }  // namespace atl::cpu::gemm_detail

@@ -129,12 +129,36 @@ __attribute__((target("avx512f"))) void pair_lines_avx512(const float* src, std:
   }
 }
 
+// k-contiguous lines into AMX A panels (gemm_kernels.hpp): per chunk of 32 k, `width` rows of 16
+// pairs, zero past kc and for lines past `lines`. Each row is read once, in order: this is A's
+// rounding and nothing more (a pair-major pack and a transpose cost ~3x as much).
+__attribute__((target("avx512f,avx512bw"))) void amx_rows_avx512(const float* src, std::int64_t line_stride,
+                                                                std::int64_t lines, std::int64_t kc,
+                                                                std::uint32_t* dst, std::int64_t width,
+                                                                std::int64_t padded_pairs) {
+  constexpr std::int64_t kChunkPairs = 16;
+  for (std::int64_t l = 0; l < width; ++l) {
+    const float* row = src + l * line_stride;
+    for (std::int64_t q0 = 0; q0 < padded_pairs; q0 += kChunkPairs) {
+      const std::int64_t k0 = 2 * q0;
+      __m512i pairs = _mm512_setzero_si512();
+      if (l < lines) {
+        const __m512i lo = bf16_bits(_mm512_maskz_loadu_epi32(first_lanes(kc - k0), row + k0));
+        const __m512i hi = bf16_bits(_mm512_maskz_loadu_epi32(first_lanes(kc - k0 - 16), row + k0 + 16));
+        pairs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
+      }
+      _mm512_storeu_si512(dst + q0 * width + l * kChunkPairs, pairs);
+    }
+  }
+}
+
 }  // namespace
 
 PackKernels pack_kernels_avx512() {
   // The bf16_as_f32 route (AVX-512 without AVX512_BF16) packs with the AVX2 helpers.
   const PackKernels avx2 = pack_kernels_avx2();
-  return {transpose_lines_avx512, bf16_pairs_avx512, pair_lines_avx512, avx2.swapped_rows, avx2.swapped_lines};
+  return {transpose_lines_avx512, bf16_pairs_avx512,  pair_lines_avx512,
+          avx2.swapped_rows,      avx2.swapped_lines, amx_rows_avx512};
 }
 
 }  // namespace atl::cpu::gemm_detail

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/cpu_features.hpp"
 #include "tests/apps/app_test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -483,4 +484,52 @@ TEST_CASE("apps: atoll-train results are bitwise independent of compute.threads 
     const fs::path actors_2 = run(std::string(precision) + "-dp2-2", with_threads("2"));
     CHECK(metrics_without_timing(actors_1 / "metrics.jsonl") == metrics_without_timing(actors_2 / "metrics.jsonl"));
   }
+}
+
+TEST_CASE("apps: compute.bf16_gemm: amx trains on a CPU with AMX (layouts and threads still bitwise equal) and is "
+          "a config error elsewhere",
+          "[apps][atoll-train][amx]") {
+  TempDir tmp;
+  auto run = [&](const std::string& name, std::vector<std::string> sets) {
+    const fs::path dir = tmp.path / name;
+    std::vector<std::string> args{default_config().string(), "--set", "train.steps=4", "--set",
+                                  "run_dir=" + dir.string()};
+    for (const auto& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    return std::pair{run_train(args, tmp.path), dir};
+  };
+  const std::vector<std::string> reference{"topology.engine=reference", "compute.threads=1", "compute.bf16_gemm=amx"};
+  const auto [r, amx] = run("amx-ref-1", reference);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  if (!atl::cpu::amx_available()) {
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("compute.bf16_gemm") && Catch::Contains("amx needs a CPU with AMX"));
+    CHECK_FALSE(fs::exists(amx / "metrics.jsonl"));
+    return;
+  }
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(nlohmann::json::parse(read_file(amx / "run.json")).at("cpu_kernel").get<std::string>(),
+             Catch::Contains("(bf16 amx)"));
+  const std::string expected = metrics_without_timing(amx / "metrics.jsonl");
+  // Not the chain's bits (else the route would not be in use) ...
+  const auto [chain_run, chain] = run("chain-ref-1", {"topology.engine=reference", "compute.threads=1"});
+  REQUIRE(chain_run.exit_code == 0);
+  CHECK(metrics_without_timing(chain / "metrics.jsonl") != expected);
+  // ... but the same bits for 2 threads and for the actor runtime's two ranks.
+  const auto [two_run, two] = run("amx-ref-2", {"topology.engine=reference", "compute.threads=2", "compute.bf16_gemm=amx"});
+  REQUIRE(two_run.exit_code == 0);
+  CHECK(metrics_without_timing(two / "metrics.jsonl") == expected);
+  // The actors' losses (their grad_norm sums shards in another order, and they count bytes moved).
+  auto losses = [](const fs::path& metrics) {
+    std::vector<double> out;
+    std::istringstream lines(read_file(metrics));
+    for (std::string line; std::getline(lines, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+    return out;
+  };
+  const auto [dp_run, dp] = run("amx-dp2", {"topology.mesh.dp_shard=2", "compute.bf16_gemm=amx"});
+  REQUIRE(dp_run.exit_code == 0);
+  CHECK(losses(dp / "metrics.jsonl") == losses(amx / "metrics.jsonl"));
+  CHECK(losses(dp / "metrics.jsonl").size() == 4);
 }

@@ -273,6 +273,8 @@ TEST_CASE("config: each kind of mistake throws ConfigError naming the file and t
        "topology.rendezvous_timeout_s: expected seconds in [0.1, 86400], got 0"},
       {"short_heartbeat_timeout", std::string(kMinimal) + "topology: {heartbeat_timeout_s: 0.2}\n",
        "topology.heartbeat_timeout_s: expected seconds in [1, 3600] (heartbeats go every 0.5 s), got 0.2"},
+      {"bad_bf16_gemm", std::string(kMinimal) + "compute: {bf16_gemm: fast}\n",
+       "compute.bf16_gemm: expected one of chain, amx, got 'fast'"},
       {"huge_threads", std::string(kMinimal) + "compute: {threads: 100000}\n",
        "compute.threads: expected a thread count of at most 4096 (0 = automatic)"},
       {"delay_without_sim", std::string(kMinimal) + "topology: {backend: ucx, sim_delay_ms: {all_gather: 5}}\n",

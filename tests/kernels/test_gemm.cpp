@@ -130,6 +130,49 @@ void for_each_case(unsigned seed, int trials, const Sizes& sizes,
   }
 }
 
+// The worst error of C against the product in double (of the bf16-rounded operands for bf16), in
+// units of a chain of K fp32 FMAs' bound: |error| <= K * 2^-24 * sum |terms| (first order).
+double worst_against_double(const Case& t, GemmOperands op, const std::vector<float>& c) {
+  double worst = 0;
+  for (std::int64_t i = 0; i < t.m; ++i)
+    for (std::int64_t j = 0; j < t.n; ++j) {
+      double exact = t.accumulate ? t.c0[i * t.n + j] : 0.0, magnitude = std::fabs(exact);
+      for (std::int64_t k = 0; k < t.k; ++k) {
+        double x = a_at(t, i, k), y = b_at(t, k, j);
+        if (op == GemmOperands::bf16) x = round_to_bf16(static_cast<float>(x)), y = round_to_bf16(static_cast<float>(y));
+        exact += x * y;
+        magnitude += std::fabs(x * y);
+      }
+      worst = atl::testing::worst_of(worst, std::fabs(c[i * t.n + j] - exact) / (magnitude * (t.k + 1) * 0x1p-24));
+    }
+  return worst;
+}
+
+// Rows alone (first, middle, last) and a block starting off any tile boundary equal the same rows
+// of the whole product, bitwise.
+void check_rows_independent_of_batch(const Case& t, GemmOperands op) {
+    const std::vector<float> whole = run(t, op);
+    auto rows_of_whole = [&](std::int64_t begin, std::int64_t end) {
+      return std::vector<float>(whole.begin() + begin * t.n, whole.begin() + end * t.n);
+    };
+    for (std::int64_t row : {std::int64_t{0}, t.m / 2, t.m - 1}) CHECK(same_bits(run(t, op, row, 1), rows_of_whole(row, row + 1)));
+  const std::int64_t mid = t.m / 3;
+  CHECK(same_bits(run(t, op, mid, t.m - mid), rows_of_whole(mid, t.m)));
+}
+
+// The same bits on compute pools of 2..4 threads as on one; the case must be big enough to split.
+void check_independent_of_threads(const Case& t, GemmOperands op) {
+  REQUIRE(t.m * t.n * t.k >= 2 * kGemmMinParallelWork);
+  const std::vector<float> serial = run(t, op);
+  for (int threads = 2; threads <= 4; ++threads) {
+    ComputePool pool(threads);
+    ComputePoolScope scope(&pool);
+    INFO("threads=" << threads);
+    CHECK(same_bits(run(t, op), serial));
+    CHECK(pool.shared_runs() > 0);  // the GEMM split its output into parts offered to the workers
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gemm computes exactly the documented FMA chain per element", "[gemm]") {
@@ -190,35 +233,12 @@ TEST_CASE("gemm with leading dimensions past its matrices reads and writes only 
 }
 
 TEST_CASE("gemm agrees with a double-precision product within a K-derived bound", "[gemm]") {
-  for_each_case(12, 30, {1, 120, 1, 90, 1, 700}, [](const Case& t, GemmOperands op) {
-    const std::vector<float> c = run(t, op);
-    double worst = 0;
-    for (std::int64_t i = 0; i < t.m; ++i)
-      for (std::int64_t j = 0; j < t.n; ++j) {
-        double exact = t.accumulate ? t.c0[i * t.n + j] : 0.0, magnitude = std::fabs(exact);
-        for (std::int64_t k = 0; k < t.k; ++k) {
-          double x = a_at(t, i, k), y = b_at(t, k, j);
-          if (op == GemmOperands::bf16) x = round_to_bf16(static_cast<float>(x)), y = round_to_bf16(static_cast<float>(y));
-          exact += x * y;
-          magnitude += std::fabs(x * y);
-        }
-        // A chain of K fp32 FMAs: |error| <= K * 2^-24 * sum |terms| (first order).
-        worst = atl::testing::worst_of(worst, std::fabs(c[i * t.n + j] - exact) / (magnitude * (t.k + 1) * 0x1p-24));
-      }
-    CHECK(worst <= 1.0);
-  });
+  for_each_case(12, 30, {1, 120, 1, 90, 1, 700},
+                [](const Case& t, GemmOperands op) { CHECK(worst_against_double(t, op, run(t, op)) <= 1.0); });
 }
 
 TEST_CASE("gemm rows are bitwise independent of the batch they are computed in", "[gemm]") {
-  for_each_case(13, 12, {1, 300, 1, 100, 1, 300}, [](const Case& t, GemmOperands op) {
-    const std::vector<float> whole = run(t, op);
-    auto rows_of_whole = [&](std::int64_t begin, std::int64_t end) {
-      return std::vector<float>(whole.begin() + begin * t.n, whole.begin() + end * t.n);
-    };
-    for (std::int64_t row : {std::int64_t{0}, t.m / 2, t.m - 1}) CHECK(same_bits(run(t, op, row, 1), rows_of_whole(row, row + 1)));
-    const std::int64_t mid = t.m / 3;  // a block starting off any tile boundary
-    CHECK(same_bits(run(t, op, mid, t.m - mid), rows_of_whole(mid, t.m)));
-  });
+  for_each_case(13, 12, {1, 300, 1, 100, 1, 300}, check_rows_independent_of_batch);
 }
 
 TEST_CASE("gemm results are bitwise independent of the thread count (1..4)", "[gemm][threads]") {
@@ -226,17 +246,7 @@ TEST_CASE("gemm results are bitwise independent of the thread count (1..4)", "[g
   // split C by columns, many rows by rows (the cut-over depends on the kernel's tile height).
   const Sizes few_rows{76, 95, 560, 600, 400, 420}, many_rows{256, 600, 256, 600, 256, 400};
   for (const Sizes& sizes : {few_rows, many_rows}) {
-    for_each_case(15, 4, sizes, [](const Case& t, GemmOperands op) {
-      REQUIRE(t.m * t.n * t.k >= 2 * kGemmMinParallelWork);
-      const std::vector<float> serial = run(t, op);
-      for (int threads = 2; threads <= 4; ++threads) {
-        ComputePool pool(threads);
-        ComputePoolScope scope(&pool);
-        INFO("threads=" << threads);
-        CHECK(same_bits(run(t, op), serial));
-        CHECK(pool.shared_runs() > 0);  // the GEMM split its output into parts offered to the workers
-      }
-    });
+    for_each_case(15, 4, sizes, check_independent_of_threads);
   }
 }
 
@@ -551,4 +561,65 @@ TEST_CASE("gemm packing: panels are zero past the real lines and equal at every 
       }
     }
   }
+}
+
+namespace {
+
+// The opt-in AMX route for bf16 operands while in scope (cpu_features.hpp: use_bf16_amx).
+class AmxRoute {
+ public:
+  AmxRoute() { use_bf16_amx(true); }
+  ~AmxRoute() { use_bf16_amx(false); }
+  AmxRoute(const AmxRoute&) = delete;
+  AmxRoute& operator=(const AmxRoute&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("the AMX route keeps rows independent of their batch and of the thread count", "[gemm][amx]") {
+  if (!amx_available()) {
+    WARN("no AMX here: the AMX route is not checked");
+    return;
+  }
+  const AmxRoute amx;
+  // m, n and k off every tile size (32) and chunk (32 k), k past one K block (512).
+  for_each_case(21, 12, {1, 300, 1, 100, 1, 700}, [](const Case& t, GemmOperands op) {
+    if (op == GemmOperands::bf16) check_rows_independent_of_batch(t, op);
+  });
+  for_each_case(22, 4, {256, 600, 256, 600, 256, 700}, [](const Case& t, GemmOperands op) {
+    if (op == GemmOperands::bf16) check_independent_of_threads(t, op);
+  });
+}
+
+TEST_CASE("the AMX route agrees with a double-precision product, and is not the FMA chain", "[gemm][amx]") {
+  if (!amx_available()) {
+    WARN("no AMX here: the AMX route is not checked");
+    return;
+  }
+  const AmxRoute amx;
+  std::int64_t differs = 0, elements = 0;
+  for_each_case(23, 30, {1, 120, 1, 90, 1, 700}, [&](const Case& t, GemmOperands op) {
+    if (op != GemmOperands::bf16) return;
+    const std::vector<float> c = run(t, op);
+    // Per chunk of 32 k one aligned sum whose dropped low bits and rounding stay below 2^-23 of
+    // each term: the FMA chain's bound holds (measured worst 0.25 of it).
+    CHECK(worst_against_double(t, op, c) <= 1.0);
+    for (std::int64_t i = 0; i < t.m; ++i)
+      for (std::int64_t j = 0; j < t.n; ++j) {
+        const float chain = reference_chain(t, i, j, op);
+        differs += std::memcmp(&chain, &c[i * t.n + j], sizeof(float)) != 0;
+        ++elements;
+      }
+  });
+  // Not the chain gemm.hpp defines (so the route is opt-in): here many elements differ.
+  CHECK(differs > elements / 10);
+  // One k chunk of 1, -1 and 2^-30 (c = 0): the chain ends at 2^-30, AMX's aligned sum drops it.
+  Case t;
+  t.m = t.n = 1;
+  t.k = 3;
+  t.a = {1.0f, -1.0f, 0x1p-30f};
+  t.b = {1.0f, 1.0f, 1.0f};
+  t.c0 = {0.0f};
+  CHECK(reference_chain(t, 0, 0, GemmOperands::bf16) == 0x1p-30f);
+  CHECK(run(t, GemmOperands::bf16)[0] == 0.0f);
 }
