@@ -82,16 +82,14 @@ Plan plan_for(GemmOperands operands) {
 struct Scratch {
   void* a = nullptr;
   void* b = nullptr;
-  void* pairs = nullptr;  // AMX: A's pair-major panels before their chunks are transposed
-  void* rows = nullptr;   // AMX: panels packed across k before they are spread to padded depth
-  std::size_t a_bytes = 0, b_bytes = 0, pairs_bytes = 0, rows_bytes = 0;
+  void* pairs = nullptr;  // AMX: operands read across k, packed before they take their tile layout
+  std::size_t a_bytes = 0, b_bytes = 0, pairs_bytes = 0;
   float tile[32 * 32];
 
   ~Scratch() {
     std::free(a);
     std::free(b);
     std::free(pairs);
-    std::free(rows);
   }
   static void* grow(void*& p, std::size_t& have, std::size_t need) {
     if (need <= have) return p;
@@ -141,33 +139,13 @@ bool copy_full_panel(std::int64_t width, const float* base, std::int64_t k_strid
 // `count` are zero. f32: k' = k. bf16_dot: uint32 pairs (k even in the low half), k padded to even.
 // bf16_as_f32: bf16-rounded floats with each pair swapped (odd k first), k padded to even.
 // k-contiguous lines (rows of A, columns of B^T) are transposed into panels a register block at a time.
-// bf16_amx: bf16_dot's panels, each zero-padded to `padded_pairs` (whole chunks).
+// (bf16_amx packs with pack_a_amx and pack_b_amx.)
 void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int64_t width, const Plan& plan,
-                void* out, std::int64_t padded_pairs = 0) {
+                void* out) {
   const Route route = plan.route;
   const PackKernels& pk = plan.pack;
   const std::int64_t pairs = (kc + 1) / 2, depth = route == Route::f32 ? kc : 2 * pairs;
   const bool k_contiguous = src.k_stride == 1;
-  if (route == Route::bf16_amx) {
-    // Operands across k: every panel in one pass over whole rows (per panel, each row would be
-    // read in 128-byte pieces), then each panel moved to its padded place.
-    std::uint32_t* across_k = nullptr;
-    if (!k_contiguous) {
-      across_k = static_cast<std::uint32_t*>(Scratch::grow(tls_scratch.rows, tls_scratch.rows_bytes,
-                                                           sizeof(std::uint32_t) * pairs * ((count + width - 1) / width) * width));
-      pk.bf16_pairs(src.base, src.k_stride, kc, count, across_k, width);
-    }
-    for (std::int64_t p0 = 0; p0 < count; p0 += width) {
-      std::uint32_t* dst = static_cast<std::uint32_t*>(out) + p0 * padded_pairs;
-      if (k_contiguous) {
-        pk.pair_lines(src.base + p0 * src.line_stride, src.line_stride, std::min(width, count - p0), kc, dst, width);
-      } else {
-        std::copy_n(across_k + p0 * pairs, pairs * width, dst);
-      }
-      std::fill(dst + pairs * width, dst + padded_pairs * width, 0u);
-    }
-    return;
-  }
   if (route == Route::bf16_dot && !k_contiguous) {  // every panel at once: whole rows read in order
     pk.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width);
     return;
@@ -207,26 +185,52 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
 
 std::int64_t padded_pairs(std::int64_t kc) { return (kc + 2 * kAmxChunkPairs - 1) / (2 * kAmxChunkPairs) * kAmxChunkPairs; }
 
-// AMX's A tiles read rows along k: each chunk of a pair-major panel ([16 pairs][MR rows])
-// transposed to [MR rows][16 pairs].
-void pack_a_amx(const Lines& lines, const Plan& p, std::int64_t mc, std::int64_t kc, void* out) {
-  const std::int64_t pairs = padded_pairs(kc), panels = (mc + p.mr - 1) / p.mr;
-  if (lines.k_stride == 1) {  // rows along k: rounded straight into place
+// Lines read across k (k_stride > 1), every panel in one pass over whole rows (panel by panel,
+// each row would be read in 128-byte pieces): bf16_dot's panels, `pairs` deep, in scratch.
+const std::uint32_t* pairs_across_k(const Lines& src, const Plan& p, std::int64_t count, std::int64_t kc,
+                                    std::int64_t width) {
+  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
+  auto* packed = static_cast<std::uint32_t*>(Scratch::grow(tls_scratch.pairs, tls_scratch.pairs_bytes,
+                                                           sizeof(std::uint32_t) * pairs * panels * width));
+  p.pack.bf16_pairs(src.base, src.k_stride, kc, count, packed, width);
+  return packed;
+}
+
+// AMX A panels (gemm_kernels.hpp): per chunk of 16 pairs, MR rows of 16 pairs, zero past kc.
+void pack_a_amx(const Lines& src, const Plan& p, std::int64_t mc, std::int64_t kc, void* out) {
+  const std::int64_t padded = padded_pairs(kc), panels = (mc + p.mr - 1) / p.mr;
+  auto* dst = static_cast<std::uint32_t*>(out);
+  if (src.k_stride == 1) {  // rows along k: rounded straight into place
     for (std::int64_t panel = 0; panel < panels; ++panel) {
-      p.pack.amx_rows(lines.base + panel * p.mr * lines.line_stride, lines.line_stride,
-                      std::min<std::int64_t>(p.mr, mc - panel * p.mr), kc, static_cast<std::uint32_t*>(out) + panel * p.mr * pairs,
-                      p.mr, pairs);
+      p.pack.amx_rows(src.base + panel * p.mr * src.line_stride, src.line_stride,
+                      std::min<std::int64_t>(p.mr, mc - panel * p.mr), kc, dst + panel * p.mr * padded, p.mr, padded);
     }
     return;
   }
-  Scratch& scratch = tls_scratch;
-  auto* pair_major = static_cast<std::uint32_t*>(
-      Scratch::grow(scratch.pairs, scratch.pairs_bytes, sizeof(std::uint32_t) * pairs * panels * p.mr));
-  pack_lines(lines, mc, kc, p.mr, p, pair_major, pairs);
-  auto* dst = static_cast<std::uint32_t*>(out);
-  for (std::int64_t chunk = 0; chunk < panels * pairs / kAmxChunkPairs; ++chunk) {
-    const std::int64_t at = chunk * kAmxChunkPairs * p.mr;
-    p.pack.transpose(pair_major + at, p.mr, kAmxChunkPairs, p.mr, dst + at, kAmxChunkPairs);
+  // Across k: pair-major panels ([pair][MR rows]), each chunk transposed to [MR rows][16 pairs];
+  // the transpose writes zeros for the pairs of the last chunk past kc.
+  const std::int64_t pairs = (kc + 1) / 2;
+  const std::uint32_t* packed = pairs_across_k(src, p, mc, kc, p.mr);
+  for (std::int64_t panel = 0; panel < panels; ++panel) {
+    for (std::int64_t q0 = 0; q0 < padded; q0 += kAmxChunkPairs) {
+      p.pack.transpose(packed + (panel * pairs + q0) * p.mr, p.mr, std::min(kAmxChunkPairs, pairs - q0), p.mr,
+                       dst + (panel * padded + q0) * p.mr, kAmxChunkPairs);
+    }
+  }
+}
+
+// AMX B panels: bf16_dot's, each zero-padded to whole chunks.
+void pack_b_amx(const Lines& src, const Plan& p, std::int64_t nc, std::int64_t kc, void* out) {
+  const std::int64_t pairs = (kc + 1) / 2, padded = padded_pairs(kc), width = p.nr;
+  const std::uint32_t* packed = src.k_stride == 1 ? nullptr : pairs_across_k(src, p, nc, kc, width);
+  for (std::int64_t p0 = 0; p0 < nc; p0 += width) {
+    std::uint32_t* dst = static_cast<std::uint32_t*>(out) + p0 * padded;
+    if (packed) {
+      std::copy_n(packed + p0 * pairs, pairs * width, dst);
+    } else {
+      p.pack.pair_lines(src.base + p0 * src.line_stride, src.line_stride, std::min(width, nc - p0), kc, dst, width);
+    }
+    std::fill(dst + pairs * width, dst + padded * width, 0u);
   }
 }
 
@@ -247,7 +251,11 @@ void pack_b(const Operands& o, const Plan& p, std::int64_t k0, std::int64_t kc, 
             void* out) {
   const GemmShape& s = o.s;
   const Lines lines = s.trans_b ? Lines{o.b + j0 * s.ldb + k0, s.ldb, 1} : Lines{o.b + k0 * s.ldb + j0, 1, s.ldb};
-  pack_lines(lines, nc, kc, p.nr, p, out, p.route == Route::bf16_amx ? padded_pairs(kc) : 0);
+  if (p.route == Route::bf16_amx) {
+    pack_b_amx(lines, p, nc, kc, out);
+    return;
+  }
+  pack_lines(lines, nc, kc, p.nr, p, out);
 }
 
 // One MR x NR tile; an edge tile goes through a padded buffer so it runs the same kernel.

@@ -81,10 +81,9 @@ F32MicroKernel f32_kernel_avx512();
 Bf16MicroKernel bf16_kernel_avx512();
 PackKernels pack_kernels_avx512();
 // AMX (gemm_kernel_amx.cpp): 32 x 32 tiles; A panels as [k/32][32 rows][16 pairs], B panels as
-// bf16_pairs with width 32, both zero-padded to whole chunks of 32 k. amx_available() checks
-// CPUID and asks Linux for the tile state; a thread loads the tile configuration before running
-// the kernel and releases it after.
-bool amx_available();
+// bf16_pairs with width 32, both zero-padded to whole chunks of 32 k. A thread loads the tile
+// configuration before running the kernel and releases it after (cpu_features.hpp's
+// amx_available() has asked Linux for the tile state).
 void amx_tiles_on();
 void amx_tiles_off();
 Bf16MicroKernel bf16_kernel_amx();
