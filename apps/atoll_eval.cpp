@@ -22,7 +22,7 @@
 #include "graph/data/data_source.hpp"
 #include "graph/eval/evaluate.hpp"
 #include "graph/training/output_path.hpp"
-#include "kernels/cpu/cpu_features.hpp"
+#include "graph/training/run.hpp"
 
 namespace {
 
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
       atl::check_output_path(dump_logits, true, config.source_file, "--dump-logits");
       check_dump_replaces_no_input(dump_logits, tokens, checkpoint, config);
     }
-    atl::cpu::cpu_features();  // a bad ATOLL_CPU_ISA is refused here, not in a kernel
+    atl::use_bf16_gemm(config);  // as training multiplied; a bad ATOLL_CPU_ISA is refused here, not in a kernel
     const std::shared_ptr<const atl::Model> model = atl::make_model(config.model, config.source_file);
     const atl::TensorMap master = atl::checkpoint_weights(*model, checkpoint, allow_nonfinite, allow_model_change);
     if (!dump_logits.empty()) {

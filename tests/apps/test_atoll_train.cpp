@@ -500,7 +500,8 @@ TEST_CASE("apps: compute.bf16_gemm: amx trains on a CPU with AMX (layouts and th
     }
     return std::pair{run_train(args, tmp.path), dir};
   };
-  const std::vector<std::string> reference{"topology.engine=reference", "compute.threads=1", "compute.bf16_gemm=amx"};
+  const std::vector<std::string> reference{"topology.engine=reference", "compute.threads=1", "compute.bf16_gemm=amx",
+                                           "checkpoint.every=4"};
   const auto [r, amx] = run("amx-ref-1", reference);
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
   if (!atl::cpu::amx_available()) {
@@ -532,4 +533,16 @@ TEST_CASE("apps: compute.bf16_gemm: amx trains on a CPU with AMX (layouts and th
   REQUIRE(dp_run.exit_code == 0);
   CHECK(losses(dp / "metrics.jsonl") == losses(amx / "metrics.jsonl"));
   CHECK(losses(dp / "metrics.jsonl").size() == 4);
+  // atoll-eval multiplies as the config says, too.
+  auto eval = [&](const char* gemm) {
+    return run_app("atoll-eval",
+                   {default_config().string(), "--checkpoint", (amx / "checkpoints" / "step-00000004").string(),
+                    "--batches", "2", "--set", std::string("compute.bf16_gemm=") + gemm},
+                   tmp.path);
+  };
+  const Result eval_amx = eval("amx"), eval_chain = eval("chain");
+  REQUIRE(eval_amx.exit_code == 0);
+  REQUIRE(eval_chain.exit_code == 0);
+  CHECK(eval_amx.out.rfind("eval loss=", 0) == 0);
+  CHECK(eval_amx.out != eval_chain.out);
 }
