@@ -39,6 +39,15 @@ double best_seconds(int repeats, const std::function<void()>& fn) {
   return best;
 }
 
+// fn() with bf16 operands on AMX tiles (compute.bf16_gemm: amx); 0 where the CPU has none.
+double on_amx(const std::function<double()>& fn) {
+  if (!cpu::amx_available()) return 0;
+  cpu::use_bf16_amx(true);
+  const double result = fn();
+  cpu::use_bf16_amx(false);
+  return result;
+}
+
 Tensor random_tensor(Shape shape, const char* name) {
   Tensor t = Tensor::empty(std::move(shape));
   CounterRng rng(1, name);
@@ -66,12 +75,7 @@ void bench_gemm(const GemmCase& g) {
     return best_seconds(7, [&] { cpu::gemm_f32(shape, a.data<float>(), b.data<float>(), c.data<float>(), operands); });
   };
   const double fp32_s = atoll(cpu::GemmOperands::f32), bf16_s = atoll(cpu::GemmOperands::bf16);
-  double amx_s = 0;
-  if (cpu::amx_available()) {  // the opt-in route (compute.bf16_gemm: amx)
-    cpu::use_bf16_amx(true);
-    amx_s = atoll(cpu::GemmOperands::bf16);
-    cpu::use_bf16_amx(false);
-  }
+  const double amx_s = on_amx([&] { return atoll(cpu::GemmOperands::bf16); });
   const double blas_s = best_seconds(7, [&] {
     cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
                 static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a.data<float>(), static_cast<int>(lda),
@@ -214,11 +218,7 @@ int main(int argc, char** argv) {
     for (int round = 0; round < kRounds; ++round) {
       fp32 = std::max(fp32, trainer_run(Precision::fp32, threads, 3).tokens_per_s);
       bf16 = std::max(bf16, trainer_run(Precision::bf16, threads, 3).tokens_per_s);
-      if (cpu::amx_available()) {
-        cpu::use_bf16_amx(true);
-        amx = std::max(amx, trainer_run(Precision::bf16, threads, 3).tokens_per_s);
-        cpu::use_bf16_amx(false);
-      }
+      amx = std::max(amx, on_amx([&] { return trainer_run(Precision::bf16, threads, 3).tokens_per_s; }));
     }
     if (threads == 1) fp32_one = fp32;
     std::printf("  compute.threads %d: fp32 %.0f, bf16 %.0f, bf16/fp32 %.3f, fp32 vs fp32 on one thread %.3f",
@@ -229,11 +229,10 @@ int main(int argc, char** argv) {
   }
   print_step_fractions("fp32", trainer_run(Precision::fp32, 1, 3, true));
   print_step_fractions("bf16", trainer_run(Precision::bf16, 1, 3, true));
-  if (cpu::amx_available()) {
-    cpu::use_bf16_amx(true);
+  on_amx([] {
     print_step_fractions("bf16 on amx", trainer_run(Precision::bf16, 1, 3, true));
-    cpu::use_bf16_amx(false);
-  }
+    return 0.0;
+  });
 
   // The actor runtime's overhead: beam-small, the same global batch (8 x 256 tokens, micro-batches
   // of 2 rows), reference trainer vs the actors simulating dp_shard = 4 in this process.
