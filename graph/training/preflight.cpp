@@ -84,6 +84,20 @@ double RunMemoryEstimate::total() const {
   return sum;
 }
 
+namespace {
+
+// Micro-batches a rank runs in a step (the reference trainer, one rank: all of them); one for a
+// batch the mesh cannot split, which atoll-train refuses and atoll-plan shows.
+int micro_batches_or_one(const RunConfig& config, const Mesh& mesh) {
+  try {
+    return micro_batches_per_rank(config, mesh);
+  } catch (const ConfigError&) {
+    return 1;
+  }
+}
+
+}  // namespace
+
 RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& model, int ranks_here) {
   // Counted in double: absurd sizes must not overflow on the way to being refused.
   double params = 0;
@@ -97,13 +111,7 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
   const double threads = static_cast<double>(compute_threads(config, ranks_here));
   RunMemoryEstimate e;
   const Mesh mesh(config.topology.mesh, config.source_file);
-  // Micro-batches a rank runs in a step (the reference trainer, one rank: all of them); one for a
-  // batch the mesh cannot split, which atoll-train refuses and atoll-plan shows.
-  double per_rank = 1;
-  try {
-    per_rank = micro_batches_per_rank(config, mesh);
-  } catch (const ConfigError&) {
-  }
+  const double per_rank = micro_batches_or_one(config, mesh);
   // The reference trainer runs its micro-batches in waves of one per thread.
   const double wave = std::min(threads, per_rank);
   if (reference) {
@@ -173,11 +181,7 @@ RunMemoryEstimate estimate_run_memory(const RunConfig& config, const Model& mode
 
 std::optional<StepProgram> memory_program(const RunConfig& config, const Model& model, const Plan& plan) {
   if (plan.mesh.pp() > 1 || plan.mesh.cp() > 1) return std::nullopt;
-  int micro_batches = 1;
-  try {
-    micro_batches = std::min(micro_batches_per_rank(config, plan.mesh), 2);
-  } catch (const ConfigError&) {  // a batch this mesh cannot split: refused by atoll-train, shown by atoll-plan
-  }
+  const int micro_batches = std::min(micro_batches_or_one(config, plan.mesh), 2);
   return compile_step_program(plan, model.ops(), micro_batches, config.train.schedule, config.topology.ep_dispatch);
 }
 

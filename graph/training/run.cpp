@@ -2,10 +2,8 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -325,9 +323,7 @@ double run_training(const RunConfig& config, const RunOptions& options, const En
     // metrics.jsonl starts as the history this run continues (empty for a fresh run), written
     // durably in one piece. Read before run.json is rewritten: a damaged record stops the run with
     // nothing changed.
-    const MetricsHistory history = begin.resumed && fs::exists(metrics_path)
-                                       ? read_metrics_history(metrics_path, first_step)
-                                       : MetricsHistory{};
+    const MetricsHistory history = begin.resumed ? read_metrics_history(metrics_path, first_step) : MetricsHistory{};
     write_file_durably(run_dir / "run.json", run_json.dump(2) + "\n");
     prepare_checkpoint_dir(config, options, begin, history.cut, out);
     write_file_durably(metrics_path, history.kept);
