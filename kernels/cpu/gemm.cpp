@@ -68,7 +68,7 @@ Plan plan_for(GemmOperands operands) {
   }
   if (operands == GemmOperands::bf16 && f.bf16_amx) {
     const Bf16MicroKernel b = bf16_kernel_amx();
-    return {Route::bf16_amx, b.mr, b.nr, nullptr, b.run, pack_kernels_avx512()};
+    return {Route::bf16_amx, b.mr, b.nr, nullptr, b.run, pack_kernels_amx()};
   }
   if (operands == GemmOperands::bf16 && f.bf16_dot) {
     const Bf16MicroKernel b = bf16_kernel_avx512();

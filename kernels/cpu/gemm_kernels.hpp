@@ -59,8 +59,8 @@ using SwappedRows = void (*)(const float* src, std::int64_t k_stride, std::int64
                              std::int64_t width);
 using SwappedLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
                               float* dst, std::int64_t width);
-// amx_rows: k-contiguous lines into AMX A panels (avx512 only: null elsewhere), `padded_pairs`
-// pairs (whole chunks of 16) deep.
+// amx_rows: k-contiguous lines into AMX A panels (pack_kernels_amx only: null elsewhere),
+// `padded_pairs` pairs (whole chunks of 16) deep.
 using AmxRows = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
                          std::uint32_t* dst, std::int64_t width, std::int64_t padded_pairs);
 struct PackKernels {
@@ -80,6 +80,9 @@ PackKernels pack_kernels_avx2();
 F32MicroKernel f32_kernel_avx512();
 Bf16MicroKernel bf16_kernel_avx512();
 PackKernels pack_kernels_avx512();
+// The AMX route's packers (AVX512_BF16): bf16_pairs and pair_lines as avx512's but denormals
+// rounded to zeros of their sign (tdpbf16ps reads bf16 denormals as zeros anyway), and amx_rows.
+PackKernels pack_kernels_amx();
 // AMX (gemm_kernel_amx.cpp): 32 x 32 tiles; A panels as [k/32][32 rows][16 pairs], B panels as
 // bf16_pairs with width 32, both zero-padded to whole chunks of 32 k. A thread loads the tile
 // configuration before running the kernel and releases it after (cpu_features.hpp's

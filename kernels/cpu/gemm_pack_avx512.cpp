@@ -129,37 +129,99 @@ __attribute__((target("avx512f"))) void pair_lines_avx512(const float* src, std:
   }
 }
 
+// The AMX packers round with vcvtne2ps2bf16 (every AMX CPU has AVX512_BF16): one instruction for
+// 32 values where bf16_bits takes nine per 16. It is the same round-to-nearest-even, quiets NaNs
+// the same way, and turns denormals into zeros of their sign, which tdpbf16ps (DAZ) reads exactly
+// as it reads the bf16 denormals bf16_bits would give: the same products, the same sums.
+#define ATOLL_AMX_PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// 32 floats from k0 (zero past kc) as 32 bf16, k0 in the low half.
+ATOLL_AMX_PACK_TARGET inline __m512i bf16_of_32(const float* line, std::int64_t k0, std::int64_t kc) {
+  const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(kc - k0), line + k0);
+  const __m512 hi = _mm512_maskz_loadu_ps(first_lanes(kc - k0 - 16), line + k0 + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
 // k-contiguous lines into AMX A panels (gemm_kernels.hpp): per chunk of 32 k, `width` rows of 16
 // pairs, zero past kc and for lines past `lines`. Each row is read once, in order, and rounded in
 // place of a pair-major pack and a transpose (which held the NT forward shapes at 3.0-4.3x fp32
 // on AMX; 4.4-4.9x with this).
-__attribute__((target("avx512f,avx512bw"))) void amx_rows_avx512(const float* src, std::int64_t line_stride,
-                                                                std::int64_t lines, std::int64_t kc,
-                                                                std::uint32_t* dst, std::int64_t width,
-                                                                std::int64_t padded_pairs) {
+ATOLL_AMX_PACK_TARGET void amx_rows(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
+                                    std::uint32_t* dst, std::int64_t width, std::int64_t padded_pairs) {
   constexpr std::int64_t kChunkPairs = 16;
   for (std::int64_t l = 0; l < width; ++l) {
-    const float* row = src + l * line_stride;
     for (std::int64_t q0 = 0; q0 < padded_pairs; q0 += kChunkPairs) {
-      const std::int64_t k0 = 2 * q0;
-      __m512i pairs = _mm512_setzero_si512();
-      if (l < lines) {
-        const __m512i lo = bf16_bits(_mm512_maskz_loadu_epi32(first_lanes(kc - k0), row + k0));
-        const __m512i hi = bf16_bits(_mm512_maskz_loadu_epi32(first_lanes(kc - k0 - 16), row + k0 + 16));
-        pairs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
-      }
+      const __m512i pairs = l < lines ? bf16_of_32(src + l * line_stride, 2 * q0, kc) : _mm512_setzero_si512();
       _mm512_storeu_si512(dst + q0 * width + l * kChunkPairs, pairs);
     }
   }
 }
+
+// bf16_pairs_avx512's panels: rows k and k + 1 rounded by one instruction, then interleaved.
+ATOLL_AMX_PACK_TARGET void bf16_pairs_amx(const float* src, std::int64_t k_stride, std::int64_t kc,
+                                          std::int64_t count, std::uint32_t* dst, std::int64_t width) {
+  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
+  // 16-bit lanes 0..15 hold row k, 16..31 row k + 1: pair j takes lanes j and 16 + j.
+  alignas(64) std::uint16_t order[32];
+  for (int j = 0; j < 16; ++j) {
+    order[2 * j] = static_cast<std::uint16_t>(j);
+    order[2 * j + 1] = static_cast<std::uint16_t>(16 + j);
+  }
+  const __m512i interleave = _mm512_load_si512(order);
+  for (std::int64_t k = 0; k < kc; k += 2) {
+    const float* even = src + k * k_stride;
+    const float* odd = k + 1 < kc ? even + k_stride : nullptr;
+    prefetch_pair_ahead(even, k, kc, k_stride, count);
+    std::uint32_t* row = dst + (k / 2) * width;
+    for (std::int64_t p = 0; p < panels; ++p, row += pairs * width) {
+      const std::int64_t first = p * width, lines = count - first < width ? count - first : width;
+      for (std::int64_t i = 0; i < width; i += 16) {
+        const __mmask16 m = first_lanes(lines - i), store = first_lanes(width - i);
+        const __m512 e = _mm512_maskz_loadu_ps(m, even + first + i);
+        const __m512 o = odd ? _mm512_maskz_loadu_ps(m, odd + first + i) : _mm512_setzero_ps();
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(o, e);
+        _mm512_mask_storeu_epi32(row + i, store, _mm512_permutexvar_epi16(interleave, both));
+      }
+    }
+  }
+}
+
+// pair_lines_avx512's panels: each line's 32 k rounded to 16 pairs first, so one 16 x 16
+// transpose of pairs serves 32 k (two transposes of floats did).
+ATOLL_AMX_PACK_TARGET void pair_lines_amx(const float* src, std::int64_t line_stride, std::int64_t lines,
+                                          std::int64_t kc, std::uint32_t* dst, std::int64_t width) {
+  const std::int64_t pairs = (kc + 1) / 2;
+  for (std::int64_t l0 = 0; l0 < width; l0 += 16) {
+    const __mmask16 store_mask = first_lanes(width - l0);
+    for (std::int64_t k0 = 0; k0 < kc; k0 += 32) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const std::int64_t l = l0 + i;
+        if (l < lines && k0 + 32 < kc) {
+          _mm_prefetch(reinterpret_cast<const char*>(src + l * line_stride + k0 + 32), _MM_HINT_T0);
+        }
+        r[i] = l < lines ? bf16_of_32(src + l * line_stride, k0, kc) : _mm512_setzero_si512();
+      }
+      transpose_16x16(r);
+      const std::int64_t q0 = k0 / 2, block_pairs = pairs - q0 < 16 ? pairs - q0 : 16;
+      for (std::int64_t q = 0; q < block_pairs; ++q) _mm512_mask_storeu_epi32(dst + (q0 + q) * width + l0, store_mask, r[q]);
+    }
+  }
+}
+
+#undef ATOLL_AMX_PACK_TARGET
 
 }  // namespace
 
 PackKernels pack_kernels_avx512() {
   // The bf16_as_f32 route (AVX-512 without AVX512_BF16) packs with the AVX2 helpers.
   const PackKernels avx2 = pack_kernels_avx2();
-  return {transpose_lines_avx512, bf16_pairs_avx512,  pair_lines_avx512,
-          avx2.swapped_rows,      avx2.swapped_lines, amx_rows_avx512};
+  return {transpose_lines_avx512, bf16_pairs_avx512, pair_lines_avx512, avx2.swapped_rows, avx2.swapped_lines};
+}
+
+PackKernels pack_kernels_amx() {
+  const PackKernels avx512 = pack_kernels_avx512();
+  return {avx512.transpose, bf16_pairs_amx, pair_lines_amx, avx512.swapped_rows, avx512.swapped_lines, amx_rows};
 }
 
 }  // namespace atl::cpu::gemm_detail

@@ -623,3 +623,42 @@ TEST_CASE("the AMX route agrees with a double-precision product, and is not the 
   CHECK(reference_chain(t, 0, 0, GemmOperands::bf16) == 0x1p-30f);
   CHECK(run(t, GemmOperands::bf16)[0] == 0.0f);
 }
+
+TEST_CASE("the AMX packers give the pair packers' bits, with denormals as zeros of their sign", "[gemm][amx]") {
+  using namespace cpu::gemm_detail;
+  if (!amx_available()) {
+    WARN("no AMX here: its packers are not checked");
+    return;
+  }
+  const std::vector<float> src = pack_source(0.25f, 97);
+  std::vector<float> flushed_src = src;  // what vcvtne2ps2bf16 sees a denormal as
+  for (float& v : flushed_src) v = flushed(v);
+  REQUIRE(flushed_src != src);  // pack_source holds a denormal
+  const PackKernels amx = pack_kernels_amx(), avx512 = pack_kernels_avx512();
+  constexpr std::int64_t width = 32, chunk = 16;
+  for (const std::int64_t lines : {1, 13, 32}) {
+    for (const std::int64_t kc : {1, 6, 27, 33, 64}) {
+      INFO("lines " << lines << " kc " << kc);
+      const std::int64_t pairs = (kc + 1) / 2, padded = (pairs + chunk - 1) / chunk * chunk;
+      std::vector<std::uint32_t> got(static_cast<std::size_t>(padded * width + 16), 0xdeadbeefu), want = got;
+      amx.bf16_pairs(src.data(), 64, kc, lines, got.data(), width);
+      avx512.bf16_pairs(flushed_src.data(), 64, kc, lines, want.data(), width);
+      CHECK(got == want);
+      amx.pair_lines(src.data(), 64, lines, kc, got.data(), width);
+      avx512.pair_lines(flushed_src.data(), 64, lines, kc, want.data(), width);
+      CHECK(got == want);
+      // amx_rows: chunk by chunk, pair_lines' [pair][line] panel as [line][16 pairs], zero past kc.
+      std::vector<std::uint32_t> rows(static_cast<std::size_t>(padded * width + 16), 0xdeadbeefu);
+      amx.amx_rows(src.data(), 64, lines, kc, rows.data(), width, padded);
+      CHECK(guards_intact(rows, 0xdeadbeefu));
+      std::int64_t wrong = 0;
+      for (std::int64_t q = 0; q < padded; ++q) {
+        for (std::int64_t l = 0; l < width; ++l) {
+          const std::uint32_t expected = q < pairs ? want[static_cast<std::size_t>(q * width + l)] : 0u;
+          wrong += rows[static_cast<std::size_t>((q / chunk) * chunk * width + l * chunk + q % chunk)] != expected;
+        }
+      }
+      CHECK(wrong == 0);
+    }
+  }
+}
