@@ -199,22 +199,15 @@ const std::uint32_t* pairs_across_k(const Lines& src, const Plan& p, std::int64_
 // AMX A panels (gemm_kernels.hpp): per chunk of 16 pairs, MR rows of 16 pairs, zero past kc.
 void pack_a_amx(const Lines& src, const Plan& p, std::int64_t mc, std::int64_t kc, void* out) {
   const std::int64_t padded = padded_pairs(kc), panels = (mc + p.mr - 1) / p.mr;
-  auto* dst = static_cast<std::uint32_t*>(out);
-  if (src.k_stride == 1) {  // rows along k: rounded straight into place
-    for (std::int64_t panel = 0; panel < panels; ++panel) {
-      p.pack.amx_rows(src.base + panel * p.mr * src.line_stride, src.line_stride,
-                      std::min<std::int64_t>(p.mr, mc - panel * p.mr), kc, dst + panel * p.mr * padded, p.mr, padded);
-    }
-    return;
-  }
-  // Across k: pair-major panels ([pair][MR rows]), each chunk transposed to [MR rows][16 pairs];
-  // the transpose writes zeros for the pairs of the last chunk past kc.
-  const std::int64_t pairs = (kc + 1) / 2;
-  const std::uint32_t* packed = pairs_across_k(src, p, mc, kc, p.mr);
+  const bool k_contiguous = src.k_stride == 1;
   for (std::int64_t panel = 0; panel < panels; ++panel) {
-    for (std::int64_t q0 = 0; q0 < padded; q0 += kAmxChunkPairs) {
-      p.pack.transpose(packed + (panel * pairs + q0) * p.mr, p.mr, std::min(kAmxChunkPairs, pairs - q0), p.mr,
-                       dst + (panel * padded + q0) * p.mr, kAmxChunkPairs);
+    const float* first = src.base + panel * p.mr * src.line_stride;
+    const std::int64_t lines = std::min<std::int64_t>(p.mr, mc - panel * p.mr);
+    std::uint32_t* dst = static_cast<std::uint32_t*>(out) + panel * p.mr * padded;
+    if (k_contiguous) {
+      p.pack.amx_rows(first, src.line_stride, lines, kc, dst, p.mr, padded);
+    } else {
+      p.pack.amx_rows_across_k(first, src.k_stride, lines, kc, dst, p.mr, padded);
     }
   }
 }

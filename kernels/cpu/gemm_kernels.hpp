@@ -60,7 +60,8 @@ using SwappedRows = void (*)(const float* src, std::int64_t k_stride, std::int64
 using SwappedLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
                               float* dst, std::int64_t width);
 // amx_rows: k-contiguous lines into AMX A panels (pack_kernels_amx only: null elsewhere),
-// `padded_pairs` pairs (whole chunks of 16) deep.
+// `padded_pairs` pairs (whole chunks of 16) deep; amx_rows_across_k: the same panels from lines
+// contiguous in memory (the first argument is then k_stride).
 using AmxRows = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
                          std::uint32_t* dst, std::int64_t width, std::int64_t padded_pairs);
 struct PackKernels {
@@ -70,6 +71,7 @@ struct PackKernels {
   SwappedRows swapped_rows;
   SwappedLines swapped_lines;
   AmxRows amx_rows = nullptr;
+  AmxRows amx_rows_across_k = nullptr;
 };
 
 F32MicroKernel f32_kernel_portable();

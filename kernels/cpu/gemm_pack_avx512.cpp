@@ -157,17 +157,47 @@ ATOLL_AMX_PACK_TARGET void amx_rows(const float* src, std::int64_t line_stride, 
   }
 }
 
-// bf16_pairs_avx512's panels: rows k and k + 1 rounded by one instruction, then interleaved.
-ATOLL_AMX_PACK_TARGET void bf16_pairs_amx(const float* src, std::int64_t k_stride, std::int64_t kc,
-                                          std::int64_t count, std::uint32_t* dst, std::int64_t width) {
-  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
-  // 16-bit lanes 0..15 hold row k, 16..31 row k + 1: pair j takes lanes j and 16 + j.
+// The interleave of vcvtne2ps2bf16(row k + 1, row k): 16-bit lanes 0..15 hold row k, 16..31 row
+// k + 1, and pair j takes lanes j and 16 + j.
+ATOLL_AMX_PACK_TARGET inline __m512i pair_interleave() {
   alignas(64) std::uint16_t order[32];
   for (int j = 0; j < 16; ++j) {
     order[2 * j] = static_cast<std::uint16_t>(j);
     order[2 * j + 1] = static_cast<std::uint16_t>(16 + j);
   }
-  const __m512i interleave = _mm512_load_si512(order);
+  return _mm512_load_si512(order);
+}
+
+// Lines contiguous in memory (line l, k at src[k * k_stride + l]) into AMX A panels, as amx_rows
+// lays them out: per 16 lines and chunk, 32 rows of k rounded and paired, then a 16 x 16 transpose
+// of pairs puts each line's 16 pairs in one register (a pair-major pack, then a transpose pass
+// over it, did the same in two).
+ATOLL_AMX_PACK_TARGET void amx_rows_across_k(const float* src, std::int64_t k_stride, std::int64_t lines,
+                                             std::int64_t kc, std::uint32_t* dst, std::int64_t width,
+                                             std::int64_t padded_pairs) {
+  constexpr std::int64_t kChunkPairs = 16;
+  const __m512i interleave = pair_interleave();
+  for (std::int64_t q0 = 0; q0 < padded_pairs; q0 += kChunkPairs) {
+    for (std::int64_t l0 = 0; l0 < width; l0 += 16) {
+      const __mmask16 m = first_lanes(lines - l0);
+      __m512i r[16];
+      for (std::int64_t q = 0; q < kChunkPairs; ++q) {
+        const std::int64_t k = 2 * (q0 + q);
+        const __m512 e = k < kc ? _mm512_maskz_loadu_ps(m, src + k * k_stride + l0) : _mm512_setzero_ps();
+        const __m512 o = k + 1 < kc ? _mm512_maskz_loadu_ps(m, src + (k + 1) * k_stride + l0) : _mm512_setzero_ps();
+        r[q] = _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(o, e));
+      }
+      transpose_16x16(r);
+      for (std::int64_t i = 0; i < 16; ++i) _mm512_storeu_si512(dst + q0 * width + (l0 + i) * kChunkPairs, r[i]);
+    }
+  }
+}
+
+// bf16_pairs_avx512's panels: rows k and k + 1 rounded by one instruction, then interleaved.
+ATOLL_AMX_PACK_TARGET void bf16_pairs_amx(const float* src, std::int64_t k_stride, std::int64_t kc,
+                                          std::int64_t count, std::uint32_t* dst, std::int64_t width) {
+  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
+  const __m512i interleave = pair_interleave();
   for (std::int64_t k = 0; k < kc; k += 2) {
     const float* even = src + k * k_stride;
     const float* odd = k + 1 < kc ? even + k_stride : nullptr;
@@ -221,7 +251,8 @@ PackKernels pack_kernels_avx512() {
 
 PackKernels pack_kernels_amx() {
   const PackKernels avx512 = pack_kernels_avx512();
-  return {avx512.transpose, bf16_pairs_amx, pair_lines_amx, avx512.swapped_rows, avx512.swapped_lines, amx_rows};
+  return {avx512.transpose,     bf16_pairs_amx, pair_lines_amx,   avx512.swapped_rows,
+          avx512.swapped_lines, amx_rows,       amx_rows_across_k};
 }
 
 }  // namespace atl::cpu::gemm_detail

@@ -640,25 +640,31 @@ TEST_CASE("the AMX packers give the pair packers' bits, with denormals as zeros 
     for (const std::int64_t kc : {1, 6, 27, 33, 64}) {
       INFO("lines " << lines << " kc " << kc);
       const std::int64_t pairs = (kc + 1) / 2, padded = (pairs + chunk - 1) / chunk * chunk;
+      // The A panels: chunk by chunk, a pair packer's [pair][line] panel as [line][16 pairs], zero
+      // past kc.
+      const auto check_rows = [&](const std::vector<std::uint32_t>& rows, const std::vector<std::uint32_t>& pair_major) {
+        CHECK(guards_intact(rows, 0xdeadbeefu));
+        std::int64_t wrong = 0;
+        for (std::int64_t q = 0; q < padded; ++q) {
+          for (std::int64_t l = 0; l < width; ++l) {
+            const std::uint32_t expected = q < pairs ? pair_major[static_cast<std::size_t>(q * width + l)] : 0u;
+            wrong += rows[static_cast<std::size_t>((q / chunk) * chunk * width + l * chunk + q % chunk)] != expected;
+          }
+        }
+        CHECK(wrong == 0);
+      };
       std::vector<std::uint32_t> got(static_cast<std::size_t>(padded * width + 16), 0xdeadbeefu), want = got;
-      amx.bf16_pairs(src.data(), 64, kc, lines, got.data(), width);
+      std::vector<std::uint32_t> rows = got;
+      amx.bf16_pairs(src.data(), 64, kc, lines, got.data(), width);  // lines contiguous
       avx512.bf16_pairs(flushed_src.data(), 64, kc, lines, want.data(), width);
       CHECK(got == want);
-      amx.pair_lines(src.data(), 64, lines, kc, got.data(), width);
+      amx.amx_rows_across_k(src.data(), 64, lines, kc, rows.data(), width, padded);
+      check_rows(rows, want);
+      amx.pair_lines(src.data(), 64, lines, kc, got.data(), width);  // k contiguous
       avx512.pair_lines(flushed_src.data(), 64, lines, kc, want.data(), width);
       CHECK(got == want);
-      // amx_rows: chunk by chunk, pair_lines' [pair][line] panel as [line][16 pairs], zero past kc.
-      std::vector<std::uint32_t> rows(static_cast<std::size_t>(padded * width + 16), 0xdeadbeefu);
       amx.amx_rows(src.data(), 64, lines, kc, rows.data(), width, padded);
-      CHECK(guards_intact(rows, 0xdeadbeefu));
-      std::int64_t wrong = 0;
-      for (std::int64_t q = 0; q < padded; ++q) {
-        for (std::int64_t l = 0; l < width; ++l) {
-          const std::uint32_t expected = q < pairs ? want[static_cast<std::size_t>(q * width + l)] : 0u;
-          wrong += rows[static_cast<std::size_t>((q / chunk) * chunk * width + l * chunk + q % chunk)] != expected;
-        }
-      }
-      CHECK(wrong == 0);
+      check_rows(rows, want);
     }
   }
 }
