@@ -228,4 +228,12 @@ void round_to_bf16_inplace(const Tensor& t) {
   cpu::round_to_bf16_values(t.data<float>(), t.numel());
 }
 
+Tensor bf16_rounded(const Tensor& t) {
+  KernelScope scope(KernelKind::conversion);
+  if (t.dtype() != DType::f32) throw std::invalid_argument("bf16_rounded: expected f32, got " + t.describe());
+  Tensor out = Tensor::empty(t.shape());
+  cpu::round_to_bf16_copy(t.data<float>(), out.data<float>(), t.numel());
+  return out;
+}
+
 }  // namespace atl

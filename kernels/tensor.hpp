@@ -88,5 +88,7 @@ class Tensor {
 
 // Round every element of an f32 tensor to the nearest bf16 value, in place.
 void round_to_bf16_inplace(const Tensor& t);
+// A new f32 tensor holding t's elements rounded to the nearest bf16 value (one pass: no copy first).
+Tensor bf16_rounded(const Tensor& t);
 
 }  // namespace atl

@@ -44,16 +44,20 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   r.tokens = batch.valid_count();
   const float grad_scale = loss_grad_scale(r.targets);
 
+  cpu::ComputePoolScope scope(pool_.get());
   const TensorMap weights = compute_weights(specs, master_, precision_);
+  // Step-wide work between and after the micro-batches (the tree's adds, the norm, AdamW) runs
+  // one tensor a task on the pool: elementwise or per tensor, so no bit depends on the threads.
   auto grad_tree = make_tree_sum<TensorMap>([](TensorMap& left, const TensorMap& right) {
     const auto l = left.tensors(), rt = right.tensors();
-    for (std::size_t i = 0; i < l.size(); ++i) add_inplace(l[i], rt[i]);
+    cpu::parallel_for_each(static_cast<std::int64_t>(l.size()), [&](std::int64_t i) {
+      add_inplace(l[static_cast<std::size_t>(i)], rt[static_cast<std::size_t>(i)]);
+    });
   });
   auto loss_tree = make_tree_sum<double>([](double& left, const double& right) { left += right; });
   const std::int64_t micro_batches = batch.rows() / micro_batch_;
   if (record_routing) r.routing.resize(static_cast<std::size_t>(micro_batches));
   // Micro-batches in waves of one per thread; their results enter the trees in index order.
-  cpu::ComputePoolScope scope(pool_.get());
   const std::int64_t wave = pool_ ? std::min<std::int64_t>(pool_->threads(), micro_batches) : 1;
   std::vector<TensorMap> micro_grads(static_cast<std::size_t>(wave));
   std::vector<double> losses(static_cast<std::size_t>(wave));
@@ -105,11 +109,12 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
     return r;
   }
   clip_grad_norm(grads, r.grad_norm, opt_.grad_clip);
-  for (const auto& s : specs) {
+  cpu::parallel_for_each(static_cast<std::int64_t>(specs.size()), [&](std::int64_t i) {
+    const ParamSpec& s = specs[static_cast<std::size_t>(i)];
     AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
                  static_cast<float>(opt_.eps), s.weight_decay ? static_cast<float>(opt_.weight_decay) : 0.0f};
     adamw_step(master_.at(s.name), summed.at(s.name), exp_avg_.at(s.name), exp_avg_sq_.at(s.name), h, r.step);
-  }
+  });
   return r;
 }
 

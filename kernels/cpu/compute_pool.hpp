@@ -60,6 +60,9 @@ class ComputePoolScope {
 // Splits [0, n) into `parts` contiguous ranges of near-equal size (the first ones one longer) and
 // runs body(begin, end) for each, on the current pool when there is one.
 void parallel_ranges(std::int64_t n, int parts, const std::function<void(std::int64_t, std::int64_t)>& body);
+// Runs body(i) for each i < n, each as its own task on the current pool when there is one: for
+// items of uneven size, such as a model's tensors (a thread that finishes takes the next).
+void parallel_for_each(std::int64_t n, const std::function<void(std::int64_t)>& body);
 // How many parts a job of `work` units is worth splitting into on the current pool (at least
 // `min_work` units a part; 1 without a pool).
 int useful_parts(std::int64_t work, std::int64_t min_work);

@@ -1,6 +1,9 @@
 #include "kernels/cpu/optim.hpp"
 
+#include <cmath>
+
 #include "kernels/cpu/isa_dispatch.hpp"
+#include "kernels/cpu/lane_sum.hpp"
 
 namespace atl::cpu {
 
@@ -24,7 +27,19 @@ struct AdamWLoop {
   }
 };
 
+struct SumSquaresLoop {
+  [[gnu::always_inline]] void operator()(const float* x, std::int64_t n, double* out) const {
+    *out = lane_sum<double>(n, [x](std::int64_t i) { return static_cast<double>(x[i]) * static_cast<double>(x[i]); });
+  }
+};
+
 }  // namespace
+
+double sum_of_squares(const float* x, std::int64_t n) {
+  double out = 0;
+  run_for_isa<SumSquaresLoop>(x, n, &out);
+  return out;
+}
 
 void adamw_step(float* param, const float* grad, float* m, float* v, std::int64_t n, float lr, float beta1, float beta2,
                 float eps, float weight_decay, std::int64_t step) {

@@ -73,9 +73,19 @@ struct RoundBf16Loop {
   }
 };
 
+// A separate loop from the in-place one: with src == dst possible, the compiler would guard the
+// vector loop with an overlap check that sends the in-place call down the scalar path.
+struct RoundBf16CopyLoop {
+  [[gnu::always_inline]] void operator()(const float* __restrict src, float* __restrict dst, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = round_to_bf16(src[i]);
+  }
+};
+
 }  // namespace
 
 void round_to_bf16_values(float* x, std::int64_t n) { run_for_isa<RoundBf16Loop>(x, n); }
+
+void round_to_bf16_copy(const float* src, float* dst, std::int64_t n) { run_for_isa<RoundBf16CopyLoop>(src, dst, n); }
 
 void exp_inplace(float* x, std::int64_t n) { run_for_isa<MapLoop<exp_lane>>(x, n); }
 void sigmoid_inplace(float* x, std::int64_t n) { run_for_isa<MapLoop<sigmoid_lane>>(x, n); }

@@ -26,6 +26,8 @@ void tanh_inplace(float* x, std::int64_t n);
 
 // x[i] = round_to_bf16(x[i]) (dtype.hpp: nearest even, NaN quieted), vectorized per ISA.
 void round_to_bf16_values(float* x, std::int64_t n);
+// dst[i] = round_to_bf16(src[i]); src and dst must not overlap.
+void round_to_bf16_copy(const float* src, float* dst, std::int64_t n);
 
 // The same functions for one value (bitwise equal to the loops on it).
 float exp_f32(float x);

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <vector>
 
+#include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/optim.hpp"
 #include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
@@ -26,13 +28,17 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
 
 double grad_sum_of_squares(const Tensor& grad) {
   detail::require_dtype("grad_sum_of_squares", "grad", grad, DType::f32);
-  return cpu::sum_of_squares<float>(grad.data<float>(), grad.numel());
+  return cpu::sum_of_squares(grad.data<float>(), grad.numel());
 }
 
 double global_grad_norm(const std::vector<Tensor>& grads) {
   KernelScope scope(KernelKind::optimizer);
+  // Each tensor's sum on its own (on the compute pool when there is one), then added in order.
+  std::vector<double> sums(grads.size());
+  cpu::parallel_for_each(static_cast<std::int64_t>(grads.size()),
+                         [&](std::int64_t i) { sums[static_cast<std::size_t>(i)] = grad_sum_of_squares(grads[static_cast<std::size_t>(i)]); });
   double total = 0;
-  for (const Tensor& g : grads) total += grad_sum_of_squares(g);
+  for (double s : sums) total += s;
   return std::sqrt(total);
 }
 
@@ -44,7 +50,9 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_
   KernelScope scope(KernelKind::optimizer);
   const double factor = clip_factor(norm, max_norm);
   if (factor < 1.0) {
-    for (const Tensor& g : grads) scale_inplace(g, static_cast<float>(factor));
+    cpu::parallel_for_each(static_cast<std::int64_t>(grads.size()), [&](std::int64_t i) {
+      scale_inplace(grads[static_cast<std::size_t>(i)], static_cast<float>(factor));
+    });
   }
   return factor;
 }

@@ -21,13 +21,15 @@ struct AdamWHyper {
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamWHyper& hyper, std::int64_t step);
 
-// Sum of squares of one f32 tensor in double (index order).
+// Sum of squares of one f32 tensor in double (cpu::sum_of_squares' fixed lane order).
 double grad_sum_of_squares(const Tensor& grad);
-// sqrt of the sum of per-tensor sums of squares, added in the order given.
+// sqrt of the sum of per-tensor sums of squares, added in the order given (the tensors' sums run
+// on the current compute pool; the result does not depend on it).
 double global_grad_norm(const std::vector<Tensor>& grads);
 // min(1, max_norm / (norm + 1e-6)) when max_norm > 0, else 1 (PyTorch clip_grad_norm_).
 double clip_factor(double norm, double max_norm);
-// Scales every gradient by clip_factor(norm, max_norm); returns the factor applied.
+// Scales every gradient by clip_factor(norm, max_norm) (on the current compute pool); returns the
+// factor applied.
 double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_norm);
 
 // Linear warmup over `warmup` steps to peak_lr, then cosine decay to min_lr_ratio * peak_lr at

@@ -1,6 +1,7 @@
 // The compute pool every kernel splits its outputs over (kernels/cpu/compute_pool.hpp): each task
 // runs exactly once whatever the thread count, a task's exception reaches the caller and leaves the
-// pool usable, a call from inside a task runs serially, and parallel_ranges covers [0, n) once.
+// pool usable, a call from inside a task runs serially, and parallel_ranges and parallel_for_each
+// cover their items once.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -69,5 +70,22 @@ TEST_CASE("parallel_ranges: near-equal contiguous ranges, the first ones one lon
     CHECK(calls.load() == 3);
     std::sort(ranges.begin(), ranges.end());
     CHECK(ranges == std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 4}, {4, 8}, {8, 11}});
+  }
+}
+
+TEST_CASE("parallel_for_each: every item once, one task each on the current pool, serially without one",
+          "[pool]") {
+  for (bool with_pool : {false, true}) {
+    INFO((with_pool ? "with a pool" : "without a pool"));
+    ComputePool pool(3);
+    ComputePoolScope scope(with_pool ? &pool : nullptr);
+    for (std::int64_t n : {0, 1, 2, 57}) {
+      INFO(n << " items");
+      std::vector<std::atomic<int>> runs(static_cast<std::size_t>(n));
+      const std::uint64_t shared_before = pool.shared_runs();
+      parallel_for_each(n, [&](std::int64_t i) { ++runs[static_cast<std::size_t>(i)]; });
+      for (const auto& r : runs) CHECK(r.load() == 1);
+      CHECK(pool.shared_runs() - shared_before == (with_pool && n > 1 ? 1u : 0u));
+    }
   }
 }

@@ -88,3 +88,39 @@ TEST_CASE("AdamW gives the bits of a scalar loop at every instruction-set level,
     cpu::use_cpu_features(best);
   }
 }
+
+// The order written out from cpu::sum_of_squares' comment (lane_sum.hpp): element i into partial
+// i mod 16, then partial l += partial l + w for w = 8, 4, 2, 1.
+static double lane_order_sum_of_squares(const std::vector<float>& x) {
+  double partial[16] = {};
+  for (std::size_t i = 0; i < x.size(); ++i) partial[i % 16] += static_cast<double>(x[i]) * x[i];
+  for (int w = 8; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) partial[l] += partial[l + w];
+  }
+  return partial[0];
+}
+
+TEST_CASE("The sum of squares adds in its fixed lane order at every instruction-set level", "[optim][isa]") {
+  // 2^27 then fifteen ones: in index order each 1 is lost against 2^54 (its ulp is 4), giving 2^54;
+  // the exact sum is 2^54 + 15; the lane order gives 2^54 + 12 (worked by hand: the ones meet in
+  // pairs, fours and eights before they reach 2^54).
+  std::vector<float> probe(16, 1.0f);
+  probe[0] = 134217728.0f;  // 2^27
+  const double two54 = 18014398509481984.0;
+  const cpu::CpuFeatures best = cpu::detected_cpu_features();
+  for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
+    INFO("isa " << cpu::isa_name(isa));
+    cpu::use_cpu_features({isa, false});
+    CHECK(cpu::sum_of_squares(probe.data(), 16) == two54 + 12);
+    for (const std::int64_t n : {0, 1, 15, 16, 17, 33, 1003, 100000}) {
+      INFO("n " << n);
+      std::mt19937 rng(static_cast<unsigned>(n) + 1);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (float& v : x) v = normal(rng) * std::exp2(static_cast<float>(rng() % 40) - 20.0f);
+      CHECK(cpu::sum_of_squares(x.data(), n) == lane_order_sum_of_squares(x));
+    }
+  }
+  cpu::use_cpu_features(best);
+}

@@ -1,6 +1,8 @@
-// exp and sigmoid of vector_math.hpp: accuracy against double, the special values, and the same
-// bits at every instruction-set level and between the vector loop and the scalar function.
+// exp, sigmoid, tanh and bf16 rounding of vector_math.hpp: accuracy against double, the special
+// values, and the same bits at every instruction-set level and between the vector loop and the
+// scalar function.
 #include <catch2/catch.hpp>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -9,6 +11,7 @@
 
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/vector_math.hpp"
+#include "kernels/dtype.hpp"
 #include "kernels/rng.hpp"
 #include "tests/support/worst_of.hpp"
 
@@ -129,4 +132,29 @@ TEST_CASE("vector math: tanh is within 2^-22 relative of tanh in double, odd, th
   CHECK(std::signbit(cpu::tanh_f32(-0.0f)));
   CHECK(cpu::tanh_f32(0.0f) == 0.0f);
   CHECK(std::isnan(cpu::tanh_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE("vector math: bf16 rounding in place and into a copy gives round_to_bf16's bits everywhere",
+          "[vector_math]") {
+  // Random bit patterns (NaNs, infinities, denormals among them), ties both ways, the largest
+  // float (rounds to infinity) and a signalling NaN (comes back quiet).
+  std::vector<float> x;
+  CounterRng rng(9, "bf16");
+  for (std::uint64_t i = 0; i < 4099; ++i) {
+    x.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng.uniform(i) * 4294967296.0)));
+  }
+  for (std::uint32_t b : {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800001u, 0x00008000u, 0x80000001u}) {
+    x.push_back(std::bit_cast<float>(b));
+  }
+  std::vector<std::uint32_t> want(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) want[i] = std::bit_cast<std::uint32_t>(round_to_bf16(x[i]));
+  CHECK(bits_of(same_at_every_level(x, cpu::round_to_bf16_values)) == want);
+  const std::vector<float> copied = same_at_every_level(x, [&](float* out, std::int64_t n) {
+    const std::vector<float> src = x;
+    cpu::round_to_bf16_copy(src.data(), out, n);
+    CHECK(bits_of(src) == bits_of(x));  // the source is left as it was
+  });
+  CHECK(bits_of(copied) == want);
+  CHECK(want[want.size() - 4] == 0x7f800000u);  // FLT_MAX rounds to infinity
+  CHECK(want[want.size() - 3] == 0x7fc00000u);  // the signalling NaN, quieted
 }
