@@ -27,9 +27,11 @@ inline Tensor rounded(Tensor t, Precision p) {
   return t;
 }
 
-// A bulk linear output: x @ w^T, rounded in bf16.
+// A bulk linear output: x @ w^T, rounded in bf16 (by the GEMM, as it finishes each block).
 // bf16: both operands are bf16 values (rounded input, bulk weight), so the bf16-operand GEMM.
-inline Tensor project(const Tensor& x, const Tensor& w, Precision p) { return rounded(linear_forward(x, w, p), p); }
+inline Tensor project(const Tensor& x, const Tensor& w, Precision p) {
+  return linear_forward(x, w, p, p == Precision::bf16);
+}
 
 // The backward of project: dx returned, dw accumulated. bf16: the incoming gradient is read as
 // bf16 by both products (autograd's gradient of a bf16 output is bf16); dx and dw stay fp32.

@@ -139,19 +139,19 @@ void grouped_experts_forward(const T* x_rows, const T* w_rows, const std::int64_
   const GluConfig glu = cfg.glu();
   // Both forward products read bf16 values in precision bf16 (rounded inputs, bf16 weights).
   const GemmOperands operands = gemm_operands(prec);
+  const bool round_out = prec == Precision::bf16;  // both outputs rounded by the GEMM (gemm.hpp)
   std::vector<T> a_in;
   for (std::int64_t e = 0; e < experts; ++e) {
     const std::int64_t r0 = offsets[e] - offsets[0], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
     T* h = gate_up_out + r0 * 2 * I;
-    gemm<T>(false, false, n, 2 * I, H, x_rows + r0 * H, H, gate_up + e * H * 2 * I, 2 * I, false, h, 2 * I, operands);
-    round_emulated_values(prec, h, n * 2 * I);
+    gemm<T>(false, false, n, 2 * I, H, x_rows + r0 * H, H, gate_up + e * H * 2 * I, 2 * I, false, h, 2 * I, operands,
+            round_out);
     T* a = act_out + r0 * I;
     glu_forward(h, n, I, glu, prec, a);
     const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, w_rows, r0, n, I, prec, a_in);
     T* y = down_out + r0 * H;
-    gemm<T>(false, false, n, H, I, down_in, I, down + e * I * H, H, false, y, H, operands);
-    round_emulated_values(prec, y, n * H);
+    gemm<T>(false, false, n, H, I, down_in, I, down + e * I * H, H, false, y, H, operands, round_out);
   }
 }
 

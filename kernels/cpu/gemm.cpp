@@ -12,6 +12,7 @@
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm_kernels.hpp"
+#include "kernels/cpu/vector_math.hpp"
 #include "kernels/kernel_clock.hpp"
 
 #if defined(__x86_64__)
@@ -215,6 +216,10 @@ void pack_a_amx(const Lines& src, const Plan& p, std::int64_t mc, std::int64_t k
 // AMX B panels: bf16_dot's, each zero-padded to whole chunks.
 void pack_b_amx(const Lines& src, const Plan& p, std::int64_t nc, std::int64_t kc, void* out) {
   const std::int64_t pairs = (kc + 1) / 2, padded = padded_pairs(kc), width = p.nr;
+  if (src.k_stride != 1 && pairs == padded) {  // whole chunks (kc a multiple of 32): bf16_dot's panels as they are
+    p.pack.bf16_pairs(src.base, src.k_stride, kc, nc, static_cast<std::uint32_t*>(out), width);
+    return;
+  }
   const std::uint32_t* packed = src.k_stride == 1 ? nullptr : pairs_across_k(src, p, nc, kc, width);
   for (std::int64_t p0 = 0; p0 < nc; p0 += width) {
     std::uint32_t* dst = static_cast<std::uint32_t*>(out) + p0 * padded;
@@ -325,15 +330,20 @@ class Bf16DenormalRule {
 };
 
 // The tiles of C rows [ic, ic + mc) x columns [jc, jc + nc) from packed A panels (the block's first
-// at ap) and packed B panels.
+// at ap) and packed B panels. With `last` (the block of the final K block) and round_bf16, the
+// block's C is rounded to bf16 while it is still in cache.
 void multiply_block(const Operands& o, const Plan& p, const KBlock& kb, const char* ap, const void* bp,
-                    std::int64_t ic, std::int64_t mc, std::int64_t jc, std::int64_t nc, bool accumulate, float* tile) {
+                    std::int64_t ic, std::int64_t mc, std::int64_t jc, std::int64_t nc, bool accumulate, bool last,
+                    float* tile) {
   for (std::int64_t jr = 0; jr < nc; jr += p.nr) {
     const char* b_panel = static_cast<const char*>(bp) + jr * kb.stride;
     for (std::int64_t ir = 0; ir < mc; ir += p.mr) {
       run_tile(p, kb.depth, ap + ir * kb.stride, b_panel, o.c + (ic + ir) * o.s.ldc + jc + jr, o.s.ldc,
                std::min<std::int64_t>(p.mr, mc - ir), std::min<std::int64_t>(p.nr, nc - jr), accumulate, tile);
     }
+  }
+  if (last && o.s.round_bf16) {
+    for (std::int64_t i = ic; i < ic + mc; ++i) round_to_bf16_values(o.c + i * o.s.ldc + jc, nc);
   }
 }
 
@@ -356,7 +366,7 @@ void gemm_serial_whole_a(const Operands& o, const Plan& p) {
       pack_b(o, p, pc, kb.kc, jc, nc, bp);
       for (std::int64_t ic = 0; ic < s.m; ic += kMc) {
         multiply_block(o, p, kb, static_cast<const char*>(ap) + ic * kb.stride, bp, ic, std::min(kMc, s.m - ic), jc,
-                       nc, s.accumulate || pc > 0, scratch.tile);
+                       nc, s.accumulate || pc > 0, pc + kb.kc == s.k, scratch.tile);
       }
     }
   }
@@ -403,7 +413,7 @@ void gemm_serial(const Operands& o, const Plan& p) {
         void* ap = Scratch::grow(scratch.a, scratch.a_bytes, sizeof(float) * kb.depth * ((mc + p.mr - 1) / p.mr * p.mr));
         pack_a(o, p, ic, mc, pc, kb.kc, ap);
         multiply_block(o, p, kb, static_cast<const char*>(ap), bp, ic, mc, jc, nc, s.accumulate || pc > 0,
-                       scratch.tile);
+                       pc + kb.kc == s.k, scratch.tile);
       }
     }
   }
@@ -426,8 +436,10 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, Gemm
   check_shape(s);
   if (s.m == 0 || s.n == 0) return;
   if (s.k == 0) {
-    if (!s.accumulate)
-      for (std::int64_t i = 0; i < s.m; ++i) std::fill(c + i * s.ldc, c + i * s.ldc + s.n, 0.0f);
+    for (std::int64_t i = 0; i < s.m; ++i) {
+      if (!s.accumulate) std::fill(c + i * s.ldc, c + i * s.ldc + s.n, 0.0f);
+      if (s.round_bf16) round_to_bf16_values(c + i * s.ldc, s.n);
+    }
     return;
   }
   const Plan plan = plan_for(operands);
@@ -467,6 +479,9 @@ void gemm_f64(const GemmShape& s, const double* a, const double* b, double* c) {
     for (std::int64_t k = 0; k < s.k; ++k) {
       const double aik = s.trans_a ? a[k * s.lda + i] : a[i * s.lda + k];
       for (std::int64_t j = 0; j < s.n; ++j) ci[j] += aik * (s.trans_b ? b[j * s.ldb + k] : b[k * s.ldb + j]);
+    }
+    if (s.round_bf16) {
+      for (std::int64_t j = 0; j < s.n; ++j) ci[j] = round_to_bf16(static_cast<float>(ci[j]));
     }
   }
 }

@@ -42,6 +42,10 @@ struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   bool accumulate = false;  // C += (chain starts at C) instead of C =
+  // Each C element rounded to bf16 (round_to_bf16) once its last K block is added: precision
+  // bf16's rounding of a bulk output, done while the block is still in cache (the same bits as a
+  // pass over C afterwards).
+  bool round_bf16 = false;
 };
 
 // fp32 storage for both operand kinds (bf16 operands are rounded while packed; values that are
@@ -49,12 +53,13 @@ struct GemmShape {
 void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, GemmOperands operands = GemmOperands::f32);
 void gemm_f64(const GemmShape& s, const double* a, const double* b, double* c);
 
+// round_output: GemmShape::round_bf16 (a double C rounds through float, as maybe_round_bf16 does).
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
           const T* b, std::int64_t ldb, bool accumulate, T* c, std::int64_t ldc,
-          GemmOperands operands = GemmOperands::f32) {
+          GemmOperands operands = GemmOperands::f32, bool round_output = false) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
-  const GemmShape s{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate};
+  const GemmShape s{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, round_output};
   if constexpr (std::is_same_v<T, float>) {
     gemm_f32(s, a, b, c, operands);
   } else {
@@ -63,11 +68,11 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   }
 }
 
-// y[N,out] = x[N,in] @ w[out,in]^T   (PyTorch Linear convention)
+// y[N,out] = x[N,in] @ w[out,in]^T   (PyTorch Linear convention); round_output as for gemm.
 template <class T>
 void linear_forward(const T* x, const T* w, T* y, std::int64_t rows, std::int64_t in, std::int64_t out,
-                    GemmOperands operands = GemmOperands::f32) {
-  gemm<T>(false, true, rows, out, in, x, in, w, in, false, y, out, operands);
+                    GemmOperands operands = GemmOperands::f32, bool round_output = false) {
+  gemm<T>(false, true, rows, out, in, x, in, w, in, false, y, out, operands, round_output);
 }
 
 // dx[N,in] = dy @ w (overwritten); dw[out,in] += dy^T @ x (accumulated). Either may be null.

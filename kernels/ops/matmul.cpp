@@ -19,7 +19,7 @@ std::int64_t linear_rows(const char* op, const Tensor& x, const Tensor& w) {
 }
 }  // namespace
 
-Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands) {
+Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands, bool round_output) {
   constexpr const char* op = "linear_forward";
   Tensor x = as_f32(op, "x", x_in), w = as_f32(op, "w", w_in);
   const std::int64_t in = w.size(1), out = w.size(0), rows = linear_rows(op, x, w);
@@ -27,7 +27,7 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& w_in, Precision operands
   y_shape.back() = out;
   Tensor y = Tensor::empty(y_shape);
   cpu::linear_forward<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, in, out,
-                            cpu::gemm_operands(operands));
+                            cpu::gemm_operands(operands), round_output);
   return y;
 }
 

@@ -8,8 +8,10 @@
 namespace atl {
 
 // x[..., in], w[out, in] -> y[..., out]. Precision bf16: a bulk projection, both operands read as
-// bf16 (the bf16-operand GEMM path; values that are already bf16 are unchanged), fp32 result.
-Tensor linear_forward(const Tensor& x, const Tensor& w, Precision operands = Precision::fp32);
+// bf16 (the bf16-operand GEMM path; values that are already bf16 are unchanged), fp32 result,
+// rounded to bf16 inside the GEMM when round_output is set (cpu::GemmShape::round_bf16).
+Tensor linear_forward(const Tensor& x, const Tensor& w, Precision operands = Precision::fp32,
+                      bool round_output = false);
 // Returns dx[..., in]; accumulates dw[out, in] += dy^T x when dw is given. Precision bf16: the
 // backward of a bf16-operand projection, its products with bf16 operands (dy read as bf16).
 Tensor linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dw,

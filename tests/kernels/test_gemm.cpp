@@ -69,14 +69,15 @@ Case random_case(std::mt19937& rng, const Sizes& z) {
   return t;
 }
 
-std::vector<float> run(const Case& t, GemmOperands operands, std::int64_t row_begin = 0, std::int64_t rows = -1) {
+std::vector<float> run(const Case& t, GemmOperands operands, std::int64_t row_begin = 0, std::int64_t rows = -1,
+                       bool round_bf16 = false) {
   if (rows < 0) rows = t.m;
   // Rows [row_begin, row_begin + rows) of A, as their own matrix in the same storage order.
   std::vector<float> a(static_cast<std::size_t>(rows * t.k));
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t k = 0; k < t.k; ++k) (t.ta ? a[k * rows + i] : a[i * t.k + k]) = a_at(t, row_begin + i, k);
   std::vector<float> c(t.c0.begin() + row_begin * t.n, t.c0.begin() + (row_begin + rows) * t.n);
-  const GemmShape s{t.ta, t.tb, rows, t.n, t.k, t.ta ? rows : t.k, t.tb ? t.k : t.n, t.n, t.accumulate};
+  const GemmShape s{t.ta, t.tb, rows, t.n, t.k, t.ta ? rows : t.k, t.tb ? t.k : t.n, t.n, t.accumulate, round_bf16};
   gemm_f32(s, a.data(), t.b.data(), c.data(), operands);
   return c;
 }
@@ -563,6 +564,31 @@ TEST_CASE("gemm packing: panels are zero past the real lines and equal at every 
   }
 }
 
+TEST_CASE("round_bf16 gives the product's bits rounded afterwards, on every route, block path and thread count",
+          "[gemm]") {
+  // k past a K block (256 fp32, 512 bf16) so only the last block rounds; n past a column block
+  // (512), which takes the whole-A path; accumulating cases round C + product.
+  const auto check = [](const Case& t, GemmOperands op) {
+    std::vector<float> expected = run(t, op);
+    for (float& x : expected) x = round_to_bf16(x);
+    CHECK(same_bits(run(t, op, 0, -1, true), expected));
+    if (t.m * t.n * t.k >= 2 * kGemmMinParallelWork) {
+      ComputePool pool(3);
+      ComputePoolScope scope(&pool);
+      CHECK(same_bits(run(t, op, 0, -1, true), expected));
+    }
+  };
+  for_each_case(31, 10, {1, 200, 1, 700, 1, 1100}, check);
+  for_each_case(32, 2, {1, 8, 1, 40, 0, 0}, check);  // k = 0: C (zeros or as given) rounded
+  if (amx_available()) {
+    use_bf16_amx(true);
+    for_each_case(33, 6, {1, 200, 1, 700, 1, 1100}, [&](const Case& t, GemmOperands op) {
+      if (op == GemmOperands::bf16) check(t, op);
+    });
+    use_bf16_amx(false);
+  }
+}
+
 namespace {
 
 // The opt-in AMX route for bf16 operands while in scope (cpu_features.hpp: use_bf16_amx).
@@ -611,6 +637,12 @@ TEST_CASE("the AMX route agrees with a double-precision product, and is not the 
         ++elements;
       }
   });
+  // K of whole 32-k chunks, where B read across k is packed straight into its panels.
+  for (const std::int64_t k : {32, 64, 256}) {
+    for_each_case(24 + static_cast<unsigned>(k), 6, {1, 80, 1, 80, k, k}, [&](const Case& t, GemmOperands op) {
+      if (op == GemmOperands::bf16) CHECK(worst_against_double(t, op, run(t, op)) <= 1.0);
+    });
+  }
   // Not the chain gemm.hpp defines (so the route is opt-in): here many elements differ.
   CHECK(differs > elements / 10);
   // One k chunk of 1, -1 and 2^-30 (c = 0): the chain ends at 2^-30, AMX's aligned sum drops it.
