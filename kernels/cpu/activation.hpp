@@ -51,29 +51,49 @@ inline void round_emulated_values(Precision p, T* x, std::int64_t n) {
   }
 }
 
-// act(g, u) given s = sigmoid(g) and, for situ, tg = tanh(g/βg) and tu = tanh(u/βu) (computed a
-// row at a time by GluRowTerms).
-template <class T>
-inline T glu_value_given(const GluConfig& cfg, T g, T u, T s, T tg, T tu) {
-  if (cfg.activation == GluActivation::swiglu) return g * s * u;
-  const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
-  return bg * tg * s * (bu * tu);
+// act(g, u) for a known activation A, given s = sigmoid(g) and, for situ, tg = tanh(g/βg) and
+// tu = tanh(u/βu) (computed a row at a time by GluRowTerms).
+template <GluActivation A, class T>
+[[gnu::always_inline]] inline T glu_value_of(T bg, T bu, T g, T u, T s, T tg, T tu) {
+  if constexpr (A == GluActivation::swiglu) {
+    (void)bg, (void)bu, (void)tg, (void)tu;
+    return g * s * u;
+  } else {
+    return bg * tg * s * (bu * tu);
+  }
 }
 
-// Partial derivatives of act at (g, u), given s, tg and tu as for glu_value_given.
-template <class T>
-inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T tg, T tu, T& d_dg, T& d_du) {
+// Partial derivatives of act at (g, u) for a known activation A, given s, tg and tu as above.
+template <GluActivation A, class T>
+[[gnu::always_inline]] inline void glu_partials_of(T bg, T bu, T g, T u, T s, T tg, T tu, T& d_dg, T& d_du) {
   const T ds = s * (T(1) - s);
-  if (cfg.activation == GluActivation::swiglu) {
+  if constexpr (A == GluActivation::swiglu) {
+    (void)bg, (void)bu, (void)tg, (void)tu;
     d_dg = u * (s + g * ds);
     d_du = g * s;
-    return;
+  } else {
+    const T gate = bg * tg * s;  // capped silu
+    const T up = bu * tu;        // capped up
+    d_dg = ((T(1) - tg * tg) * s + bg * tg * ds) * up;
+    d_du = gate * (T(1) - tu * tu);
   }
+}
+
+template <class T>
+inline T glu_value_given(const GluConfig& cfg, T g, T u, T s, T tg, T tu) {
   const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
-  const T gate = bg * tg * s;  // capped silu
-  const T up = bu * tu;        // capped up
-  d_dg = ((T(1) - tg * tg) * s + bg * tg * ds) * up;
-  d_du = gate * (T(1) - tu * tu);
+  return cfg.activation == GluActivation::swiglu ? glu_value_of<GluActivation::swiglu>(bg, bu, g, u, s, tg, tu)
+                                                 : glu_value_of<GluActivation::situ>(bg, bu, g, u, s, tg, tu);
+}
+
+template <class T>
+inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T tg, T tu, T& d_dg, T& d_du) {
+  const T bg = static_cast<T>(cfg.beta_gate), bu = static_cast<T>(cfg.beta_up);
+  if (cfg.activation == GluActivation::swiglu) {
+    glu_partials_of<GluActivation::swiglu>(bg, bu, g, u, s, tg, tu, d_dg, d_du);
+  } else {
+    glu_partials_of<GluActivation::situ>(bg, bu, g, u, s, tg, tu, d_dg, d_du);
+  }
 }
 
 // The transcendental terms of act over n elements (g[i * stride], u[i * stride]), each computed
@@ -106,6 +126,16 @@ struct GluRowTerms {
   }
 };
 
+// One row of float GLU work, vectorized per instruction set (glu_rows.cpp): g[i * stride] and
+// u[i * stride] for i < n, stride 1 or 2, with the row's terms. The same operations as
+// glu_value_of / glu_partials_of, so the same bits as a scalar loop.
+//   values:   out[i] = act(g, u)
+//   partials: dg[i * stride] = d_out[i] * d act/dg, du[i * stride] = d_out[i] * d act/du
+void glu_row_values(const GluConfig& cfg, const float* g, const float* u, std::int64_t stride,
+                    const GluRowTerms<float>& terms, std::int64_t n, float* out);
+void glu_row_partials(const GluConfig& cfg, const float* d_out, const float* g, const float* u, std::int64_t stride,
+                      const GluRowTerms<float>& terms, std::int64_t n, float* dg, float* du);
+
 // act(g, u) for one element (tests and references).
 template <class T>
 inline T glu_value(const GluConfig& cfg, T g, T u) {
@@ -133,9 +163,13 @@ void glu_forward(const T* gate_up, std::int64_t rows, std::int64_t inter, const 
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = gate_up + r * v.row_stride;
     terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
-    for (std::int64_t i = 0; i < inter; ++i) {
-      const T g = row[v.g_offset + i * v.elem_stride], u = row[v.u_offset + i * v.elem_stride];
-      out[r * inter + i] = terms.value(cfg, g, u, i);
+    if constexpr (std::is_same_v<T, float>) {
+      glu_row_values(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, terms, inter, out + r * inter);
+    } else {
+      for (std::int64_t i = 0; i < inter; ++i) {
+        const T g = row[v.g_offset + i * v.elem_stride], u = row[v.u_offset + i * v.elem_stride];
+        out[r * inter + i] = terms.value(cfg, g, u, i);
+      }
     }
   }
   round_emulated_values(precision, out, rows * inter);
@@ -151,6 +185,11 @@ void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int6
     const T* row = gate_up + r * v.row_stride;
     T* drow = d_gate_up + r * v.row_stride;
     terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
+    if constexpr (std::is_same_v<T, float>) {
+      glu_row_partials(cfg, d_out + r * inter, row + v.g_offset, row + v.u_offset, v.elem_stride, terms, inter,
+                       drow + v.g_offset, drow + v.u_offset);
+      continue;
+    }
     for (std::int64_t i = 0; i < inter; ++i) {
       const std::int64_t gi = v.g_offset + i * v.elem_stride, ui = v.u_offset + i * v.elem_stride;
       T d_dg, d_du;
@@ -167,7 +206,11 @@ template <class T>
 void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, Precision precision, T* out) {
   GluRowTerms<T> terms(n);
   terms.compute(cfg, gate, up, 1, n);
-  for (std::int64_t i = 0; i < n; ++i) out[i] = terms.value(cfg, gate[i], up[i], i);
+  if constexpr (std::is_same_v<T, float>) {
+    glu_row_values(cfg, gate, up, 1, terms, n, out);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = terms.value(cfg, gate[i], up[i], i);
+  }
   round_emulated_values(precision, out, n);
 }
 
@@ -177,6 +220,10 @@ void glu_backward_split(const T* d_out, const T* gate, const T* up, std::int64_t
                         T* d_up) {
   GluRowTerms<T> terms(n);
   terms.compute(cfg, gate, up, 1, n);
+  if constexpr (std::is_same_v<T, float>) {
+    glu_row_partials(cfg, d_out, gate, up, 1, terms, n, d_gate, d_up);
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) {
     T d_dg, d_du;
     terms.partials(cfg, gate[i], up[i], i, d_dg, d_du);

@@ -1,9 +1,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 #include "kernels/ops/activation.hpp"
 #include "tests/support/gradcheck.hpp"
 
@@ -146,4 +148,45 @@ TEST_CASE("glu rejects bad shapes", "[activation]") {
   CHECK_THROWS_AS(swiglu_forward(Tensor::zeros({2, 3}), Tensor::zeros({2, 4}), Precision::fp32),
                   std::invalid_argument);
   CHECK_THROWS_AS(glu_forward(Tensor::zeros({2, 4}, DType::i32), GluConfig{}, Precision::fp32), std::invalid_argument);
+}
+
+TEST_CASE("glu float rows give the scalar formulas' bits at every instruction-set level", "[activation][isa]") {
+  // The vectorized row loops (glu_rows.cpp) against glu_value_given / glu_partials one element at
+  // a time; 37 per row leaves a remainder after every vector width.
+  const std::int64_t rows = 3, inter = 37;
+  const cpu::CpuFeatures best = cpu::detected_cpu_features();
+  for (auto act : {GluActivation::swiglu, GluActivation::situ}) {
+    for (auto layout : {GluLayout::concatenated, GluLayout::interleaved}) {
+      INFO("situ " << (act == GluActivation::situ) << " interleaved " << (layout == GluLayout::interleaved));
+      const GluConfig cfg = config(act, layout);
+      const auto gu_d = random_vector(rows * 2 * inter, 51, 3.0, "rows");
+      const auto d_d = random_vector(rows * inter, 52, 1.0, "d");
+      const std::vector<float> gu(gu_d.begin(), gu_d.end()), d(d_d.begin(), d_d.end());
+      const cpu::GluView v = cpu::packed_view(layout, inter);
+      std::vector<float> want_out(rows * inter), want_d(gu.size());
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t i = 0; i < inter; ++i) {
+          const std::int64_t gi = r * v.row_stride + v.g_offset + i * v.elem_stride;
+          const std::int64_t ui = r * v.row_stride + v.u_offset + i * v.elem_stride;
+          cpu::GluRowTerms<float> t(1);
+          t.compute(cfg, &gu[gi], &gu[ui], 1, 1);
+          want_out[r * inter + i] = cpu::glu_value_given(cfg, gu[gi], gu[ui], t.sig[0], t.tg[0], t.tu[0]);
+          float d_dg, d_du;
+          cpu::glu_partials(cfg, gu[gi], gu[ui], t.sig[0], t.tg[0], t.tu[0], d_dg, d_du);
+          want_d[gi] = d[r * inter + i] * d_dg;
+          want_d[ui] = d[r * inter + i] * d_du;
+        }
+      for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
+        if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
+        INFO("isa " << cpu::isa_name(isa));
+        cpu::use_cpu_features({isa, false});
+        std::vector<float> out(want_out.size()), dgu(want_d.size());
+        cpu::glu_forward(gu.data(), rows, inter, cfg, Precision::fp32, out.data());
+        cpu::glu_backward(d.data(), gu.data(), rows, inter, cfg, dgu.data());
+        CHECK(std::memcmp(out.data(), want_out.data(), out.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(dgu.data(), want_d.data(), dgu.size() * sizeof(float)) == 0);
+      }
+      cpu::use_cpu_features(best);
+    }
+  }
 }
