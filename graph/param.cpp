@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <vector>
 
-#include "kernels/cpu/compute_pool.hpp"
 #include "kernels/rng.hpp"
 
 namespace atl {
@@ -72,15 +70,11 @@ void TensorMap::zero() const {
 }
 
 TensorMap compute_weights(const std::vector<ParamSpec>& specs, const TensorMap& master, Precision precision) {
-  // bf16 copies are made on the current compute pool, one tensor a task (elementwise: no bit depends on it).
-  std::vector<Tensor> weights(specs.size());
-  cpu::parallel_for_each(static_cast<std::int64_t>(specs.size()), [&](std::int64_t i) {
-    const ParamSpec& s = specs[static_cast<std::size_t>(i)];
-    const Tensor& t = master.at(s.name);
-    weights[static_cast<std::size_t>(i)] = s.compute_dtype(precision) == DType::bf16 ? bf16_rounded(t) : t;
-  });
   TensorMap m;
-  for (std::size_t i = 0; i < specs.size(); ++i) m.insert(specs[i].name, weights[i]);
+  for (const auto& s : specs) {
+    const Tensor& t = master.at(s.name);
+    m.insert(s.name, s.compute_dtype(precision) == DType::bf16 ? bf16_rounded(t) : t);
+  }
   return m;
 }
 

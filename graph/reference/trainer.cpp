@@ -21,6 +21,7 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap
       opt_(optimizer) {
   if (micro_batch_ <= 0) throw std::invalid_argument("train.micro_batch: expected a positive integer");
   if (compute_threads > 1) pool_ = std::make_unique<cpu::ComputePool>(compute_threads);
+  weights_ = compute_weights(model_->specs(), master_, precision_);
 }
 
 ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TrainingState state, Precision precision,
@@ -45,7 +46,7 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   const float grad_scale = loss_grad_scale(r.targets);
 
   cpu::ComputePoolScope scope(pool_.get());
-  const TensorMap weights = compute_weights(specs, master_, precision_);
+  const TensorMap& weights = weights_;
   // Step-wide work between and after the micro-batches (the tree's adds, the norm, AdamW) runs
   // one tensor a task on the pool: elementwise or per tensor, so no bit depends on the threads.
   auto grad_tree = make_tree_sum<TensorMap>([](TensorMap& left, const TensorMap& right) {
@@ -113,7 +114,9 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
     const ParamSpec& s = specs[static_cast<std::size_t>(i)];
     AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
                  static_cast<float>(opt_.eps), s.weight_decay ? static_cast<float>(opt_.weight_decay) : 0.0f};
-    adamw_step(master_.at(s.name), summed.at(s.name), exp_avg_.at(s.name), exp_avg_sq_.at(s.name), h, r.step);
+    const bool own_copy = s.compute_dtype(precision_) == DType::bf16;  // else weights_ holds master_'s tensor
+    adamw_step(master_.at(s.name), summed.at(s.name), exp_avg_.at(s.name), exp_avg_sq_.at(s.name), h, r.step,
+               own_copy ? &weights_.at(s.name) : nullptr);
   });
   return r;
 }

@@ -46,6 +46,9 @@ class ReferenceTrainer : public TrainingEngine {
   OptimizerSettings opt_;
   std::int64_t step_ = 0;
   std::unique_ptr<cpu::ComputePool> pool_;  // null: one thread
+  // What the forward reads: compute_weights(master_), kept current by each step's AdamW (fp32
+  // tensors are master_'s own storage; bf16 copies are written by the fused update).
+  TensorMap weights_;
 };
 
 }  // namespace atl

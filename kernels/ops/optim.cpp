@@ -15,15 +15,25 @@ namespace atl {
 using detail::require;
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamWHyper& h, std::int64_t step) {
+                const AdamWHyper& h, std::int64_t step, const Tensor* bf16_copy) {
   KernelScope scope(KernelKind::optimizer);
   constexpr const char* op = "adamw_step";
   for (const auto* t : {&param, &grad, &exp_avg, &exp_avg_sq}) detail::require_dtype(op, "tensor", *t, DType::f32);
   require(grad.shape() == param.shape() && exp_avg.shape() == param.shape() && exp_avg_sq.shape() == param.shape(), op,
           [&] { return "param, grad and moments must share one shape; param is " + param.describe(); });
   require(step >= 1, op, [&] { return "step must be >= 1, got " + std::to_string(step); });
+  float* copy = nullptr;
+  if (bf16_copy) {
+    detail::require_dtype(op, "bf16_copy", *bf16_copy, DType::f32);
+    require(bf16_copy->shape() == param.shape(), op,
+            [&] { return "bf16_copy " + bf16_copy->describe() + " must match param " + param.describe(); });
+    copy = bf16_copy->data<float>();
+    const float* p = param.data<float>();
+    require(copy + param.numel() <= p || p + param.numel() <= copy, op,
+            [] { return std::string("bf16_copy must not overlap param"); });
+  }
   cpu::adamw_step(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
-                         param.numel(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
+                  param.numel(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step, copy);
 }
 
 double grad_sum_of_squares(const Tensor& grad) {

@@ -17,9 +17,10 @@ struct AdamWHyper {
   float weight_decay = 0.0f;
 };
 
-// param, grad, exp_avg, exp_avg_sq: f32 of one shape. step >= 1.
+// param, grad, exp_avg, exp_avg_sq: f32 of one shape. step >= 1. bf16_copy (f32, the same shape,
+// its own storage): receives the new param rounded to bf16 (cpu::adamw_step).
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamWHyper& hyper, std::int64_t step);
+                const AdamWHyper& hyper, std::int64_t step, const Tensor* bf16_copy = nullptr);
 
 // Sum of squares of one f32 tensor in double (cpu::sum_of_squares' fixed lane order).
 double grad_sum_of_squares(const Tensor& grad);

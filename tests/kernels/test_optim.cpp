@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/optim.hpp"
+#include "kernels/dtype.hpp"
 #include "kernels/ops/optim.hpp"
 
 using namespace atl;
@@ -79,11 +80,19 @@ TEST_CASE("AdamW gives the bits of a scalar loop at every instruction-set level,
       if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
       INFO("isa " << cpu::isa_name(isa));
       cpu::use_cpu_features({isa, false});
-      std::vector<float> p = p0, m = m0, v = v0;
-      cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, wd, step);
-      CHECK(std::memcmp(p.data(), pe.data(), p.size() * sizeof(float)) == 0);
-      CHECK(std::memcmp(m.data(), me.data(), m.size() * sizeof(float)) == 0);
-      CHECK(std::memcmp(v.data(), ve.data(), v.size() * sizeof(float)) == 0);
+      for (bool with_copy : {false, true}) {  // the fused bf16 copy leaves the update's bits alone
+        INFO("bf16 copy " << with_copy);
+        std::vector<float> p = p0, m = m0, v = v0, copy(p0.size(), -1.0f);
+        cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, wd, step,
+                        with_copy ? copy.data() : nullptr);
+        CHECK(std::memcmp(p.data(), pe.data(), p.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(m.data(), me.data(), m.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(v.data(), ve.data(), v.size() * sizeof(float)) == 0);
+        for (std::size_t i = 0; i < copy.size(); ++i) {
+          const float want = with_copy ? round_to_bf16(pe[i]) : -1.0f;
+          CHECK(std::memcmp(&copy[i], &want, sizeof(float)) == 0);
+        }
+      }
     }
     cpu::use_cpu_features(best);
   }
@@ -123,4 +132,16 @@ TEST_CASE("The sum of squares adds in its fixed lane order at every instruction-
     }
   }
   cpu::use_cpu_features(best);
+}
+
+TEST_CASE("AdamW's bf16 copy must be a tensor of its own, of the param's shape", "[optim]") {
+  Tensor p = Tensor::from_floats({3}, std::vector<float>{1.0f, 2.0f, 3.0f});
+  Tensor g = Tensor::full({3}, 0.5f), m = Tensor::zeros({3}), v = Tensor::zeros({3});
+  const AdamWHyper h{0.1f, 0.9f, 0.99f, 1e-8f, 0.0f};
+  CHECK_THROWS_WITH(adamw_step(p, g, m, v, h, 1, &p), Catch::Contains("overlap"));
+  Tensor wrong = Tensor::zeros({2});
+  CHECK_THROWS_WITH(adamw_step(p, g, m, v, h, 1, &wrong), Catch::Contains("bf16_copy"));
+  Tensor copy = Tensor::zeros({3});
+  adamw_step(p, g, m, v, h, 1, &copy);
+  for (int i = 0; i < 3; ++i) CHECK(copy.data<float>()[i] == round_to_bf16(p.data<float>()[i]));
 }
