@@ -210,6 +210,27 @@ void combine_backward(const T* d_out, const T* weights, const T* down_out, const
   }
 }
 
+// dots[r] = sum_i x[r*n_cols + i] * y[r*n_cols + i] for r < rows, each row one chain in i order
+// (multiply, then add: no FMA). Eight rows at a time: their chains are independent, so they
+// overlap instead of each waiting on the add before it.
+template <class T>
+void row_dots(const T* x, const T* y, std::int64_t rows, std::int64_t n_cols, T* dots) {
+  constexpr std::int64_t kRows = 8;
+  std::int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) {
+    T acc[kRows] = {};
+    for (std::int64_t i = 0; i < n_cols; ++i) {
+      for (std::int64_t j = 0; j < kRows; ++j) acc[j] += x[(r + j) * n_cols + i] * y[(r + j) * n_cols + i];
+    }
+    for (std::int64_t j = 0; j < kRows; ++j) dots[r + j] = acc[j];
+  }
+  for (; r < rows; ++r) {
+    T acc = 0;
+    for (std::int64_t i = 0; i < n_cols; ++i) acc += x[r * n_cols + i] * y[r * n_cols + i];
+    dots[r] = acc;
+  }
+}
+
 // 2'. Grouped expert backward over the rows of local experts (as in forward). d_x_rows [P,H] and
 // d_w_rows [P] (the weight's gradient when it comes first; 0 otherwise) are overwritten; d_gate_up
 // and d_down are accumulated. Roundings are straight-through; in precision bf16 the products read
@@ -235,14 +256,10 @@ void grouped_experts_backward(const T* d_rows, const T* x_rows, const T* w_rows,
     da.resize(static_cast<std::size_t>(n * I));
     gemm<T>(false, true, n, I, H, dy, H, down + e * I * H, H, false, da.data(), I, operands);
     if (!cfg.weight_after_down) {
+      row_dots(da.data(), a, n, I, d_w_rows + r0);
       for (std::int64_t r = 0; r < n; ++r) {
         const T w = w_rows[r0 + r];
-        T dot = 0;
-        for (std::int64_t i = 0; i < I; ++i) {
-          dot += da[r * I + i] * a[r * I + i];
-          da[r * I + i] *= w;
-        }
-        d_w_rows[r0 + r] = dot;
+        for (std::int64_t i = 0; i < I; ++i) da[r * I + i] *= w;
       }
     }
     dh.resize(static_cast<std::size_t>(n * 2 * I));

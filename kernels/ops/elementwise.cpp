@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "kernels/cpu/elementwise.hpp"
 #include "kernels/kernel_clock.hpp"
 #include "kernels/ops/op_checks.hpp"
 
@@ -14,9 +15,8 @@ Tensor scaled_add(const Tensor& a, float ca, const Tensor& b, float cb, Precisio
   detail::require_dtype("scaled_add", "b", b, DType::f32);
   detail::require(a.shape() == b.shape(), "scaled_add", [&] { return "a " + a.describe() + " and b " + b.describe(); });
   Tensor y = Tensor::empty(a.shape());
-  const float *pa = a.data<float>(), *pb = b.data<float>();
-  float* py = y.data<float>();
-  for (std::int64_t i = 0; i < a.numel(); ++i) py[i] = round_activation(precision, ca * pa[i] + cb * pb[i]);
+  cpu::scaled_sum_values(a.data<float>(), ca, b.data<float>(), cb, precision == Precision::bf16, y.data<float>(),
+                         a.numel());
   return y;
 }
 
@@ -24,16 +24,14 @@ Tensor scaled(const Tensor& a, float c) {
   KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("scaled", "a", a, DType::f32);
   Tensor y = Tensor::empty(a.shape());
-  const float* pa = a.data<float>();
-  float* py = y.data<float>();
-  for (std::int64_t i = 0; i < a.numel(); ++i) py[i] = c * pa[i];
+  cpu::scaled_values(a.data<float>(), c, y.data<float>(), a.numel());
   return y;
 }
 
 void scale_inplace(const Tensor& t, float factor) {
   KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("scale_inplace", "t", t, DType::f32);
-  for (float& x : t.span<float>()) x *= factor;
+  cpu::scale_values(t.data<float>(), factor, t.numel());
 }
 
 void add_inplace(const Tensor& dst, const Tensor& src) {
@@ -42,9 +40,7 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   detail::require_dtype("add_inplace", "src", src, DType::f32);
   detail::require(dst.shape() == src.shape(), "add_inplace",
                   [&] { return "dst " + dst.describe() + " and src " + src.describe(); });
-  float* d = dst.data<float>();
-  const float* s = src.data<float>();
-  for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+  cpu::add_values(dst.data<float>(), src.data<float>(), dst.numel());
 }
 
 Tensor concat_rows(const std::vector<Tensor>& parts) {
