@@ -8,8 +8,9 @@
 // warmup + cosine schedule on fp32 master weights.
 //
 // Threads (compute.threads): micro-batches run side by side, one per thread, when a step has
-// several; otherwise the kernels split their outputs over the threads. Either way the sums keep
-// their fixed order, so results are bitwise independent of the thread count.
+// several; otherwise the kernels split their outputs over the threads. The step-wide work (the
+// gradient tree's adds, the norm, the clip, AdamW) runs one tensor per task. Either way the sums
+// keep their fixed order, so results are bitwise independent of the thread count.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -36,6 +37,8 @@ class ReferenceTrainer : public TrainingEngine {
   StepResult step(const Batch& global_batch, bool record_routing = false) override;
   TrainingState state() const override { return {step_, master_.clone(), exp_avg_.clone(), exp_avg_sq_.clone()}; }
 
+  // Read only: the bf16 weights the forward reads are kept by AdamW, so a write through these
+  // tensors would not reach them (build a new trainer from a changed state instead).
   const TensorMap& master() const { return master_; }
 
  private:

@@ -216,7 +216,7 @@ void pack_a_amx(const Lines& src, const Plan& p, std::int64_t mc, std::int64_t k
 // AMX B panels: bf16_dot's, each zero-padded to whole chunks.
 void pack_b_amx(const Lines& src, const Plan& p, std::int64_t nc, std::int64_t kc, void* out) {
   const std::int64_t pairs = (kc + 1) / 2, padded = padded_pairs(kc), width = p.nr;
-  if (src.k_stride != 1 && pairs == padded) {  // whole chunks (kc a multiple of 32): bf16_dot's panels as they are
+  if (src.k_stride != 1 && pairs == padded) {  // no padding pairs: bf16_dot's panels are already AMX's
     p.pack.bf16_pairs(src.base, src.k_stride, kc, nc, static_cast<std::uint32_t*>(out), width);
     return;
   }

@@ -34,9 +34,8 @@ struct AdamWLoop {
 
 // The same, writing each new parameter rounded to bf16 into `rounded` as well.
 struct AdamWRoundedLoop {
-  [[gnu::always_inline]] void operator()(float* __restrict param, const float* __restrict grad, float* __restrict m,
-                                         float* __restrict v, std::int64_t n, const AdamWScalars* s,
-                                         float* __restrict rounded) const {
+  [[gnu::always_inline]] void operator()(float* param, const float* grad, float* m, float* v, std::int64_t n,
+                                         const AdamWScalars* s, float* __restrict rounded) const {
     const AdamWScalars c = *s;
     for (std::int64_t i = 0; i < n; ++i) rounded[i] = round_to_bf16(adamw_element(c, param[i], grad[i], m[i], v[i]));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <vector>
 
@@ -28,9 +29,13 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
     require(bf16_copy->shape() == param.shape(), op,
             [&] { return "bf16_copy " + bf16_copy->describe() + " must match param " + param.describe(); });
     copy = bf16_copy->data<float>();
-    const float* p = param.data<float>();
-    require(copy + param.numel() <= p || p + param.numel() <= copy, op,
-            [] { return std::string("bf16_copy must not overlap param"); });
+    const auto bytes = static_cast<std::uintptr_t>(param.numel()) * sizeof(float);
+    const auto c = reinterpret_cast<std::uintptr_t>(copy);
+    for (const auto* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+      const auto o = reinterpret_cast<std::uintptr_t>(t->data<float>());
+      require(c + bytes <= o || o + bytes <= c, op,
+              [] { return std::string("bf16_copy must not overlap param, grad or the moments"); });
+    }
   }
   cpu::adamw_step(param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
                   param.numel(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step, copy);

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -434,4 +435,28 @@ TEST_CASE("grouped experts refuse weights that do not pair up, and local experts
   CHECK_THROWS_AS(grouped_experts_forward(rows.x_rows.slice_rows(off[3], off[4]), rows.w_rows.slice_rows(off[3], off[4]),
                                           dispatch, 3, gu.slice_rows(2, 4), dn.slice_rows(2, 4), cfg),
                   std::invalid_argument);
+}
+
+TEST_CASE("row_dots: each row one multiply-then-add chain in column order, eight rows at a time or alone",
+          "[experts]") {
+  for (const std::int64_t rows : {1, 7, 8, 9, 17}) {
+    INFO(rows << " rows");
+    const std::int64_t cols = 37;
+    std::vector<float> x(static_cast<std::size_t>(rows * cols)), y(x.size());
+    CounterRng rng(77, "row_dots");
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      x[i] = static_cast<float>(rng.uniform(2 * i) * 2 - 1) * std::ldexp(1.0f, static_cast<int>(i % 23) - 11);
+      y[i] = static_cast<float>(rng.uniform(2 * i + 1) * 2 - 1);
+    }
+    std::vector<float> dots(static_cast<std::size_t>(rows));
+    cpu::row_dots(x.data(), y.data(), rows, cols, dots.data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float chain = 0;
+      for (std::int64_t i = 0; i < cols; ++i) {
+        const float product = x[r * cols + i] * y[r * cols + i];
+        chain = chain + product;
+      }
+      CHECK(std::bit_cast<std::uint32_t>(dots[static_cast<std::size_t>(r)]) == std::bit_cast<std::uint32_t>(chain));
+    }
+  }
 }

@@ -580,6 +580,17 @@ TEST_CASE("round_bf16 gives the product's bits rounded afterwards, on every rout
   };
   for_each_case(31, 10, {1, 200, 1, 700, 1, 1100}, check);
   for_each_case(32, 2, {1, 8, 1, 40, 0, 0}, check);  // k = 0: C (zeros or as given) rounded
+  // The double kernel (finite-difference references) rounds through float.
+  for_each_case(34, 3, {1, 20, 1, 20, 1, 40}, [](const Case& t, GemmOperands op) {
+    if (op != GemmOperands::f32) return;
+    const std::vector<double> a(t.a.begin(), t.a.end()), b(t.b.begin(), t.b.end());
+    std::vector<double> plain(t.c0.begin(), t.c0.end()), rounded = plain;
+    GemmShape s{t.ta, t.tb, t.m, t.n, t.k, t.ta ? t.m : t.k, t.tb ? t.k : t.n, t.n, t.accumulate};
+    gemm_f64(s, a.data(), b.data(), plain.data());
+    s.round_bf16 = true;
+    gemm_f64(s, a.data(), b.data(), rounded.data());
+    for (std::size_t i = 0; i < plain.size(); ++i) CHECK(rounded[i] == round_to_bf16(static_cast<float>(plain[i])));
+  });
   if (amx_available()) {
     use_bf16_amx(true);
     for_each_case(33, 6, {1, 200, 1, 700, 1, 1100}, [&](const Case& t, GemmOperands op) {
@@ -637,10 +648,19 @@ TEST_CASE("the AMX route agrees with a double-precision product, and is not the 
         ++elements;
       }
   });
-  // K of whole 32-k chunks, where B read across k is packed straight into its panels.
-  for (const std::int64_t k : {32, 64, 256}) {
+  // K of whole 32-k chunks (B read across k is packed straight into its panels) and not: the
+  // same B stored either way gives the same bits (its two packers build the same panels).
+  for (const std::int64_t k : {32, 64, 256, 77}) {
     for_each_case(24 + static_cast<unsigned>(k), 6, {1, 80, 1, 80, k, k}, [&](const Case& t, GemmOperands op) {
-      if (op == GemmOperands::bf16) CHECK(worst_against_double(t, op, run(t, op)) <= 1.0);
+      if (op != GemmOperands::bf16) return;
+      const std::vector<float> c = run(t, op);
+      CHECK(worst_against_double(t, op, c) <= 1.0);
+      Case flipped = t;
+      flipped.tb = !t.tb;
+      for (std::int64_t kk = 0; kk < t.k; ++kk)
+        for (std::int64_t j = 0; j < t.n; ++j)
+          (flipped.tb ? flipped.b[j * t.k + kk] : flipped.b[kk * t.n + j]) = b_at(t, kk, j);
+      CHECK(same_bits(run(flipped, op), c));
     });
   }
   // Not the chain gemm.hpp defines (so the route is opt-in): here many elements differ.
