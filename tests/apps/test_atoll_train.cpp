@@ -504,19 +504,24 @@ TEST_CASE("apps: compute.bf16_gemm: amx trains on a CPU with AMX (layouts and th
                                            "checkpoint.every=4"};
   const auto [r, amx] = run("amx-ref-1", reference);
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  const auto [chain_run, chain] = run("chain-ref-1", {"topology.engine=reference", "compute.threads=1"});
+  REQUIRE(chain_run.exit_code == 0);
+  const bool chain_slow = !atl::cpu::cpu_features().bf16_dot;  // else its bf16 dot product is fast anyway
   if (!atl::cpu::amx_available()) {
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Catch::Contains("compute.bf16_gemm") && Catch::Contains("amx needs a CPU with AMX"));
     CHECK_FALSE(fs::exists(amx / "metrics.jsonl"));
+    CHECK_THAT(chain_run.out, !Catch::Contains("compute.bf16_gemm: amx"));  // no hint where AMX is missing
     return;
   }
+  // A chain run on an AMX CPU whose chain runs on FMAs says how to go faster; an AMX run does not.
+  CHECK(Catch::Contains("note: bf16 GEMMs run the portable chain").match(chain_run.out) == chain_slow);
+  CHECK_THAT(r.out, !Catch::Contains("note: bf16 GEMMs run the portable chain"));
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(nlohmann::json::parse(read_file(amx / "run.json")).at("cpu_kernel").get<std::string>(),
              Catch::Contains("(bf16 amx)"));
   const std::string expected = metrics_without_timing(amx / "metrics.jsonl");
   // Not the chain's bits (else the route would not be in use) ...
-  const auto [chain_run, chain] = run("chain-ref-1", {"topology.engine=reference", "compute.threads=1"});
-  REQUIRE(chain_run.exit_code == 0);
   CHECK(metrics_without_timing(chain / "metrics.jsonl") != expected);
   // ... but the same bits for 2 threads and for the actor runtime's two ranks.
   const auto [two_run, two] = run("amx-ref-2", {"topology.engine=reference", "compute.threads=2", "compute.bf16_gemm=amx"});
