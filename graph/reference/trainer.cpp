@@ -51,7 +51,7 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   // one tensor a task on the pool: elementwise or per tensor, so no bit depends on the threads.
   auto grad_tree = make_tree_sum<TensorMap>([](TensorMap& left, const TensorMap& right) {
     const auto l = left.tensors(), rt = right.tensors();
-    cpu::parallel_for_each(static_cast<std::int64_t>(l.size()), [&](std::int64_t i) {
+    cpu::parallel_for_each_largest_first(element_counts(l), [&](std::int64_t i) {
       add_inplace(l[static_cast<std::size_t>(i)], rt[static_cast<std::size_t>(i)]);
     });
   });
@@ -110,7 +110,7 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
     return r;
   }
   clip_grad_norm(grads, r.grad_norm, opt_.grad_clip);
-  cpu::parallel_for_each(static_cast<std::int64_t>(specs.size()), [&](std::int64_t i) {
+  cpu::parallel_for_each_largest_first(element_counts(grads), [&](std::int64_t i) {
     const ParamSpec& s = specs[static_cast<std::size_t>(i)];
     AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
                  static_cast<float>(opt_.eps), s.weight_decay ? static_cast<float>(opt_.weight_decay) : 0.0f};

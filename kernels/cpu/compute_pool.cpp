@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -112,6 +113,17 @@ void parallel_for_each(std::int64_t n, const std::function<void(std::int64_t)>& 
     return;
   }
   pool->run(static_cast<int>(n), [&](int i) { body(i); });
+}
+
+void parallel_for_each_largest_first(const std::vector<std::int64_t>& sizes,
+                                     const std::function<void(std::int64_t)>& body) {
+  std::vector<std::int64_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return sizes[static_cast<std::size_t>(a)] > sizes[static_cast<std::size_t>(b)];
+  });
+  parallel_for_each(static_cast<std::int64_t>(order.size()),
+                    [&](std::int64_t k) { body(order[static_cast<std::size_t>(k)]); });
 }
 
 int useful_parts(std::int64_t work, std::int64_t min_work) {

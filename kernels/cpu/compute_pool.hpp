@@ -63,6 +63,10 @@ void parallel_ranges(std::int64_t n, int parts, const std::function<void(std::in
 // Runs body(i) for each i < n, each as its own task on the current pool when there is one: for
 // items of uneven size, such as a model's tensors (a thread that finishes takes the next).
 void parallel_for_each(std::int64_t n, const std::function<void(std::int64_t)>& body);
+// parallel_for_each over items of the given sizes, the largest handed out first (so that no
+// thread starts a big item while the others run out of work); body(i) gets the item's index.
+void parallel_for_each_largest_first(const std::vector<std::int64_t>& sizes,
+                                     const std::function<void(std::int64_t)>& body);
 // How many parts a job of `work` units is worth splitting into on the current pool (at least
 // `min_work` units a part; 1 without a pool).
 int useful_parts(std::int64_t work, std::int64_t min_work);

@@ -89,3 +89,19 @@ TEST_CASE("parallel_for_each: every item once, one task each on the current pool
     }
   }
 }
+
+TEST_CASE("parallel_for_each_largest_first: every item once, handed out largest first (ties in index order)",
+          "[pool]") {
+  const std::vector<std::int64_t> sizes{3, 10, 1, 10, 7};
+  {  // without a pool the hand-out order is the run order
+    std::vector<std::int64_t> order;
+    parallel_for_each_largest_first(sizes, [&](std::int64_t i) { order.push_back(i); });
+    CHECK(order == std::vector<std::int64_t>{1, 3, 4, 0, 2});
+  }
+  ComputePool pool(3);
+  ComputePoolScope scope(&pool);
+  std::vector<std::atomic<int>> runs(sizes.size());
+  parallel_for_each_largest_first(sizes, [&](std::int64_t i) { ++runs[static_cast<std::size_t>(i)]; });
+  for (const auto& r : runs) CHECK(r.load() == 1);
+  CHECK(pool.shared_runs() == 1);
+}
