@@ -188,15 +188,15 @@ void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int6
     if constexpr (std::is_same_v<T, float>) {
       glu_row_partials(cfg, d_out + r * inter, row + v.g_offset, row + v.u_offset, v.elem_stride, terms, inter,
                        drow + v.g_offset, drow + v.u_offset);
-      continue;
-    }
-    for (std::int64_t i = 0; i < inter; ++i) {
-      const std::int64_t gi = v.g_offset + i * v.elem_stride, ui = v.u_offset + i * v.elem_stride;
-      T d_dg, d_du;
-      terms.partials(cfg, row[gi], row[ui], i, d_dg, d_du);
-      const T d = d_out[r * inter + i];
-      drow[gi] = d * d_dg;
-      drow[ui] = d * d_du;
+    } else {
+      for (std::int64_t i = 0; i < inter; ++i) {
+        const std::int64_t gi = v.g_offset + i * v.elem_stride, ui = v.u_offset + i * v.elem_stride;
+        T d_dg, d_du;
+        terms.partials(cfg, row[gi], row[ui], i, d_dg, d_du);
+        const T d = d_out[r * inter + i];
+        drow[gi] = d * d_dg;
+        drow[ui] = d * d_du;
+      }
     }
   }
 }
@@ -222,13 +222,13 @@ void glu_backward_split(const T* d_out, const T* gate, const T* up, std::int64_t
   terms.compute(cfg, gate, up, 1, n);
   if constexpr (std::is_same_v<T, float>) {
     glu_row_partials(cfg, d_out, gate, up, 1, terms, n, d_gate, d_up);
-    return;
-  }
-  for (std::int64_t i = 0; i < n; ++i) {
-    T d_dg, d_du;
-    terms.partials(cfg, gate[i], up[i], i, d_dg, d_du);
-    d_gate[i] = d_out[i] * d_dg;
-    d_up[i] = d_out[i] * d_du;
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) {
+      T d_dg, d_du;
+      terms.partials(cfg, gate[i], up[i], i, d_dg, d_du);
+      d_gate[i] = d_out[i] * d_dg;
+      d_up[i] = d_out[i] * d_du;
+    }
   }
 }
 

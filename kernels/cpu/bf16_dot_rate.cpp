@@ -1,8 +1,8 @@
 // How fast vdpbf16ps multiplies compared with vfmadd231ps on this core. CPUID says whether the
 // instruction exists, not what it costs: on Zen 5 bf16 GEMMs on it ran at 1.8-1.9x fp32 (earlier
 // sessions' bench), on Sapphire Rapids it issues at a quarter of the FMAs' rate (half their
-// multiply-adds: measured 0.50x), so there the bf16 chain is faster on fp32 FMAs. Either route gives the same bits (gemm.hpp),
-// so this measurement changes speed only.
+// multiply-adds: measured 0.50x), so there the bf16 chain is faster on fp32 FMAs. Either route
+// gives the same bits (gemm.hpp), so this measurement changes speed only.
 #include "kernels/cpu/cpu_features.hpp"
 
 #include <algorithm>

@@ -103,16 +103,10 @@ void parallel_ranges(std::int64_t n, int parts, const std::function<void(std::in
 }
 
 void parallel_for_each(std::int64_t n, const std::function<void(std::int64_t)>& body) {
-  if (n <= 0) return;
-  ComputePool* pool = tls_pool;
   if (n > std::numeric_limits<int>::max()) {
     throw std::invalid_argument("parallel_for_each: " + std::to_string(n) + " items; at most 2^31 - 1");
   }
-  if (!pool || n == 1) {
-    for (std::int64_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-  pool->run(static_cast<int>(n), [&](int i) { body(i); });
+  parallel_ranges(n, static_cast<int>(n), [&](std::int64_t i, std::int64_t) { body(i); });
 }
 
 void parallel_for_each_largest_first(const std::vector<std::int64_t>& sizes,

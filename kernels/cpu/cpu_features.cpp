@@ -69,7 +69,7 @@ void use_cpu_features(CpuFeatures f) {
   if (best.isa < f.isa) f.isa = best.isa;
   f.bf16_dot = f.bf16_dot && best.bf16_dot && f.isa == Isa::avx512;
   f.bf16_dot_slower = f.bf16_dot_slower && !f.bf16_dot;
-  f.bf16_amx = f.bf16_amx && amx_available();
+  f.bf16_amx = f.bf16_amx && f.isa == Isa::avx512 && amx_available();
   selected() = f;
 }
 
@@ -94,6 +94,10 @@ bool amx_available() {
 void use_bf16_amx(bool on) {
   if (on && !amx_available()) {
     throw CpuIsaError("AMX with bf16 is not available on this CPU (or Linux refused its tile state)");
+  }
+  if (on && selected().isa != Isa::avx512) {  // its packers are AVX-512 code
+    throw CpuIsaError("AMX needs the avx512 kernel level; ATOLL_CPU_ISA caps it at " +
+                      std::string(isa_name(selected().isa)));
   }
   selected().bf16_amx = on;
 }

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/bf16_emulation.hpp"
 #include "kernels/cpu/compute_pool.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm_kernels.hpp"
@@ -83,14 +84,12 @@ Plan plan_for(GemmOperands operands) {
 struct Scratch {
   void* a = nullptr;
   void* b = nullptr;
-  void* pairs = nullptr;  // AMX: operands read across k, packed before they take their tile layout
-  std::size_t a_bytes = 0, b_bytes = 0, pairs_bytes = 0;
+  std::size_t a_bytes = 0, b_bytes = 0;
   float tile[32 * 32];
 
   ~Scratch() {
     std::free(a);
     std::free(b);
-    std::free(pairs);
   }
   static void* grow(void*& p, std::size_t& have, std::size_t need) {
     if (need <= have) return p;
@@ -148,7 +147,7 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
   const std::int64_t pairs = (kc + 1) / 2, depth = route == Route::f32 ? kc : 2 * pairs;
   const bool k_contiguous = src.k_stride == 1;
   if (route == Route::bf16_dot && !k_contiguous) {  // every panel at once: whole rows read in order
-    pk.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width);
+    pk.bf16_pairs(src.base, src.k_stride, kc, count, static_cast<std::uint32_t*>(out), width, pairs);
     return;
   }
   if (route == Route::bf16_as_f32 && !k_contiguous) {
@@ -184,17 +183,8 @@ void pack_lines(const Lines& src, std::int64_t count, std::int64_t kc, std::int6
   }
 }
 
-std::int64_t padded_pairs(std::int64_t kc) { return (kc + 2 * kAmxChunkPairs - 1) / (2 * kAmxChunkPairs) * kAmxChunkPairs; }
-
-// Lines read across k (k_stride > 1), every panel in one pass over whole rows (panel by panel,
-// each row would be read in 128-byte pieces): bf16_dot's panels, `pairs` deep, in scratch.
-const std::uint32_t* pairs_across_k(const Lines& src, const Plan& p, std::int64_t count, std::int64_t kc,
-                                    std::int64_t width) {
-  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
-  auto* packed = static_cast<std::uint32_t*>(Scratch::grow(tls_scratch.pairs, tls_scratch.pairs_bytes,
-                                                           sizeof(std::uint32_t) * pairs * panels * width));
-  p.pack.bf16_pairs(src.base, src.k_stride, kc, count, packed, width);
-  return packed;
+std::int64_t padded_pairs(std::int64_t kc) {
+  return (kc + 2 * kAmxChunkPairs - 1) / (2 * kAmxChunkPairs) * kAmxChunkPairs;
 }
 
 // AMX A panels (gemm_kernels.hpp): per chunk of 16 pairs, MR rows of 16 pairs, zero past kc.
@@ -213,19 +203,15 @@ void pack_a_amx(const Lines& src, const Plan& p, std::int64_t mc, std::int64_t k
   }
 }
 
-// AMX B panels: bf16_dot's, each zero-padded to whole chunks.
+// AMX B panels: bf16_dot's, each zero-padded to whole chunks. B read across k is packed in one
+// pass over whole rows (panel by panel, each row would be read in 128-byte pieces).
 void pack_b_amx(const Lines& src, const Plan& p, std::int64_t nc, std::int64_t kc, void* out) {
   const std::int64_t pairs = (kc + 1) / 2, padded = padded_pairs(kc), width = p.nr;
-  if (src.k_stride != 1 && pairs == padded) {  // no padding pairs: bf16_dot's panels are already AMX's
-    p.pack.bf16_pairs(src.base, src.k_stride, kc, nc, static_cast<std::uint32_t*>(out), width);
-    return;
-  }
-  const std::uint32_t* packed = src.k_stride == 1 ? nullptr : pairs_across_k(src, p, nc, kc, width);
+  auto* panels = static_cast<std::uint32_t*>(out);
+  if (src.k_stride != 1) p.pack.bf16_pairs(src.base, src.k_stride, kc, nc, panels, width, padded);
   for (std::int64_t p0 = 0; p0 < nc; p0 += width) {
-    std::uint32_t* dst = static_cast<std::uint32_t*>(out) + p0 * padded;
-    if (packed) {
-      std::copy_n(packed + p0 * pairs, pairs * width, dst);
-    } else {
+    std::uint32_t* dst = panels + p0 * padded;
+    if (src.k_stride == 1) {
       p.pack.pair_lines(src.base + p0 * src.line_stride, src.line_stride, std::min(width, nc - p0), kc, dst, width);
     }
     std::fill(dst + pairs * width, dst + padded * width, 0u);
@@ -285,6 +271,7 @@ void run_tile(const Plan& p, std::int64_t depth, const void* ap, const void* bp,
 // bytes a panel holds per row (A) or column (B): 4 per k, or 4 per bf16 pair.
 struct KBlock {
   std::int64_t kc, depth, stride;
+  bool last;  // the final K block: C is complete after it
 };
 
 std::int64_t block_k(const Plan& p) { return pairs_route(p.route) ? kKcBf16 : kKc; }
@@ -294,7 +281,8 @@ KBlock k_block(const Plan& p, std::int64_t k, std::int64_t pc) {
   const std::int64_t depth = p.route == Route::f32        ? kc
                              : p.route == Route::bf16_amx ? 2 * padded_pairs(kc)
                                                           : (kc + 1) / 2 * 2;
-  return {kc, depth, static_cast<std::int64_t>(sizeof(float)) * (pairs_route(p.route) ? depth / 2 : depth)};
+  const std::int64_t stride = static_cast<std::int64_t>(sizeof(float)) * (pairs_route(p.route) ? depth / 2 : depth);
+  return {kc, depth, stride, pc + kc == k};
 }
 
 // vdpbf16ps treats denormal inputs (the accumulator's too) as zero and flushes denormal results,
@@ -330,11 +318,10 @@ class Bf16DenormalRule {
 };
 
 // The tiles of C rows [ic, ic + mc) x columns [jc, jc + nc) from packed A panels (the block's first
-// at ap) and packed B panels. With `last` (the block of the final K block) and round_bf16, the
-// block's C is rounded to bf16 while it is still in cache.
+// at ap) and packed B panels. In the final K block with round_bf16, the block's C is rounded to
+// bf16 while it is still in cache.
 void multiply_block(const Operands& o, const Plan& p, const KBlock& kb, const char* ap, const void* bp,
-                    std::int64_t ic, std::int64_t mc, std::int64_t jc, std::int64_t nc, bool accumulate, bool last,
-                    float* tile) {
+                    std::int64_t ic, std::int64_t mc, std::int64_t jc, std::int64_t nc, bool accumulate, float* tile) {
   for (std::int64_t jr = 0; jr < nc; jr += p.nr) {
     const char* b_panel = static_cast<const char*>(bp) + jr * kb.stride;
     for (std::int64_t ir = 0; ir < mc; ir += p.mr) {
@@ -342,7 +329,7 @@ void multiply_block(const Operands& o, const Plan& p, const KBlock& kb, const ch
                std::min<std::int64_t>(p.mr, mc - ir), std::min<std::int64_t>(p.nr, nc - jr), accumulate, tile);
     }
   }
-  if (last && o.s.round_bf16) {
+  if (kb.last && o.s.round_bf16) {
     for (std::int64_t i = ic; i < ic + mc; ++i) round_to_bf16_values(o.c + i * o.s.ldc + jc, nc);
   }
 }
@@ -366,7 +353,7 @@ void gemm_serial_whole_a(const Operands& o, const Plan& p) {
       pack_b(o, p, pc, kb.kc, jc, nc, bp);
       for (std::int64_t ic = 0; ic < s.m; ic += kMc) {
         multiply_block(o, p, kb, static_cast<const char*>(ap) + ic * kb.stride, bp, ic, std::min(kMc, s.m - ic), jc,
-                       nc, s.accumulate || pc > 0, pc + kb.kc == s.k, scratch.tile);
+                       nc, s.accumulate || pc > 0, scratch.tile);
       }
     }
   }
@@ -413,7 +400,7 @@ void gemm_serial(const Operands& o, const Plan& p) {
         void* ap = Scratch::grow(scratch.a, scratch.a_bytes, sizeof(float) * kb.depth * ((mc + p.mr - 1) / p.mr * p.mr));
         pack_a(o, p, ic, mc, pc, kb.kc, ap);
         multiply_block(o, p, kb, static_cast<const char*>(ap), bp, ic, mc, jc, nc, s.accumulate || pc > 0,
-                       pc + kb.kc == s.k, scratch.tile);
+                       scratch.tile);
       }
     }
   }
@@ -481,7 +468,7 @@ void gemm_f64(const GemmShape& s, const double* a, const double* b, double* c) {
       for (std::int64_t j = 0; j < s.n; ++j) ci[j] += aik * (s.trans_b ? b[j * s.ldb + k] : b[k * s.ldb + j]);
     }
     if (s.round_bf16) {
-      for (std::int64_t j = 0; j < s.n; ++j) ci[j] = round_to_bf16(static_cast<float>(ci[j]));
+      for (std::int64_t j = 0; j < s.n; ++j) ci[j] = maybe_round_bf16(ci[j], true);
     }
   }
 }

@@ -17,7 +17,8 @@
 //                   the fp32 route keeps denormals.
 // The one exception is opt-in: with use_bf16_amx (compute.bf16_gemm: amx) bf16 operands run on
 // AMX tiles, whose sums are not this chain (gemm_kernel_amx.cpp): still batch, tile and thread
-// invariant, but the same bits only among CPUs with AMX.
+// invariant, but not the same bits as CPUs without AMX (Intel does not specify tdpbf16ps' sum;
+// probed on Sapphire Rapids only).
 // Double (finite-difference references only) is a plain loop in the fp32 order.
 #pragma once
 #include <cstdint>

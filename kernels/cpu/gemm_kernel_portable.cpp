@@ -43,9 +43,8 @@ void transpose_lines(const std::uint32_t* src, std::int64_t src_stride, std::int
 }
 
 void bf16_pairs(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count, std::uint32_t* dst,
-                std::int64_t width) {
-  const std::int64_t pairs = (kc + 1) / 2;
-  for (std::int64_t p0 = 0; p0 < count; p0 += width, dst += pairs * width) {
+                std::int64_t width, std::int64_t panel_pairs) {
+  for (std::int64_t p0 = 0; p0 < count; p0 += width, dst += panel_pairs * width) {
     const std::int64_t lines = std::min(width, count - p0);
     std::uint32_t* row = dst;
     for (std::int64_t k = 0; k < kc; k += 2, row += width) {

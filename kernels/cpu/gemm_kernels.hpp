@@ -41,7 +41,8 @@ inline constexpr std::int64_t kPrefetchCols = 16;
 // Packing helpers. transpose: dst[c * width + l] = src[l * src_stride + c] for l < lines, c < cols,
 // and 0 for lines <= l < width.
 // bf16_pairs, for lines contiguous in memory (line l, k at src[k * k_stride + l]): `count` lines
-// into panels of `width` lines, panel p at dst + p * pairs * width, dst[q * width + l] =
+// into panels of `width` lines, panel p at dst + p * panel_pairs * width (panel_pairs >= the
+// k pairs; the rows past them are left as they are), dst[q * width + l] =
 // bits(k = 2q) | bits(k = 2q + 1) << 16 for its lines (the odd one 0 past kc), and 0 for the
 // last panel's lines past `lines`.
 // pair_lines: the same panel from k-contiguous lines (line l, k at src[l * line_stride + k]).
@@ -52,7 +53,7 @@ inline constexpr std::int64_t kPrefetchCols = 16;
 using TransposeLines = void (*)(const std::uint32_t* src, std::int64_t src_stride, std::int64_t lines,
                                 std::int64_t cols, std::uint32_t* dst, std::int64_t width);
 using Bf16Pairs = void (*)(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count,
-                           std::uint32_t* dst, std::int64_t width);
+                           std::uint32_t* dst, std::int64_t width, std::int64_t panel_pairs);
 using PairLines = void (*)(const float* src, std::int64_t line_stride, std::int64_t lines, std::int64_t kc,
                            std::uint32_t* dst, std::int64_t width);
 using SwappedRows = void (*)(const float* src, std::int64_t k_stride, std::int64_t kc, std::int64_t count, float* dst,
@@ -83,7 +84,8 @@ F32MicroKernel f32_kernel_avx512();
 Bf16MicroKernel bf16_kernel_avx512();
 PackKernels pack_kernels_avx512();
 // The AMX route's packers (AVX512_BF16): bf16_pairs and pair_lines as avx512's but denormals
-// rounded to zeros of their sign (tdpbf16ps reads bf16 denormals as zeros anyway), and amx_rows.
+// rounded to zeros of their sign (tdpbf16ps reads bf16 denormals as zeros anyway), amx_rows and
+// amx_rows_across_k.
 PackKernels pack_kernels_amx();
 // AMX (gemm_kernel_amx.cpp): 32 x 32 tiles; A panels as [k/32][32 rows][16 pairs], B panels as
 // bf16_pairs with width 32, both zero-padded to whole chunks of 32 k. A thread loads the tile

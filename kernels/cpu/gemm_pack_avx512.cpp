@@ -82,14 +82,15 @@ __attribute__((target("avx512f"), always_inline)) inline __mmask16 first_lanes(s
 // Every panel of the block at once, row pair by row pair: whole rows are read in order (the
 // hardware prefetcher follows them), each panel's pair row written at its place.
 __attribute__((target("avx512f"))) void bf16_pairs_avx512(const float* src, std::int64_t k_stride, std::int64_t kc,
-                                                          std::int64_t count, std::uint32_t* dst, std::int64_t width) {
-  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
+                                                          std::int64_t count, std::uint32_t* dst, std::int64_t width,
+                                                          std::int64_t panel_pairs) {
+  const std::int64_t panels = (count + width - 1) / width;
   for (std::int64_t k = 0; k < kc; k += 2) {
     const float* even = src + k * k_stride;
     const float* odd = k + 1 < kc ? even + k_stride : nullptr;
     prefetch_pair_ahead(even, k, kc, k_stride, count);
     std::uint32_t* row = dst + (k / 2) * width;
-    for (std::int64_t p = 0; p < panels; ++p, row += pairs * width) {
+    for (std::int64_t p = 0; p < panels; ++p, row += panel_pairs * width) {
       const std::int64_t first = p * width, lines = count - first < width ? count - first : width;
       for (std::int64_t i = 0; i < width; i += 16) {
         const __mmask16 m = first_lanes(lines - i), store = first_lanes(width - i);
@@ -195,15 +196,16 @@ ATOLL_AMX_PACK_TARGET void amx_rows_across_k(const float* src, std::int64_t k_st
 
 // bf16_pairs_avx512's panels: rows k and k + 1 rounded by one instruction, then interleaved.
 ATOLL_AMX_PACK_TARGET void bf16_pairs_amx(const float* src, std::int64_t k_stride, std::int64_t kc,
-                                          std::int64_t count, std::uint32_t* dst, std::int64_t width) {
-  const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
+                                          std::int64_t count, std::uint32_t* dst, std::int64_t width,
+                                          std::int64_t panel_pairs) {
+  const std::int64_t panels = (count + width - 1) / width;
   const __m512i interleave = pair_interleave();
   for (std::int64_t k = 0; k < kc; k += 2) {
     const float* even = src + k * k_stride;
     const float* odd = k + 1 < kc ? even + k_stride : nullptr;
     prefetch_pair_ahead(even, k, kc, k_stride, count);
     std::uint32_t* row = dst + (k / 2) * width;
-    for (std::int64_t p = 0; p < panels; ++p, row += pairs * width) {
+    for (std::int64_t p = 0; p < panels; ++p, row += panel_pairs * width) {
       const std::int64_t first = p * width, lines = count - first < width ? count - first : width;
       for (std::int64_t i = 0; i < width; i += 16) {
         const __mmask16 m = first_lanes(lines - i), store = first_lanes(width - i);
@@ -234,7 +236,9 @@ ATOLL_AMX_PACK_TARGET void pair_lines_amx(const float* src, std::int64_t line_st
       }
       transpose_16x16(r);
       const std::int64_t q0 = k0 / 2, block_pairs = pairs - q0 < 16 ? pairs - q0 : 16;
-      for (std::int64_t q = 0; q < block_pairs; ++q) _mm512_mask_storeu_epi32(dst + (q0 + q) * width + l0, store_mask, r[q]);
+      for (std::int64_t q = 0; q < block_pairs; ++q) {
+        _mm512_mask_storeu_epi32(dst + (q0 + q) * width + l0, store_mask, r[q]);
+      }
     }
   }
 }

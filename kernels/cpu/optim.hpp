@@ -13,7 +13,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, std::int64_
 
 // Sum of x[i]^2 in double, in lane_sum's fixed order (lane_sum.hpp): a float's square is exact in
 // double, so only the adds round, and the order depends on n alone: the same bits on every CPU.
-// 16 chains instead of one keep it at memory speed (one chain: 4 cycles an element).
+// 16 independent chains vectorize; one chain in index order was 4.4% of a two-thread AMX step.
 double sum_of_squares(const float* x, std::int64_t n);
 
 }  // namespace atl::cpu

@@ -384,7 +384,7 @@ bool guards_intact(const std::vector<T>& v, T guard) {
 
 // bf16_pairs and swapped_rows pack a whole block of lines into consecutive panels in one call:
 // each panel equals the panel packed alone from its own lines, the last one zero-padded, nothing
-// written past it.
+// written past it; with a deeper panel pitch, the same panels spaced out.
 TEST_CASE("gemm packing: bf16 pairs of many panels equal the panels packed one by one", "[gemm]") {
   using namespace cpu::gemm_detail;
   const std::vector<float> src = pack_source(0.37f, 89);
@@ -396,15 +396,25 @@ TEST_CASE("gemm packing: bf16 pairs of many panels equal the panels packed one b
           const std::int64_t pairs = (kc + 1) / 2, panels = (count + width - 1) / width;
           std::vector<std::uint32_t> all(static_cast<std::size_t>(panels * pairs * width + 16), 0xdeadbeefu);
           std::vector<float> swapped(static_cast<std::size_t>(panels * 2 * pairs * width + 16), -1.0f);
-          pk.bf16_pairs(src.data(), 64, kc, count, all.data(), width);
+          pk.bf16_pairs(src.data(), 64, kc, count, all.data(), width, pairs);
           pk.swapped_rows(src.data(), 64, kc, count, swapped.data(), width);
+          // With a deeper panel pitch (AMX's whole chunks) the same panels land further apart and
+          // the rows between them are left alone.
+          const std::int64_t pitch = pairs + 3;
+          std::vector<std::uint32_t> spaced(static_cast<std::size_t>(panels * pitch * width), 0xdeadbeefu);
+          pk.bf16_pairs(src.data(), 64, kc, count, spaced.data(), width, pitch);
+          for (std::int64_t p = 0; p < panels; ++p) {
+            const auto at = spaced.begin() + p * pitch * width;
+            CHECK(std::equal(at, at + pairs * width, all.begin() + p * pairs * width));
+            CHECK(std::all_of(at + pairs * width, at + pitch * width, [](std::uint32_t x) { return x == 0xdeadbeefu; }));
+          }
           CHECK(guards_intact(all, 0xdeadbeefu));
           CHECK(guards_intact(swapped, -1.0f));
           for (std::int64_t p = 0; p < panels; ++p) {
             const std::int64_t lines = std::min(width, count - p * width);
             std::vector<std::uint32_t> one(static_cast<std::size_t>(pairs * width + 16), 0xdeadbeefu);
             std::vector<float> one_swapped(static_cast<std::size_t>(2 * pairs * width + 16), -1.0f);
-            pk.bf16_pairs(src.data() + p * width, 64, kc, lines, one.data(), width);
+            pk.bf16_pairs(src.data() + p * width, 64, kc, lines, one.data(), width, pairs);
             pk.swapped_rows(src.data() + p * width, 64, kc, lines, one_swapped.data(), width);
             CHECK(guards_intact(one, 0xdeadbeefu));
             CHECK(guards_intact(one_swapped, -1.0f));
@@ -471,8 +481,8 @@ TEST_CASE("gemm packing reads nothing past its source's last line or k", "[gemm]
           pk.swapped_rows(copy.data(), lines, kc, lines, rows_c.data(), width);
           CHECK(std::memcmp(rows_g.data(), rows_c.data(), panel_floats * sizeof(float)) == 0);
           std::vector<std::uint32_t> pairs_g(pair_words), pairs_c(pair_words);
-          pk.bf16_pairs(guarded.data(), lines, kc, lines, pairs_g.data(), width);
-          pk.bf16_pairs(copy.data(), lines, kc, lines, pairs_c.data(), width);
+          pk.bf16_pairs(guarded.data(), lines, kc, lines, pairs_g.data(), width, (kc + 1) / 2);
+          pk.bf16_pairs(copy.data(), lines, kc, lines, pairs_c.data(), width, (kc + 1) / 2);
           CHECK(pairs_g == pairs_c);
           // k contiguous (line l, k at src[l * kc + k]), one panel of at most `width` lines.
           if (lines > width) continue;
@@ -512,7 +522,7 @@ TEST_CASE("gemm packing: panels are zero past the real lines and equal at every 
           std::vector<std::uint32_t> a(static_cast<std::size_t>(pairs * width + 16), 0xdeadbeefu);
           std::vector<std::uint32_t> b = a, t(static_cast<std::size_t>(kc * width + 16), 0xdeadbeefu);
           std::vector<float> sr(static_cast<std::size_t>(2 * pairs * width + 16), -1.0f), sl = sr;
-          pk.bf16_pairs(src.data(), 64, kc, lines, a.data(), width);      // lines contiguous
+          pk.bf16_pairs(src.data(), 64, kc, lines, a.data(), width, (kc + 1) / 2);  // lines contiguous
           pk.pair_lines(src.data(), 64, lines, kc, b.data(), width);      // k contiguous
           pk.transpose(reinterpret_cast<const std::uint32_t*>(src.data()), 64, lines, kc, t.data(), width);
           pk.swapped_rows(src.data(), 64, kc, lines, sr.data(), width);   // lines contiguous
@@ -564,6 +574,19 @@ TEST_CASE("gemm packing: panels are zero past the real lines and equal at every 
   }
 }
 
+namespace {
+
+// The opt-in AMX route for bf16 operands while in scope (cpu_features.hpp: use_bf16_amx).
+class AmxRoute {
+ public:
+  AmxRoute() { use_bf16_amx(true); }
+  ~AmxRoute() { use_bf16_amx(false); }
+  AmxRoute(const AmxRoute&) = delete;
+  AmxRoute& operator=(const AmxRoute&) = delete;
+};
+
+}  // namespace
+
 TEST_CASE("round_bf16 gives the product's bits rounded afterwards, on every route, block path and thread count",
           "[gemm]") {
   // k past a K block (256 fp32, 512 bf16) so only the last block rounds; n past a column block
@@ -592,26 +615,27 @@ TEST_CASE("round_bf16 gives the product's bits rounded afterwards, on every rout
     for (std::size_t i = 0; i < plain.size(); ++i) CHECK(rounded[i] == round_to_bf16(static_cast<float>(plain[i])));
   });
   if (amx_available()) {
-    use_bf16_amx(true);
+    const AmxRoute amx;
     for_each_case(33, 6, {1, 200, 1, 700, 1, 1100}, [&](const Case& t, GemmOperands op) {
       if (op == GemmOperands::bf16) check(t, op);
     });
-    use_bf16_amx(false);
   }
 }
 
-namespace {
 
-// The opt-in AMX route for bf16 operands while in scope (cpu_features.hpp: use_bf16_amx).
-class AmxRoute {
- public:
-  AmxRoute() { use_bf16_amx(true); }
-  ~AmxRoute() { use_bf16_amx(false); }
-  AmxRoute(const AmxRoute&) = delete;
-  AmxRoute& operator=(const AmxRoute&) = delete;
-};
-
-}  // namespace
+TEST_CASE("the AMX route is refused where it cannot run: no AMX, or a kernel level below avx512", "[gemm][amx]") {
+  const CpuFeatures saved = cpu_features();
+  if (amx_available()) {
+    use_cpu_features({Isa::avx2, false});  // its packers are AVX-512 code: ATOLL_CPU_ISA=avx2 rules it out
+    CHECK_THROWS_AS(use_bf16_amx(true), CpuIsaError);
+    use_cpu_features({Isa::avx2, false, false, true});
+    CHECK_FALSE(cpu_features().bf16_amx);
+  } else {
+    CHECK_THROWS_AS(use_bf16_amx(true), CpuIsaError);
+  }
+  CHECK_FALSE(cpu_features().bf16_amx);
+  use_cpu_features(saved);
+}
 
 TEST_CASE("the AMX route keeps rows independent of their batch and of the thread count", "[gemm][amx]") {
   if (!amx_available()) {
@@ -707,8 +731,8 @@ TEST_CASE("the AMX packers give the pair packers' bits, with denormals as zeros 
       };
       std::vector<std::uint32_t> got(static_cast<std::size_t>(padded * width + 16), 0xdeadbeefu), want = got;
       std::vector<std::uint32_t> rows = got;
-      amx.bf16_pairs(src.data(), 64, kc, lines, got.data(), width);  // lines contiguous
-      avx512.bf16_pairs(flushed_src.data(), 64, kc, lines, want.data(), width);
+      amx.bf16_pairs(src.data(), 64, kc, lines, got.data(), width, (kc + 1) / 2);  // lines contiguous
+      avx512.bf16_pairs(flushed_src.data(), 64, kc, lines, want.data(), width, (kc + 1) / 2);
       CHECK(got == want);
       amx.amx_rows_across_k(src.data(), 64, lines, kc, rows.data(), width, padded);
       check_rows(rows, want);
