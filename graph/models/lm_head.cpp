@@ -8,9 +8,8 @@ Tensor lm_head_forward(const TensorMap& w, const LmHeadSpec& s, const Tensor& hi
                        LmHeadCache& k) {
   k.hidden = hidden;
   k.norm = rmsnorm_forward(hidden, w.at(s.norm), s.norm_eps, ctx.precision);
-  Tensor logits = linear_forward(k.norm.y, w.at(s.head));
-  if (s.round_logits) round_activation(ctx.precision, logits);
-  return logits;
+  // fp32 operands (the head is fp32 or an island); bf16 logits rounded by the GEMM as it finishes.
+  return linear_forward(k.norm.y, w.at(s.head), Precision::fp32, s.round_logits && ctx.precision == Precision::bf16);
 }
 
 Tensor lm_head_backward(const TensorMap& w, const LmHeadSpec& s, const LmHeadCache& k, const Tensor& d_logits,

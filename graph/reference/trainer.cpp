@@ -10,6 +10,17 @@
 
 namespace atl {
 
+namespace {
+
+// Each parameter's element count, in spec order (the order of every TensorMap the step builds).
+std::vector<std::int64_t> spec_sizes(const std::vector<ParamSpec>& specs) {
+  std::vector<std::int64_t> sizes;
+  for (const auto& s : specs) sizes.push_back(shape_numel(s.shape));
+  return sizes;
+}
+
+}  // namespace
+
 ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap master, Precision precision,
                                    std::int64_t micro_batch, OptimizerSettings optimizer, int compute_threads)
     : model_(std::move(model)),
@@ -18,10 +29,11 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TensorMap
       exp_avg_sq_(TensorMap::zeros_like(model_->specs())),
       precision_(precision),
       micro_batch_(micro_batch),
-      opt_(optimizer) {
+      opt_(optimizer),
+      weights_(compute_weights(model_->specs(), master_, precision_)),
+      sizes_(spec_sizes(model_->specs())) {
   if (micro_batch_ <= 0) throw std::invalid_argument("train.micro_batch: expected a positive integer");
   if (compute_threads > 1) pool_ = std::make_unique<cpu::ComputePool>(compute_threads);
-  weights_ = compute_weights(model_->specs(), master_, precision_);
 }
 
 ReferenceTrainer::ReferenceTrainer(std::shared_ptr<const Model> model, TrainingState state, Precision precision,
@@ -46,12 +58,11 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
   const float grad_scale = loss_grad_scale(r.targets);
 
   cpu::ComputePoolScope scope(pool_.get());
-  const TensorMap& weights = weights_;
   // Step-wide work between and after the micro-batches (the tree's adds, the norm, AdamW) runs
   // one tensor a task on the pool: elementwise or per tensor, so no bit depends on the threads.
-  auto grad_tree = make_tree_sum<TensorMap>([](TensorMap& left, const TensorMap& right) {
+  auto grad_tree = make_tree_sum<TensorMap>([&](TensorMap& left, const TensorMap& right) {
     const auto l = left.tensors(), rt = right.tensors();
-    cpu::parallel_for_each_largest_first(element_counts(l), [&](std::int64_t i) {
+    cpu::parallel_for_each_largest_first(sizes_, [&](std::int64_t i) {
       add_inplace(l[static_cast<std::size_t>(i)], rt[static_cast<std::size_t>(i)]);
     });
   });
@@ -71,7 +82,7 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
       micro_grads[i] = TensorMap::zeros_like(specs);
       Batch micro = batch.slice_rows(m * micro_batch_, (m + 1) * micro_batch_);
       routing[i].clear();
-      losses[i] = model_->forward_backward(weights, micro, precision_, grad_scale, micro_grads[i], &routing[i]).loss_sum;
+      losses[i] = model_->forward_backward(weights_, micro, precision_, grad_scale, micro_grads[i], &routing[i]).loss_sum;
     };
     if (pool_) {
       pool_->run(count, run_micro_batch);
@@ -110,7 +121,7 @@ StepResult ReferenceTrainer::step(const Batch& batch, bool record_routing) {
     return r;
   }
   clip_grad_norm(grads, r.grad_norm, opt_.grad_clip);
-  cpu::parallel_for_each_largest_first(element_counts(grads), [&](std::int64_t i) {
+  cpu::parallel_for_each_largest_first(sizes_, [&](std::int64_t i) {
     const ParamSpec& s = specs[static_cast<std::size_t>(i)];
     AdamWHyper h{static_cast<float>(r.lr), static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2),
                  static_cast<float>(opt_.eps), s.weight_decay ? static_cast<float>(opt_.weight_decay) : 0.0f};

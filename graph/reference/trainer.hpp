@@ -52,6 +52,7 @@ class ReferenceTrainer : public TrainingEngine {
   // What the forward reads: compute_weights(master_), kept current by each step's AdamW (fp32
   // tensors are master_'s own storage; bf16 copies are written by the fused update).
   TensorMap weights_;
+  std::vector<std::int64_t> sizes_;  // parameters' element counts (spec order): the step's tasks, largest first
 };
 
 }  // namespace atl

@@ -159,10 +159,10 @@ void print_run_header(std::ostream& out, const RunConfig& config, const Model& m
       << std::flush;
   out << "start: " << begin.description << "\n";
   if (config.precision == Precision::bf16 && !config.compute.bf16_amx && !cpu::cpu_features().bf16_dot &&
-      cpu::amx_available()) {  // the portable chain on FMAs, where AMX would be much faster
+      cpu::amx_in_cpu()) {  // the portable chain on FMAs, where AMX would be much faster
     out << "note: bf16 GEMMs run the portable chain on fp32 FMAs here (about fp32's speed); compute.bf16_gemm: amx "
-           "runs them on this CPU's AMX tiles (a beam-small step ~1.5x faster), the same bits then only among CPUs "
-           "with AMX (docs/numerics.md)\n";
+           "runs them on this CPU's AMX tiles (a beam-small step ~1.5x fp32's speed), the same bits then only among "
+           "CPUs with AMX (docs/numerics.md)\n";
   }
   if (!begin.changed_settings.empty()) {
     out << "note: settings differ from the checkpoint's run: " << begin.changed_settings

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <optional>
 #include <ostream>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -400,11 +402,15 @@ std::string changed_settings(const RunConfig& config, const nlohmann::json& trai
   static const std::pair<const char*, const char*> keys[] = {
       {"train", "steps"},        {"train", "lr"},      {"train", "warmup"}, {"train", "min_lr_ratio"},
       {"train", "weight_decay"}, {"train", "beta1"},   {"train", "beta2"},  {"train", "adam_eps"},
-      {"train", "grad_clip"},    {"train", "micro_batch"}, {"precision", nullptr}};
+      {"train", "grad_clip"},    {"train", "micro_batch"}, {"precision", nullptr}, {"compute", "bf16_gemm"}};
+  const nlohmann::json chain = "chain";  // compute.bf16_gemm of checkpoints written before the key existed
   std::string changed;
   for (const auto& [section, key] : keys) {
+    const bool gemm = std::string_view(section) == "compute";
+    if (gemm && config.precision != Precision::bf16) continue;  // fp32 runs have no bf16 GEMMs
     const nlohmann::json* was = saved.contains(section) ? &saved.at(section) : nullptr;
     if (was && key) was = was->is_object() && was->contains(key) ? &was->at(key) : nullptr;
+    if (!was && gemm) was = &chain;
     const nlohmann::json& is = key ? now.at(section).at(key) : now.at(section);
     if (was && *was != is) {
       changed += fmt::format("{}{}{}{} {} -> {}", changed.empty() ? "" : ", ", section, key ? "." : "",

@@ -73,17 +73,24 @@ void use_cpu_features(CpuFeatures f) {
   selected() = f;
 }
 
+bool amx_in_cpu() {
+#if defined(__x86_64__)
+  unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
+  __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
+  const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
+  // (The route's packers round with AVX512_BF16, which every AMX CPU so far has.)
+  return tile && bf16 && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 bool amx_available() {
 #if defined(__x86_64__)
   static const bool available = [] {
-    unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
-    __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
-    const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
     // Linux hands out the 8 KiB tile state only on request (once per process, for every thread).
     constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    // (The route's packers round with AVX512_BF16, which every AMX CPU so far has.)
-    return tile && bf16 && __builtin_cpu_supports("avx512bf16") &&
-           syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+    return amx_in_cpu() && syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
   }();
   return available;
 #else

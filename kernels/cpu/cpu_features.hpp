@@ -40,7 +40,9 @@ double bf16_dot_rate_vs_fma();
 // what the CPU has). Not for use while kernels run on other threads.
 void use_cpu_features(CpuFeatures f);
 
-// AMX tiles with bf16 (CPUID) and Linux's permission for their state, asked once per process.
+// AMX tiles with bf16, per CPUID alone (asks Linux for nothing).
+bool amx_in_cpu();
+// amx_in_cpu() and Linux's permission for the tile state, asked once per process.
 bool amx_available();
 // compute.bf16_gemm: amx (on) or chain (off), for every later kernel call in this process; on
 // throws CpuIsaError where amx_available() is false.

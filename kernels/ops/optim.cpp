@@ -41,12 +41,17 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
                   param.numel(), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step, copy);
 }
 
-std::vector<std::int64_t> element_counts(const std::vector<Tensor>& tensors) {
+namespace {
+
+// Each tensor's element count, in order (the sizes parallel_for_each_largest_first takes).
+std::vector<std::int64_t> numels(const std::vector<Tensor>& tensors) {
   std::vector<std::int64_t> counts;
   counts.reserve(tensors.size());
   for (const Tensor& t : tensors) counts.push_back(t.numel());
   return counts;
 }
+
+}  // namespace
 
 double grad_sum_of_squares(const Tensor& grad) {
   detail::require_dtype("grad_sum_of_squares", "grad", grad, DType::f32);
@@ -57,7 +62,7 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
   KernelScope scope(KernelKind::optimizer);
   // Each tensor's sum on its own (on the compute pool when there is one), then added in order.
   std::vector<double> sums(grads.size());
-  cpu::parallel_for_each_largest_first(element_counts(grads), [&](std::int64_t i) {
+  cpu::parallel_for_each_largest_first(numels(grads), [&](std::int64_t i) {
     sums[static_cast<std::size_t>(i)] = grad_sum_of_squares(grads[static_cast<std::size_t>(i)]);
   });
   double total = 0;
@@ -73,7 +78,7 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double norm, double max_
   KernelScope scope(KernelKind::optimizer);
   const double factor = clip_factor(norm, max_norm);
   if (factor < 1.0) {
-    cpu::parallel_for_each_largest_first(element_counts(grads), [&](std::int64_t i) {
+    cpu::parallel_for_each_largest_first(numels(grads), [&](std::int64_t i) {
       scale_inplace(grads[static_cast<std::size_t>(i)], static_cast<float>(factor));
     });
   }

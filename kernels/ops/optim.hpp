@@ -22,9 +22,6 @@ struct AdamWHyper {
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamWHyper& hyper, std::int64_t step, const Tensor* bf16_copy = nullptr);
 
-// Each tensor's numel, in order (the sizes cpu::parallel_for_each_largest_first takes).
-std::vector<std::int64_t> element_counts(const std::vector<Tensor>& tensors);
-
 // Sum of squares of one f32 tensor in double (cpu::sum_of_squares' fixed lane order).
 double grad_sum_of_squares(const Tensor& grad);
 // sqrt of the sum of per-tensor sums of squares, added in the order given (the tensors' sums run
