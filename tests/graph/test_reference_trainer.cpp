@@ -1,12 +1,12 @@
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <bit>
 #include <cmath>
 
 #include "graph/reference/trainer.hpp"
 #include "kernels/tree_sum.hpp"
 #include "tests/graph/beam_test_support.hpp"
+#include "tests/support/same_bits.hpp"
 #include "tests/support/worst_of.hpp"
 
 using namespace atl;
@@ -117,9 +117,8 @@ TEST_CASE("A bf16 trainer rebuilt from its state before every step gives the con
     CHECK(std::bit_cast<std::uint64_t>(a.loss) == std::bit_cast<std::uint64_t>(b.loss));
     CHECK(std::bit_cast<std::uint64_t>(a.grad_norm) == std::bit_cast<std::uint64_t>(b.grad_norm));
     for (const auto& name : going.master().names()) {
-      const auto pa = going.master().at(name).span<float>(), pb = rebuilt.master().at(name).span<float>();
-      CHECK(std::equal(pa.begin(), pa.end(), pb.begin(), pb.end(),
-                       [](float x, float y) { return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y); }));
+      INFO(name);
+      CHECK(testing::same_bits(going.master().at(name), rebuilt.master().at(name)));
     }
   }
 }

@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/ops/activation.hpp"
 #include "tests/support/gradcheck.hpp"
+#include "tests/support/isa_levels.hpp"
 
 using namespace atl;
 using atl::testing::numeric_gradient;
@@ -154,7 +155,6 @@ TEST_CASE("glu float rows give the scalar formulas' bits at every instruction-se
   // The vectorized row loops (glu_rows.cpp) against glu_value_given / glu_partials one element at
   // a time; 37 per row leaves a remainder after every vector width.
   const std::int64_t rows = 3, inter = 37;
-  const cpu::CpuFeatures best = cpu::detected_cpu_features();
   for (auto act : {GluActivation::swiglu, GluActivation::situ}) {
     for (auto layout : {GluLayout::concatenated, GluLayout::interleaved}) {
       INFO("situ " << (act == GluActivation::situ) << " interleaved " << (layout == GluLayout::interleaved));
@@ -176,17 +176,13 @@ TEST_CASE("glu float rows give the scalar formulas' bits at every instruction-se
           want_d[gi] = d[r * inter + i] * d_dg;
           want_d[ui] = d[r * inter + i] * d_du;
         }
-      for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
-        if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
-        INFO("isa " << cpu::isa_name(isa));
-        cpu::use_cpu_features({isa, false});
+      testing::for_each_isa_level([&] {
         std::vector<float> out(want_out.size()), dgu(want_d.size());
         cpu::glu_forward(gu.data(), rows, inter, cfg, Precision::fp32, out.data());
         cpu::glu_backward(d.data(), gu.data(), rows, inter, cfg, dgu.data());
         CHECK(std::memcmp(out.data(), want_out.data(), out.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(dgu.data(), want_d.data(), dgu.size() * sizeof(float)) == 0);
-      }
-      cpu::use_cpu_features(best);
+      });
     }
   }
 }

@@ -10,20 +10,15 @@
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/dtype.hpp"
+#include "tests/support/isa_levels.hpp"
+#include "tests/support/same_bits.hpp"
 
 using namespace atl;
 
-namespace {
-
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
-}
-
-}  // namespace
+using testing::same_bits;
 
 TEST_CASE("elementwise loops give one IEEE operation's bits per element at every instruction-set level",
           "[elementwise][isa]") {
-  const cpu::CpuFeatures best = cpu::detected_cpu_features();
   for (const std::int64_t n : {0, 1, 7, 16, 17, 33, 1001}) {
     INFO("n " << n);
     std::mt19937 rng(static_cast<unsigned>(n) + 3);
@@ -40,10 +35,7 @@ TEST_CASE("elementwise loops give one IEEE operation's bits per element at every
       sum[i] = lhs + rhs;
       sum_bf16[i] = round_to_bf16(sum[i]);
     }
-    for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
-      if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
-      INFO("isa " << cpu::isa_name(isa));
-      cpu::use_cpu_features({isa, false});
+    testing::for_each_isa_level([&] {
       std::vector<float> x = a, y(a.size(), -7.0f);
       cpu::add_values(x.data(), b.data(), n);
       CHECK(same_bits(x, add));
@@ -57,7 +49,6 @@ TEST_CASE("elementwise loops give one IEEE operation's bits per element at every
       x = a;  // in place: the output is input a itself
       cpu::scaled_sum_values(x.data(), ca, b.data(), cb, true, x.data(), n);
       CHECK(same_bits(x, sum_bf16));
-    }
-    cpu::use_cpu_features(best);
+    });
   }
 }

@@ -9,6 +9,7 @@
 #include "kernels/cpu/optim.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/ops/optim.hpp"
+#include "tests/support/isa_levels.hpp"
 
 using namespace atl;
 
@@ -52,7 +53,6 @@ TEST_CASE("Warmup + cosine schedule hits its anchors", "[optim]") {
 
 TEST_CASE("AdamW gives the bits of a scalar loop at every instruction-set level, tails included", "[optim][isa]") {
   // Lengths around the vector widths (8, 16) and their multiples: the vectorized body and its tail.
-  const cpu::CpuFeatures best = cpu::detected_cpu_features();
   for (const std::int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 33, 1003}) {
     INFO("n " << n);
     std::mt19937 rng(static_cast<unsigned>(n));
@@ -76,10 +76,7 @@ TEST_CASE("AdamW gives the bits of a scalar loop at every instruction-set level,
       ve[i] = beta2 * ve[i] + (1.0f - beta2) * g[i] * g[i];
       pe[i] -= lr / bias1 * me[i] / (std::sqrt(ve[i]) / std::sqrt(bias2) + eps);
     }
-    for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
-      if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
-      INFO("isa " << cpu::isa_name(isa));
-      cpu::use_cpu_features({isa, false});
+    testing::for_each_isa_level([&] {
       for (bool with_copy : {false, true}) {  // the fused bf16 copy leaves the update's bits alone
         INFO("bf16 copy " << with_copy);
         std::vector<float> p = p0, m = m0, v = v0, copy(p0.size(), -1.0f);
@@ -93,8 +90,7 @@ TEST_CASE("AdamW gives the bits of a scalar loop at every instruction-set level,
           CHECK(std::memcmp(&copy[i], &want, sizeof(float)) == 0);
         }
       }
-    }
-    cpu::use_cpu_features(best);
+    });
   }
 }
 
@@ -116,11 +112,7 @@ TEST_CASE("The sum of squares adds in its fixed lane order at every instruction-
   std::vector<float> probe(16, 1.0f);
   probe[0] = 134217728.0f;  // 2^27
   const double two54 = 18014398509481984.0;
-  const cpu::CpuFeatures best = cpu::detected_cpu_features();
-  for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
-    if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
-    INFO("isa " << cpu::isa_name(isa));
-    cpu::use_cpu_features({isa, false});
+  testing::for_each_isa_level([&] {
     CHECK(cpu::sum_of_squares(probe.data(), 16) == two54 + 12);
     for (const std::int64_t n : {0, 1, 15, 16, 17, 33, 1003, 100000}) {
       INFO("n " << n);
@@ -130,8 +122,7 @@ TEST_CASE("The sum of squares adds in its fixed lane order at every instruction-
       for (float& v : x) v = normal(rng) * std::exp2(static_cast<float>(rng() % 40) - 20.0f);
       CHECK(cpu::sum_of_squares(x.data(), n) == lane_order_sum_of_squares(x));
     }
-  }
-  cpu::use_cpu_features(best);
+  });
 }
 
 TEST_CASE("AdamW's bf16 copy must be a tensor of its own, of the param's shape", "[optim]") {

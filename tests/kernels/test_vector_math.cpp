@@ -13,6 +13,7 @@
 #include "kernels/cpu/vector_math.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/rng.hpp"
+#include "tests/support/isa_levels.hpp"
 #include "tests/support/worst_of.hpp"
 
 using namespace atl;
@@ -41,21 +42,18 @@ std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
 // Runs fn(x) at every instruction-set level this CPU has; all must give the same bits.
 template <class Fn>
 std::vector<float> same_at_every_level(const std::vector<float>& x, Fn fn) {
-  const cpu::CpuFeatures best = cpu::detected_cpu_features();
   std::vector<float> first;
-  for (cpu::Isa isa : {cpu::Isa::portable, cpu::Isa::avx2, cpu::Isa::avx512}) {
-    if (static_cast<int>(isa) > static_cast<int>(best.isa)) continue;
-    INFO("isa " << cpu::isa_name(isa));
-    cpu::use_cpu_features({isa, false});
+  bool have_first = false;
+  testing::for_each_isa_level([&] {
     std::vector<float> y = x;
     fn(y.data(), static_cast<std::int64_t>(y.size()));
-    if (first.empty()) {
+    if (!have_first) {
       first = y;
+      have_first = true;
     } else {
       CHECK(bits_of(y) == bits_of(first));
     }
-  }
-  cpu::use_cpu_features(best);
+  });
   return first;
 }
 
