@@ -13,8 +13,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/attention_rows.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/libm_float.hpp"
 #include "kernels/cpu/lane_sum.hpp"
@@ -74,6 +76,11 @@ inline constexpr std::int64_t kAttentionQueryTile = 64;
 
 namespace attention_detail {
 
+// float scores without a bias run attention_rows.hpp's vectorized loops; every other instance
+// (double references, biased scores) the generic loops below, which give the same bits.
+template <class T, class Bias>
+inline constexpr bool kRowLoops = std::is_same_v<T, float> && std::is_same_v<Bias, NoScoreBias<float>>;
+
 // One tile of queries [t0, t1) of batch row b and the key range [j0, j1) they can see.
 struct QueryTile {
   std::int64_t b, t0, t1, j0, j1;
@@ -106,17 +113,21 @@ void tile_scores(const QueryTile& tile, const AttentionShape& shape, std::int64_
     T* row = scores + (t - tile.t0) * nk;
     const std::int64_t g = shape.key_of(tile.b, t);
     const std::int64_t lo = attention_first_key(g, pos[t], window);
-    bool any = false;
-    for (std::int64_t j = tile.j0; j < tile.j1; ++j) {
-      T& s = row[j - tile.j0];
-      if (j < lo || j > g || !ok[j]) {
-        s = fill;
-        continue;
+    if constexpr (kRowLoops<T, Bias>) {
+      any_visible[t - tile.t0] = mask_score_row(row, ok + tile.j0, lo - tile.j0, g + 1 - tile.j0, nk, scale, fill);
+    } else {
+      bool any = false;
+      for (std::int64_t j = tile.j0; j < tile.j1; ++j) {
+        T& s = row[j - tile.j0];
+        if (j < lo || j > g || !ok[j]) {
+          s = fill;
+          continue;
+        }
+        s = scale * s + bias.value(tile.b, h, t, j);
+        any = true;
       }
-      s = scale * s + bias.value(tile.b, h, t, j);
-      any = true;
+      any_visible[t - tile.t0] = any;
     }
-    any_visible[t - tile.t0] = any;
   }
 }
 
@@ -179,15 +190,19 @@ void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* p
           }
           const KeySpan keys = key_span(tile, shape.key_of(b, t), pos[t], window);
           T* p = row + keys.begin;
-          T m = sink;
-          for (std::int64_t j = 0; j < keys.count; ++j) m = std::max(m, p[j]);
-          for (std::int64_t j = 0; j < keys.count; ++j) p[j] -= m;  // masked: -inf - m = -inf, exp 0
-          exp_values(p, keys.count);  // unnormalised probabilities
-          const T sink_term = sinks.enabled() ? exp_value(sink - m) : T(0);
-          const T sum = sink_term + key_sum<T>(keys, [&](std::int64_t j) { return p[j]; });
-          *lse_t = m + log_rounded(sum);
-          const T inv_sum = T(1) / sum;
-          for (std::int64_t j = 0; j < keys.count; ++j) p[j] *= inv_sum;
+          if constexpr (kRowLoops<T, Bias>) {
+            const KeySoftmax soft = softmax_key_row(p, keys.count, sink, sinks.enabled());
+            *lse_t = soft.max + log_rounded(soft.sum);
+          } else {
+            const T m = lane_max<T>(keys.count, sink, [&](std::int64_t j) { return p[j]; });
+            for (std::int64_t j = 0; j < keys.count; ++j) p[j] -= m;  // masked: -inf - m = -inf, exp 0
+            exp_values(p, keys.count);                                // unnormalised probabilities
+            const T sink_term = sinks.enabled() ? exp_value(sink - m) : T(0);
+            const T sum = sink_term + key_sum<T>(keys, [&](std::int64_t j) { return p[j]; });
+            *lse_t = m + log_rounded(sum);
+            const T inv_sum = T(1) / sum;
+            for (std::int64_t j = 0; j < keys.count; ++j) p[j] *= inv_sum;
+          }
           keys.zero_outside(row, nk);
         }
         gemm<T>(false, false, tile.queries(), D, nk, probs.data(), nk, v_head + tile.j0 * kv_row, kv_row, false,
@@ -241,13 +256,18 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
           const KeySpan keys = key_span(tile, shape.key_of(b, t), pos[t], window);
           T* pk = p + keys.begin;
           T* dsk = ds + keys.begin;
-          for (std::int64_t j = 0; j < keys.count; ++j) pk[j] -= lse_t;
-          exp_values(pk, keys.count);
-          const T delta = key_sum<T>(keys, [&](std::int64_t j) { return pk[j] * dsk[j]; });
-          for (std::int64_t j = 0; j < keys.count; ++j) {
-            dsk[j] = pk[j] * (dsk[j] - delta);
-            if (pk[j] != T(0)) bias.add_grad(b, h, t, tile.j0 + keys.begin + j, dsk[j]);
-            dsk[j] *= scale;
+          T delta;
+          if constexpr (kRowLoops<T, Bias>) {
+            delta = softmax_grad_key_row(pk, dsk, keys.count, lse_t, scale);
+          } else {
+            for (std::int64_t j = 0; j < keys.count; ++j) pk[j] -= lse_t;
+            exp_values(pk, keys.count);
+            delta = key_sum<T>(keys, [&](std::int64_t j) { return pk[j] * dsk[j]; });
+            for (std::int64_t j = 0; j < keys.count; ++j) {
+              dsk[j] = pk[j] * (dsk[j] - delta);
+              if (pk[j] != T(0)) bias.add_grad(b, h, t, tile.j0 + keys.begin + j, dsk[j]);
+              dsk[j] *= scale;
+            }
           }
           keys.zero_outside(p, nk);
           keys.zero_outside(ds, nk);

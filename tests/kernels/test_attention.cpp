@@ -1,7 +1,8 @@
 // GQA attention over packed rows: a brute-force reference (explicit mask matrix, sink as an extra
 // zero-value column), finite-difference gradients in double for q, k, v and sinks, the sink LSE
 // form, document isolation, sliding windows, rows starting inside a document, queries with no
-// visible key, the GQA head mapping, position validation and bf16-vs-fp32 agreement.
+// visible key, the GQA head mapping, position validation, bf16-vs-fp32 agreement, and the float
+// row loops (attention_rows.hpp) against the generic ones.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -13,6 +14,8 @@
 #include "kernels/cpu/attention.hpp"
 #include "kernels/ops/attention.hpp"
 #include "tests/support/gradcheck.hpp"
+#include "tests/support/isa_levels.hpp"
+#include "tests/support/same_bits.hpp"
 #include "tests/support/worst_of.hpp"
 
 using namespace atl;
@@ -750,4 +753,86 @@ TEST_CASE("attention: the log-sum-exp is the fp32 value nearest log(sum)", "[att
   volatile float s = static_cast<float>(S);  // not folded at compile time (GCC folds correctly rounded)
   INFO("glibc logf(1579) = " << std::log(s) << ", the nearest fp32 " << last);  // differ on glibc 2.36
   CHECK(f.lse.data<float>()[0] == 0.0f);  // the first query sees one key: log(1)
+}
+
+namespace {
+
+// A zero score bias that is not NoScoreBias: it sends a float run through the generic loops.
+struct ZeroBias {
+  float value(std::int64_t, std::int64_t, std::int64_t, std::int64_t) const { return 0.0f; }
+  void add_grad(std::int64_t, std::int64_t, std::int64_t, std::int64_t, float) const {}
+};
+
+struct FloatRun {
+  std::vector<float> out, lse, dq, dk, dv, dsinks;
+};
+
+// Forward and backward of float attention with the given bias type.
+template <class Bias>
+FloatRun run_float(const cpu::AttentionShape& shape, const std::vector<float>& q, const std::vector<float>& k,
+                   const std::vector<float>& v, const std::vector<float>& dout, const std::vector<std::int64_t>& pos,
+                   const std::vector<char>& valid, const std::vector<float>& sinks, std::int64_t window) {
+  const auto* ok = reinterpret_cast<const bool*>(valid.data());
+  FloatRun r{std::vector<float>(q.size()), std::vector<float>(static_cast<std::size_t>(shape.batch * shape.q_heads *
+                                                                                         shape.seq)),
+             std::vector<float>(q.size()),  std::vector<float>(k.size()),
+             std::vector<float>(v.size()),  std::vector<float>(sinks.size())};
+  cpu::SinkLogits<float> sink_logits;
+  if (!sinks.empty()) {
+    sink_logits.values = sinks.data();
+    sink_logits.grads = r.dsinks.data();
+  }
+  const float scale = 0.35f;
+  cpu::attention_forward<float, Bias>(q.data(), k.data(), v.data(), pos.data(), ok, sink_logits, r.out.data(),
+                                      r.lse.data(), shape, window, scale);
+  cpu::attention_backward<float, Bias>(dout.data(), q.data(), k.data(), v.data(), r.lse.data(), pos.data(), ok,
+                                       sink_logits, r.dq.data(), r.dk.data(), r.dv.data(), shape, window, scale);
+  return r;
+}
+
+std::vector<float> floats(std::size_t n, std::uint64_t seed, const char* name) {
+  const std::vector<double> d = random_vector(n, seed, 2.0, name);
+  return {d.begin(), d.end()};
+}
+
+}  // namespace
+
+TEST_CASE("attention: the float row loops give the generic loops' bits at every instruction-set level",
+          "[attention]") {
+  // Rows longer than a query tile, documents of every length class around the 16 lanes (1, 15,
+  // 17, 40, ...), invalid keys, a row starting inside a document, and zero queries (zero scores).
+  const cpu::AttentionShape shape{2, 150, 4, 2, 8};
+  std::vector<std::int64_t> pos;
+  std::vector<char> valid;
+  const std::vector<std::int64_t> docs_row0{1, 15, 17, 40, 3, 64, 10}, docs_row1{33, 100, 17};
+  for (const auto* docs : {&docs_row0, &docs_row1}) {
+    std::int64_t start = docs == &docs_row1 ? 5 : 0;  // row 1 starts inside a document
+    for (const std::int64_t len : *docs) {
+      for (std::int64_t i = 0; i < len; ++i) pos.push_back(start + i);
+      start = 0;
+    }
+  }
+  REQUIRE(pos.size() == 300);
+  for (std::size_t i = 0; i < pos.size(); ++i) valid.push_back(i % 23 == 7 || i % 41 == 3 ? 0 : 1);
+  const std::size_t q_size = 300 * 4 * 8, kv_size = 300 * 2 * 8;
+  std::vector<float> q = floats(q_size, 71, "q"), k = floats(kv_size, 71, "k"), v = floats(kv_size, 71, "v");
+  const std::vector<float> dout = floats(q_size, 71, "dout");
+  for (std::size_t i = 0; i < 32; ++i) q[40 * 32 + i] = 0.0f;  // token 40's queries are zero
+  for (const std::int64_t window : {std::int64_t{0}, std::int64_t{5}, std::int64_t{40}}) {
+    for (const bool with_sinks : {false, true}) {
+      INFO("window " << window << ", sinks " << with_sinks);
+      const std::vector<float> sinks = with_sinks ? floats(4, 72, "sinks") : std::vector<float>{};
+      testing::for_each_isa_level([&] {
+        const FloatRun fast = run_float<cpu::NoScoreBias<float>>(shape, q, k, v, dout, pos, valid, sinks, window);
+        const FloatRun generic = run_float<ZeroBias>(shape, q, k, v, dout, pos, valid, sinks, window);
+        CHECK(testing::same_bits(fast.out, generic.out));
+        CHECK(testing::same_bits(fast.lse, generic.lse));
+        CHECK(testing::same_bits(fast.dq, generic.dq));
+        CHECK(testing::same_bits(fast.dk, generic.dk));
+        CHECK(testing::same_bits(fast.dv, generic.dv));
+        CHECK(testing::same_bits(fast.dsinks, generic.dsinks));
+        CHECK(max_abs(std::vector<double>(fast.dq.begin(), fast.dq.end())) > 0.0);  // not a run of zeros
+      });
+    }
+  }
 }
