@@ -85,3 +85,16 @@ TEST_CASE("output gate: rejects mismatched shapes", "[gate]") {
                                        &wrong_bias_grad),
                   std::invalid_argument);
 }
+
+TEST_CASE("output gate: d_bias sums each channel over the rows, then a head's channels in lane order", "[gate]") {
+  // gate + bias = 0 gives s = 1/2, so with o = 4 each d_gate is exactly dy. One head of two
+  // channels, rows [2^24, 1] and [1, 1]: channel 0 is 2^24 + 1 = 2^24 (nearest even), channel 1
+  // is 2, and their sum 2^24 + 2. One chain over rows x channels would give 2^24 (every + 1 lost).
+  const std::vector<float> o(4, 4.0f), gate(4, 0.0f), bias{0.0f}, dy{16777216.0f, 1.0f, 1.0f, 1.0f};
+  std::vector<float> d_o(4), d_gate(4);
+  float d_bias = 2.0f;  // accumulated into
+  cpu::output_gate_backward<float>(dy.data(), o.data(), gate.data(), bias.data(), d_o.data(), d_gate.data(), &d_bias,
+                                   2, 1, 2);
+  REQUIRE(d_gate == dy);
+  CHECK(d_bias == 16777220.0f);  // 2 + (2^24 + 2), exact
+}
