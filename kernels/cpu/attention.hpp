@@ -77,9 +77,10 @@ inline constexpr std::int64_t kAttentionQueryTile = 64;
 namespace attention_detail {
 
 // float scores without a bias run attention_rows.hpp's vectorized loops; every other instance
-// (double references, biased scores) the generic loops below, which give the same bits.
+// (double references, biased scores) the generic loops below: the same operations, so with a
+// zero bias the same bits (a kernel test compares the two).
 template <class T, class Bias>
-inline constexpr bool kRowLoops = std::is_same_v<T, float> && std::is_same_v<Bias, NoScoreBias<float>>;
+inline constexpr bool kVectorRowLoops = std::is_same_v<T, float> && std::is_same_v<Bias, NoScoreBias<float>>;
 
 // One tile of queries [t0, t1) of batch row b and the key range [j0, j1) they can see.
 struct QueryTile {
@@ -113,7 +114,7 @@ void tile_scores(const QueryTile& tile, const AttentionShape& shape, std::int64_
     T* row = scores + (t - tile.t0) * nk;
     const std::int64_t g = shape.key_of(tile.b, t);
     const std::int64_t lo = attention_first_key(g, pos[t], window);
-    if constexpr (kRowLoops<T, Bias>) {
+    if constexpr (kVectorRowLoops<T, Bias>) {
       any_visible[t - tile.t0] = mask_score_row(row, ok + tile.j0, lo - tile.j0, g + 1 - tile.j0, nk, scale, fill);
     } else {
       bool any = false;
@@ -190,7 +191,7 @@ void attention_forward(const T* q, const T* k, const T* v, const std::int64_t* p
           }
           const KeySpan keys = key_span(tile, shape.key_of(b, t), pos[t], window);
           T* p = row + keys.begin;
-          if constexpr (kRowLoops<T, Bias>) {
+          if constexpr (kVectorRowLoops<T, Bias>) {
             const KeySoftmax soft = softmax_key_row(p, keys.count, sink, sinks.enabled());
             *lse_t = soft.max + log_rounded(soft.sum);
           } else {
@@ -257,7 +258,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
           T* pk = p + keys.begin;
           T* dsk = ds + keys.begin;
           T delta;
-          if constexpr (kRowLoops<T, Bias>) {
+          if constexpr (kVectorRowLoops<T, Bias>) {
             delta = softmax_grad_key_row(pk, dsk, keys.count, lse_t, scale);
           } else {
             for (std::int64_t j = 0; j < keys.count; ++j) pk[j] -= lse_t;

@@ -1,5 +1,7 @@
 #include "kernels/cpu/attention_rows.hpp"
 
+#include <cassert>
+
 #include "kernels/cpu/exp_lane.hpp"
 #include "kernels/cpu/isa_dispatch.hpp"
 #include "kernels/cpu/lane_sum.hpp"
@@ -12,8 +14,8 @@ namespace {
 // one condition per element the loop vectorizes (the span test inside the loop kept it scalar).
 struct MaskLoop {
   [[gnu::always_inline]] void operator()(float* __restrict row, const bool* __restrict ok, std::int64_t begin,
-                                         std::int64_t end, std::int64_t n, float scale, float fill,
-                                         bool* any) const {
+                                         std::int64_t end, std::int64_t n, float scale, float fill, bool* any) const {
+    assert(0 <= begin && begin <= end && end <= n);
     for (std::int64_t j = 0; j < begin; ++j) row[j] = fill;
     const auto* flags = reinterpret_cast<const unsigned char*>(ok);  // a bool load found no vector type
     int kept = 0;
@@ -29,8 +31,7 @@ struct MaskLoop {
 };
 
 struct SoftmaxLoop {
-  [[gnu::always_inline]] void operator()(float* p, std::int64_t n, float sink, bool has_sink,
-                                         KeySoftmax* out) const {
+  [[gnu::always_inline]] void operator()(float* p, std::int64_t n, float sink, bool has_sink, KeySoftmax* out) const {
     const float m = lane_max<float>(n, sink, [p](std::int64_t j) { return p[j]; });
     for (std::int64_t j = 0; j < n; ++j) p[j] = exp_lane(p[j] - m);
     const float sink_term = has_sink ? exp_lane(sink - m) : 0.0f;

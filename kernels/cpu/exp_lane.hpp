@@ -1,6 +1,7 @@
-// exp for one float lane, the function behind exp_inplace and exp_f32 (vector_math.hpp). Only for
-// translation units that build loops per instruction set (isa_dispatch.hpp): always inlined there,
-// so each build vectorizes it; every step is an IEEE operation, so every build gives the same bits.
+// exp for one float lane: behind exp_inplace, exp_f32, sigmoid and tanh (vector_math.hpp) and
+// attention's softmax rows (attention_rows.hpp). For translation units that build loops per
+// instruction set (isa_dispatch.hpp): always inlined there, so each build vectorizes it; every
+// step is an IEEE operation, so every build gives the same bits.
 #pragma once
 #include <bit>
 #include <cmath>

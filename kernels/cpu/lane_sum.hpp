@@ -11,7 +11,8 @@ namespace atl::cpu {
 
 inline constexpr int kSumLanes = 16;
 
-// op folded over init and term(i) for i < n, in the lane order above (every lane starts at init).
+// op folded over init and term(i) for i < n, in the lane order above. Every lane starts at init,
+// so init must leave op unchanged when folded in more than once (0 for +, any start for max).
 template <class T, class Term, class Op>
 [[gnu::always_inline]] inline T lane_fold(std::int64_t n, T init, Term term, Op op) {
   T acc[kSumLanes];

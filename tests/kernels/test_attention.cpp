@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -763,30 +764,41 @@ struct ZeroBias {
   void add_grad(std::int64_t, std::int64_t, std::int64_t, std::int64_t, float) const {}
 };
 
+// Float attention inputs: q and dout [B, seq, Hq, D] and positions [B, seq] of the queries; k, v
+// [B, keys, Hkv, D] and ok [B, keys] of the keys.
+struct FloatCase {
+  cpu::AttentionShape shape;
+  std::vector<float> q, k, v, dout, sinks;
+  std::vector<std::int64_t> pos, query_index;  // shape.query_index points into query_index
+  std::unique_ptr<bool[]> ok;
+  std::int64_t window = 0;
+};
+
 struct FloatRun {
   std::vector<float> out, lse, dq, dk, dv, dsinks;
 };
 
 // Forward and backward of float attention with the given bias type.
 template <class Bias>
-FloatRun run_float(const cpu::AttentionShape& shape, const std::vector<float>& q, const std::vector<float>& k,
-                   const std::vector<float>& v, const std::vector<float>& dout, const std::vector<std::int64_t>& pos,
-                   const std::vector<char>& valid, const std::vector<float>& sinks, std::int64_t window) {
-  const auto* ok = reinterpret_cast<const bool*>(valid.data());
-  FloatRun r{std::vector<float>(q.size()), std::vector<float>(static_cast<std::size_t>(shape.batch * shape.q_heads *
-                                                                                         shape.seq)),
-             std::vector<float>(q.size()),  std::vector<float>(k.size()),
-             std::vector<float>(v.size()),  std::vector<float>(sinks.size())};
+FloatRun run_float(const FloatCase& c) {
+  const cpu::AttentionShape& shape = c.shape;
+  FloatRun r{std::vector<float>(c.q.size()),
+             std::vector<float>(static_cast<std::size_t>(shape.batch * shape.q_heads * shape.seq)),
+             std::vector<float>(c.q.size()),
+             std::vector<float>(c.k.size()),
+             std::vector<float>(c.v.size()),
+             std::vector<float>(c.sinks.size())};
   cpu::SinkLogits<float> sink_logits;
-  if (!sinks.empty()) {
-    sink_logits.values = sinks.data();
+  if (!c.sinks.empty()) {
+    sink_logits.values = c.sinks.data();
     sink_logits.grads = r.dsinks.data();
   }
   const float scale = 0.35f;
-  cpu::attention_forward<float, Bias>(q.data(), k.data(), v.data(), pos.data(), ok, sink_logits, r.out.data(),
-                                      r.lse.data(), shape, window, scale);
-  cpu::attention_backward<float, Bias>(dout.data(), q.data(), k.data(), v.data(), r.lse.data(), pos.data(), ok,
-                                       sink_logits, r.dq.data(), r.dk.data(), r.dv.data(), shape, window, scale);
+  cpu::attention_forward<float, Bias>(c.q.data(), c.k.data(), c.v.data(), c.pos.data(), c.ok.get(), sink_logits,
+                                      r.out.data(), r.lse.data(), shape, c.window, scale);
+  cpu::attention_backward<float, Bias>(c.dout.data(), c.q.data(), c.k.data(), c.v.data(), r.lse.data(), c.pos.data(),
+                                       c.ok.get(), sink_logits, r.dq.data(), r.dk.data(), r.dv.data(), shape, c.window,
+                                       scale);
   return r;
 }
 
@@ -795,44 +807,66 @@ std::vector<float> floats(std::size_t n, std::uint64_t seed, const char* name) {
   return {d.begin(), d.end()};
 }
 
-}  // namespace
-
-TEST_CASE("attention: the float row loops give the generic loops' bits at every instruction-set level",
-          "[attention]") {
-  // Rows longer than a query tile, documents of every length class around the 16 lanes (1, 15,
-  // 17, 40, ...), invalid keys, a row starting inside a document, and zero queries (zero scores).
-  const cpu::AttentionShape shape{2, 150, 4, 2, 8};
-  std::vector<std::int64_t> pos;
-  std::vector<char> valid;
+// Two rows of 150 tokens with documents of every length class around the 16 lanes (1, 15, 17,
+// 40, ...), invalid keys, row 1 starting inside a document, and token 40's queries zero (zero
+// scores). Under context parallelism (cp_chunk) the queries are the rows' second halves and the
+// keys the whole rows, so tiles start at key offsets inside the row.
+FloatCase row_loop_case(bool cp_chunk) {
+  constexpr std::int64_t kRow = 150, kHq = 4, kHkv = 2, kD = 8;
+  std::vector<std::int64_t> positions;  // of every token
   const std::vector<std::int64_t> docs_row0{1, 15, 17, 40, 3, 64, 10}, docs_row1{33, 100, 17};
   for (const auto* docs : {&docs_row0, &docs_row1}) {
-    std::int64_t start = docs == &docs_row1 ? 5 : 0;  // row 1 starts inside a document
+    std::int64_t start = docs == &docs_row1 ? 5 : 0;
     for (const std::int64_t len : *docs) {
-      for (std::int64_t i = 0; i < len; ++i) pos.push_back(start + i);
+      for (std::int64_t i = 0; i < len; ++i) positions.push_back(start + i);
       start = 0;
     }
   }
-  REQUIRE(pos.size() == 300);
-  for (std::size_t i = 0; i < pos.size(); ++i) valid.push_back(i % 23 == 7 || i % 41 == 3 ? 0 : 1);
-  const std::size_t q_size = 300 * 4 * 8, kv_size = 300 * 2 * 8;
-  std::vector<float> q = floats(q_size, 71, "q"), k = floats(kv_size, 71, "k"), v = floats(kv_size, 71, "v");
-  const std::vector<float> dout = floats(q_size, 71, "dout");
-  for (std::size_t i = 0; i < 32; ++i) q[40 * 32 + i] = 0.0f;  // token 40's queries are zero
-  for (const std::int64_t window : {std::int64_t{0}, std::int64_t{5}, std::int64_t{40}}) {
-    for (const bool with_sinks : {false, true}) {
-      INFO("window " << window << ", sinks " << with_sinks);
-      const std::vector<float> sinks = with_sinks ? floats(4, 72, "sinks") : std::vector<float>{};
-      testing::for_each_isa_level([&] {
-        const FloatRun fast = run_float<cpu::NoScoreBias<float>>(shape, q, k, v, dout, pos, valid, sinks, window);
-        const FloatRun generic = run_float<ZeroBias>(shape, q, k, v, dout, pos, valid, sinks, window);
-        CHECK(testing::same_bits(fast.out, generic.out));
-        CHECK(testing::same_bits(fast.lse, generic.lse));
-        CHECK(testing::same_bits(fast.dq, generic.dq));
-        CHECK(testing::same_bits(fast.dk, generic.dk));
-        CHECK(testing::same_bits(fast.dv, generic.dv));
-        CHECK(testing::same_bits(fast.dsinks, generic.dsinks));
-        CHECK(max_abs(std::vector<double>(fast.dq.begin(), fast.dq.end())) > 0.0);  // not a run of zeros
-      });
+  REQUIRE(positions.size() == 2 * kRow);
+  FloatCase c;
+  const std::int64_t first = cp_chunk ? kRow / 2 : 0, queries = kRow - first;
+  c.shape = {2, queries, kHq, kHkv, kD};
+  if (cp_chunk) {  // (moving the case moves the vector's buffer: the pointer stays valid)
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t t = first; t < kRow; ++t) c.query_index.push_back(t);
+    c.shape.kv_seq = kRow;
+    c.shape.query_index = c.query_index.data();
+  }
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t t = first; t < kRow; ++t) c.pos.push_back(positions[static_cast<std::size_t>(b * kRow + t)]);
+  c.ok = std::make_unique<bool[]>(2 * kRow);
+  for (std::size_t i = 0; i < 2 * kRow; ++i) c.ok[i] = !(i % 23 == 7 || i % 41 == 3);
+  const std::size_t q_size = static_cast<std::size_t>(2 * queries * kHq * kD), kv_size = 2 * kRow * kHkv * kD;
+  c.q = floats(q_size, 71, "q");
+  c.k = floats(kv_size, 71, "k");
+  c.v = floats(kv_size, 71, "v");
+  c.dout = floats(q_size, 71, "dout");
+  if (!cp_chunk) std::fill_n(c.q.begin() + 40 * kHq * kD, kHq * kD, 0.0f);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("attention: the float row loops give the generic loops' bits at every instruction-set level", "[attention]") {
+  for (const bool cp_chunk : {false, true}) {
+    FloatCase c = row_loop_case(cp_chunk);
+    for (const std::int64_t window : {std::int64_t{0}, std::int64_t{5}, std::int64_t{40}}) {
+      for (const bool with_sinks : {false, true}) {
+        INFO("context-parallel chunk " << cp_chunk << ", window " << window << ", sinks " << with_sinks);
+        c.window = window;
+        c.sinks = with_sinks ? floats(4, 72, "sinks") : std::vector<float>{};
+        testing::for_each_isa_level([&] {
+          const FloatRun fast = run_float<cpu::NoScoreBias<float>>(c);
+          const FloatRun generic = run_float<ZeroBias>(c);
+          CHECK(testing::same_bits(fast.out, generic.out));
+          CHECK(testing::same_bits(fast.lse, generic.lse));
+          CHECK(testing::same_bits(fast.dq, generic.dq));
+          CHECK(testing::same_bits(fast.dk, generic.dk));
+          CHECK(testing::same_bits(fast.dv, generic.dv));
+          CHECK(testing::same_bits(fast.dsinks, generic.dsinks));
+          CHECK(max_abs(std::vector<double>(fast.dq.begin(), fast.dq.end())) > 0.0);  // not a run of zeros
+        });
+      }
     }
   }
 }

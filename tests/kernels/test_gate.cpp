@@ -81,20 +81,49 @@ TEST_CASE("output gate: rejects mismatched shapes", "[gate]") {
   CHECK_THROWS_AS(output_gate_forward(Tensor::zeros({2, 4}), Tensor::zeros({2, 4}), bias), std::invalid_argument);
   CHECK_THROWS_AS(output_gate_forward(Tensor::zeros({2, 6}), Tensor::zeros({2, 3}), bias), std::invalid_argument);
   Tensor wrong_bias_grad = Tensor::zeros({2});
-  CHECK_THROWS_AS(output_gate_backward(Tensor::zeros({2, 6}), Tensor::zeros({2, 6}), Tensor::zeros({2, 6}), bias,
-                                       &wrong_bias_grad),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      output_gate_backward(Tensor::zeros({2, 6}), Tensor::zeros({2, 6}), Tensor::zeros({2, 6}), bias, &wrong_bias_grad),
+      std::invalid_argument);
 }
 
 TEST_CASE("output gate: d_bias sums each channel over the rows, then a head's channels in lane order", "[gate]") {
-  // gate + bias = 0 gives s = 1/2, so with o = 4 each d_gate is exactly dy. One head of two
-  // channels, rows [2^24, 1] and [1, 1]: channel 0 is 2^24 + 1 = 2^24 (nearest even), channel 1
-  // is 2, and their sum 2^24 + 2. One chain over rows x channels would give 2^24 (every + 1 lost).
-  const std::vector<float> o(4, 4.0f), gate(4, 0.0f), bias{0.0f}, dy{16777216.0f, 1.0f, 1.0f, 1.0f};
-  std::vector<float> d_o(4), d_gate(4);
-  float d_bias = 2.0f;  // accumulated into
+  // gate + bias = 0 gives s = 1/2, so with o = 4 each d_gate is exactly dy. Values of mixed
+  // magnitudes make every summation order round differently; three rows and 17 channels (more
+  // than the 16 lanes) tell the specified order from a chain, from rows of channels, and from a
+  // plain chain over the channel sums.
+  constexpr std::int64_t rows = 3, dim = 17, n = rows * dim;
+  std::vector<float> dy(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float m = std::ldexp(1.0f + static_cast<float>((i * 37) % 101) / 101.0f, static_cast<int>((i * 7) % 29) - 8);
+    dy[static_cast<std::size_t>(i)] = i % 3 == 1 ? -m : m;
+  }
+  const std::vector<float> o(n, 4.0f), gate(n, 0.0f), bias{0.0f};
+  std::vector<float> d_o(n), d_gate(n);
+  float d_bias = 0.0f;
   cpu::output_gate_backward<float>(dy.data(), o.data(), gate.data(), bias.data(), d_o.data(), d_gate.data(), &d_bias,
-                                   2, 1, 2);
+                                   rows, 1, dim);
   REQUIRE(d_gate == dy);
-  CHECK(d_bias == 16777220.0f);  // 2 + (2^24 + 2), exact
+  // The specified order, written out: channel sums over rows, then lanes l and l + 16, then the tree.
+  std::vector<float> channel(dim, 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t d = 0; d < dim; ++d)
+      channel[static_cast<std::size_t>(d)] += dy[static_cast<std::size_t>(r * dim + d)];
+  float lanes[16];
+  for (int l = 0; l < 16; ++l) lanes[l] = 0.0f + channel[static_cast<std::size_t>(l)];
+  lanes[0] += channel[16];
+  for (int width = 8; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  CHECK(d_bias == lanes[0]);
+  // The other orders differ on these values, so the check above pins this one.
+  float chain = 0.0f, rows_of_channels = 0.0f, channel_chain = 0.0f;
+  for (const float x : dy) chain += x;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float row = 0.0f;
+    for (std::int64_t d = 0; d < dim; ++d) row += dy[static_cast<std::size_t>(r * dim + d)];
+    rows_of_channels += row;
+  }
+  for (const float c : channel) channel_chain += c;
+  CHECK(chain != lanes[0]);
+  CHECK(rows_of_channels != lanes[0]);
+  CHECK(channel_chain != lanes[0]);
 }
