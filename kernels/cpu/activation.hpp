@@ -127,14 +127,15 @@ struct GluRowTerms {
 };
 
 // One row of float GLU work, vectorized per instruction set (glu_rows.cpp): g[i * stride] and
-// u[i * stride] for i < n, stride 1 or 2, with the row's terms. The same operations as
-// glu_value_of / glu_partials_of, so the same bits as a scalar loop.
-//   values:   out[i] = act(g, u)
+// u[i * stride] for i < n, stride 1 or 2. The terms are computed in the same loop by the lane
+// functions behind GluRowTerms' loops (lane_math.hpp), then the operations of glu_value_of /
+// glu_partials_of: the same bits as GluRowTerms and a scalar loop, without their passes.
+//   values:   out[i] = act(g, u), rounded to bf16 when round_bf16
 //   partials: dg[i * stride] = d_out[i] * d act/dg, du[i * stride] = d_out[i] * d act/du
-void glu_row_values(const GluConfig& cfg, const float* g, const float* u, std::int64_t stride,
-                    const GluRowTerms<float>& terms, std::int64_t n, float* out);
+void glu_row_values(const GluConfig& cfg, const float* g, const float* u, std::int64_t stride, std::int64_t n,
+                    bool round_bf16, float* out);
 void glu_row_partials(const GluConfig& cfg, const float* d_out, const float* g, const float* u, std::int64_t stride,
-                      const GluRowTerms<float>& terms, std::int64_t n, float* dg, float* du);
+                      std::int64_t n, float* dg, float* du);
 
 // act(g, u) for one element (tests and references).
 template <class T>
@@ -159,20 +160,24 @@ template <class T>
 void glu_forward(const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg, Precision precision,
                  T* out) {
   const GluView v = packed_view(cfg.layout, inter);
-  GluRowTerms<T> terms(inter);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* row = gate_up + r * v.row_stride;
-    terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
-    if constexpr (std::is_same_v<T, float>) {
-      glu_row_values(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, terms, inter, out + r * inter);
-    } else {
+  if constexpr (std::is_same_v<T, float>) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = gate_up + r * v.row_stride;
+      glu_row_values(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter, precision == Precision::bf16,
+                     out + r * inter);
+    }
+  } else {
+    GluRowTerms<T> terms(inter);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = gate_up + r * v.row_stride;
+      terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
       for (std::int64_t i = 0; i < inter; ++i) {
         const T g = row[v.g_offset + i * v.elem_stride], u = row[v.u_offset + i * v.elem_stride];
         out[r * inter + i] = terms.value(cfg, g, u, i);
       }
     }
+    round_emulated_values(precision, out, rows * inter);
   }
-  round_emulated_values(precision, out, rows * inter);
 }
 
 // d_gate_up[rows, 2*inter] (overwritten) from d_out[rows, inter]. The output rounding is straight-through.
@@ -180,15 +185,19 @@ template <class T>
 void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int64_t inter, const GluConfig& cfg,
                   T* d_gate_up) {
   const GluView v = packed_view(cfg.layout, inter);
-  GluRowTerms<T> terms(inter);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* row = gate_up + r * v.row_stride;
-    T* drow = d_gate_up + r * v.row_stride;
-    terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
-    if constexpr (std::is_same_v<T, float>) {
-      glu_row_partials(cfg, d_out + r * inter, row + v.g_offset, row + v.u_offset, v.elem_stride, terms, inter,
+  if constexpr (std::is_same_v<T, float>) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = gate_up + r * v.row_stride;
+      T* drow = d_gate_up + r * v.row_stride;
+      glu_row_partials(cfg, d_out + r * inter, row + v.g_offset, row + v.u_offset, v.elem_stride, inter,
                        drow + v.g_offset, drow + v.u_offset);
-    } else {
+    }
+  } else {
+    GluRowTerms<T> terms(inter);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = gate_up + r * v.row_stride;
+      T* drow = d_gate_up + r * v.row_stride;
+      terms.compute(cfg, row + v.g_offset, row + v.u_offset, v.elem_stride, inter);
       for (std::int64_t i = 0; i < inter; ++i) {
         const std::int64_t gi = v.g_offset + i * v.elem_stride, ui = v.u_offset + i * v.elem_stride;
         T d_dg, d_du;
@@ -204,25 +213,25 @@ void glu_backward(const T* d_out, const T* gate_up, std::int64_t rows, std::int6
 // Two-tensor form (dense MLP): gate[n], up[n] -> out[n]; cfg.layout is not used.
 template <class T>
 void glu_forward_split(const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, Precision precision, T* out) {
-  GluRowTerms<T> terms(n);
-  terms.compute(cfg, gate, up, 1, n);
   if constexpr (std::is_same_v<T, float>) {
-    glu_row_values(cfg, gate, up, 1, terms, n, out);
+    glu_row_values(cfg, gate, up, 1, n, precision == Precision::bf16, out);
   } else {
+    GluRowTerms<T> terms(n);
+    terms.compute(cfg, gate, up, 1, n);
     for (std::int64_t i = 0; i < n; ++i) out[i] = terms.value(cfg, gate[i], up[i], i);
+    round_emulated_values(precision, out, n);
   }
-  round_emulated_values(precision, out, n);
 }
 
 // d_gate[n], d_up[n] (overwritten) from d_out[n].
 template <class T>
 void glu_backward_split(const T* d_out, const T* gate, const T* up, std::int64_t n, const GluConfig& cfg, T* d_gate,
                         T* d_up) {
-  GluRowTerms<T> terms(n);
-  terms.compute(cfg, gate, up, 1, n);
   if constexpr (std::is_same_v<T, float>) {
-    glu_row_partials(cfg, d_out, gate, up, 1, terms, n, d_gate, d_up);
+    glu_row_partials(cfg, d_out, gate, up, 1, n, d_gate, d_up);
   } else {
+    GluRowTerms<T> terms(n);
+    terms.compute(cfg, gate, up, 1, n);
     for (std::int64_t i = 0; i < n; ++i) {
       T d_dg, d_du;
       terms.partials(cfg, gate[i], up[i], i, d_dg, d_du);

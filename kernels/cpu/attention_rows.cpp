@@ -2,7 +2,7 @@
 
 #include <cassert>
 
-#include "kernels/cpu/exp_lane.hpp"
+#include "kernels/cpu/lane_math.hpp"
 #include "kernels/cpu/isa_dispatch.hpp"
 #include "kernels/cpu/lane_sum.hpp"
 

@@ -1,44 +1,59 @@
 // The float GLU row loops of activation.hpp, one build per instruction set: with the activation
 // and the stride known at compile time the loops vectorize (a runtime stride and a branch per
-// element kept them scalar: glu_backward was 4% of a beam-small AMX step).
+// element kept them scalar: glu_backward was 4% of a beam-small AMX step). The sigmoid and tanh
+// terms are computed in the same loop: before, a pass per term gathered g into a buffer and
+// mapped it, then the loop read the buffers back, and the forward rounded in another pass.
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/isa_dispatch.hpp"
+#include "kernels/cpu/lane_math.hpp"
 
 namespace atl::cpu {
 
 namespace {
 
-struct RowTerms {
-  const float *sig, *tg, *tu;
-  float beta_gate, beta_up;
+struct Betas {
+  float gate, up;
 };
 
-RowTerms row_terms(const GluConfig& cfg, const GluRowTerms<float>& t) {
-  return {t.sig.data(), t.tg.data(), t.tu.data(), cfg.beta_gate, cfg.beta_up};
+// GluRowTerms' terms for one element: sig = sigmoid(g), and for situ tg = tanh(g/βg), tu = tanh(u/βu).
+struct LaneTerms {
+  float sig, tg, tu;
+};
+
+template <GluActivation A>
+[[gnu::always_inline]] inline LaneTerms lane_terms(Betas b, float g, float u) {
+  if constexpr (A == GluActivation::situ) {
+    return {sigmoid_lane(g), tanh_lane(g / b.gate), tanh_lane(u / b.up)};
+  } else {
+    return {sigmoid_lane(g), 0.0f, 0.0f};
+  }
 }
 
-template <GluActivation A, int Stride>
+template <GluActivation A, int Stride, bool Round>
 struct ValuesLoop {
-  [[gnu::always_inline]] void operator()(const float* g, const float* u, const RowTerms* terms, std::int64_t n,
+  [[gnu::always_inline]] void operator()(const float* g, const float* u, Betas b, std::int64_t n,
                                          float* __restrict out) const {
-    const RowTerms t = *terms;
     for (std::int64_t i = 0; i < n; ++i) {
-      out[i] = glu_value_of<A>(t.beta_gate, t.beta_up, g[i * Stride], u[i * Stride], t.sig[i], t.tg[i], t.tu[i]);
+      const float gi = g[i * Stride], ui = u[i * Stride];
+      const LaneTerms t = lane_terms<A>(b, gi, ui);
+      const float v = glu_value_of<A>(b.gate, b.up, gi, ui, t.sig, t.tg, t.tu);
+      out[i] = Round ? round_to_bf16(v) : v;
     }
   }
 };
 
 template <GluActivation A, int Stride>
 struct PartialsLoop {
-  [[gnu::always_inline]] void operator()(const float* d_out, const float* g, const float* u, const RowTerms* terms,
-                                         std::int64_t n, float* __restrict dg, float* __restrict du) const {
-    const RowTerms t = *terms;
+  [[gnu::always_inline]] void operator()(const float* d_out, const float* g, const float* u, Betas b, std::int64_t n,
+                                         float* __restrict dg, float* __restrict du) const {
     for (std::int64_t i = 0; i < n; ++i) {
+      const float gi = g[i * Stride], ui = u[i * Stride];
+      const LaneTerms t = lane_terms<A>(b, gi, ui);
       float d_dg, d_du;
-      glu_partials_of<A>(t.beta_gate, t.beta_up, g[i * Stride], u[i * Stride], t.sig[i], t.tg[i], t.tu[i], d_dg, d_du);
+      glu_partials_of<A>(b.gate, b.up, gi, ui, t.sig, t.tg, t.tu, d_dg, d_du);
       dg[i * Stride] = d_out[i] * d_dg;
       du[i * Stride] = d_out[i] * d_du;
     }
@@ -60,18 +75,26 @@ void run_row_loop(GluActivation activation, std::int64_t stride, Args... args) {
   return run_for_isa<Loop<GluActivation::situ, 2>>(args...);
 }
 
+template <GluActivation A, int Stride>
+using RoundedValuesLoop = ValuesLoop<A, Stride, true>;
+template <GluActivation A, int Stride>
+using PlainValuesLoop = ValuesLoop<A, Stride, false>;
+
 }  // namespace
 
-void glu_row_values(const GluConfig& cfg, const float* g, const float* u, std::int64_t stride,
-                    const GluRowTerms<float>& terms, std::int64_t n, float* out) {
-  const RowTerms t = row_terms(cfg, terms);
-  run_row_loop<ValuesLoop>(cfg.activation, stride, g, u, &t, n, out);
+void glu_row_values(const GluConfig& cfg, const float* g, const float* u, std::int64_t stride, std::int64_t n,
+                    bool round_bf16, float* out) {
+  const Betas b{cfg.beta_gate, cfg.beta_up};
+  if (round_bf16) {
+    run_row_loop<RoundedValuesLoop>(cfg.activation, stride, g, u, b, n, out);
+  } else {
+    run_row_loop<PlainValuesLoop>(cfg.activation, stride, g, u, b, n, out);
+  }
 }
 
 void glu_row_partials(const GluConfig& cfg, const float* d_out, const float* g, const float* u, std::int64_t stride,
-                      const GluRowTerms<float>& terms, std::int64_t n, float* dg, float* du) {
-  const RowTerms t = row_terms(cfg, terms);
-  run_row_loop<PartialsLoop>(cfg.activation, stride, d_out, g, u, &t, n, dg, du);
+                      std::int64_t n, float* dg, float* du) {
+  run_row_loop<PartialsLoop>(cfg.activation, stride, d_out, g, u, Betas{cfg.beta_gate, cfg.beta_up}, n, dg, du);
 }
 
 }  // namespace atl::cpu

@@ -152,8 +152,9 @@ TEST_CASE("glu rejects bad shapes", "[activation]") {
 }
 
 TEST_CASE("glu float rows give the scalar formulas' bits at every instruction-set level", "[activation][isa]") {
-  // The vectorized row loops (glu_rows.cpp) against glu_value_given / glu_partials one element at
-  // a time; 37 per row leaves a remainder after every vector width.
+  // The vectorized row loops (glu_rows.cpp: terms, values, partials and the bf16 rounding in one
+  // loop) against GluRowTerms and glu_value_given / glu_partials one element at a time, rounded
+  // afterwards; 37 per row leaves a remainder after every vector width.
   const std::int64_t rows = 3, inter = 37;
   for (auto act : {GluActivation::swiglu, GluActivation::situ}) {
     for (auto layout : {GluLayout::concatenated, GluLayout::interleaved}) {
@@ -176,12 +177,28 @@ TEST_CASE("glu float rows give the scalar formulas' bits at every instruction-se
           want_d[gi] = d[r * inter + i] * d_dg;
           want_d[ui] = d[r * inter + i] * d_du;
         }
+      std::vector<float> want_rounded(want_out);
+      for (float& x : want_rounded) x = round_to_bf16(x);
+      REQUIRE(want_rounded != want_out);  // the bf16 check below is not the fp32 one again
       testing::for_each_isa_level([&] {
-        std::vector<float> out(want_out.size()), dgu(want_d.size());
+        std::vector<float> out(want_out.size()), rounded(want_out.size()), dgu(want_d.size());
         cpu::glu_forward(gu.data(), rows, inter, cfg, Precision::fp32, out.data());
+        cpu::glu_forward(gu.data(), rows, inter, cfg, Precision::bf16, rounded.data());
         cpu::glu_backward(d.data(), gu.data(), rows, inter, cfg, dgu.data());
         CHECK(std::memcmp(out.data(), want_out.data(), out.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(rounded.data(), want_rounded.data(), rounded.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(dgu.data(), want_d.data(), dgu.size() * sizeof(float)) == 0);
+        if (layout == GluLayout::concatenated) {  // the two-tensor form of the same rows
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const float* gate = gu.data() + r * 2 * inter;
+            std::vector<float> split(inter), d_gate(inter), d_up(inter);
+            cpu::glu_forward_split(gate, gate + inter, inter, cfg, Precision::bf16, split.data());
+            cpu::glu_backward_split(d.data() + r * inter, gate, gate + inter, inter, cfg, d_gate.data(), d_up.data());
+            CHECK(std::memcmp(split.data(), want_rounded.data() + r * inter, inter * sizeof(float)) == 0);
+            CHECK(std::memcmp(d_gate.data(), want_d.data() + r * 2 * inter, inter * sizeof(float)) == 0);
+            CHECK(std::memcmp(d_up.data(), want_d.data() + r * 2 * inter + inter, inter * sizeof(float)) == 0);
+          }
+        }
       });
     }
   }

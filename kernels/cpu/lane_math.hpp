@@ -1,7 +1,8 @@
-// exp for one float lane: behind exp_inplace, exp_f32, sigmoid and tanh (vector_math.hpp) and
-// attention's softmax rows (attention_rows.hpp). For translation units that build loops per
-// instruction set (isa_dispatch.hpp): always inlined there, so each build vectorizes it; every
-// step is an IEEE operation, so every build gives the same bits.
+// exp, sigmoid and tanh of one float lane: the functions behind vector_math.hpp's loops, also
+// inlined into attention's softmax rows (attention_rows.cpp) and the GLU rows (glu_rows.cpp). For
+// translation units that build loops per instruction set (isa_dispatch.hpp): always inlined
+// there, so each build vectorizes them; every step is an IEEE operation, so every build gives the
+// same bits.
 #pragma once
 #include <bit>
 #include <cmath>
@@ -35,6 +36,28 @@ namespace atl::cpu {
   const float scale = std::bit_cast<float>((top + 127u) << 23);
   const float y = e * scale * (n_bits == 128u ? 2.0f : 1.0f);
   return x < kLow ? 0.0f : (x > kHigh ? std::numeric_limits<float>::infinity() : y);
+}
+
+// exp's argument is -|x| <= 0 on both sides, so it never overflows.
+[[gnu::always_inline]] inline float sigmoid_lane(float x) {
+  const float e = exp_lane(-std::fabs(x));
+  return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+// tanh(x) as in Cephes' tanhf: below |x| = 0.625 the odd polynomial x + x^3 P(x^2); above,
+// 1 - 2 / (exp(2|x|) + 1) on exp_lane (no cancellation there: the result is above 0.55). Computed
+// on |x| and given x's sign at the end, so tanh(-0) = -0; NaN stays NaN, +-inf gives +-1.
+[[gnu::always_inline]] inline float tanh_lane(float x) {
+  const float a = std::fabs(x);
+  const float z = a * a;
+  float p = -5.70498872745e-3f;
+  p = std::fma(p, z, 2.06390887954e-2f);
+  p = std::fma(p, z, -5.37397155531e-2f);
+  p = std::fma(p, z, 1.33314422036e-1f);
+  p = std::fma(p, z, -3.33332819422e-1f);
+  const float small = std::fma(p * z, a, a);
+  const float large = 1.0f - 2.0f / (exp_lane(a + a) + 1.0f);
+  return std::copysign(a < 0.625f ? small : large, x);
 }
 
 }  // namespace atl::cpu
