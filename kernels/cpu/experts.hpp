@@ -11,11 +11,14 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/precision.hpp"
 
@@ -94,18 +97,41 @@ inline void slots_by_expert(const std::int32_t* idx_row, std::int64_t k, std::ve
   });
 }
 
+// y[i] = c * x[i] over n values (vectorized for float; x may equal y).
+template <class T>
+void scaled_row(const T* x, T c, T* y, std::int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    scaled_values(x, c, y, n);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = c * x[i];
+  }
+}
+
+// y[i] += x[i] over n values (vectorized for float).
+template <class T>
+void added_row(const T* x, T* y, std::int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    add_values(y, x, n);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+}
+
 // The down projection's input when the routing weight comes first: rows [r0, r0+n) of the
 // activation `a` (n x I) times their row's weight, rounded at the emulation point, into `out`.
 template <class T>
 const T* weighted_rows(const T* a, const T* w_rows, std::int64_t r0, std::int64_t n, std::int64_t I, Precision prec,
-                       std::vector<T>& out) {
-  out.resize(static_cast<std::size_t>(n * I));
-  for (std::int64_t r = 0; r < n; ++r) {
-    const T w = w_rows[r0 + r];
-    for (std::int64_t i = 0; i < I; ++i) out[static_cast<std::size_t>(r * I + i)] = a[r * I + i] * w;
-  }
-  round_emulated_values(prec, out.data(), n * I);
-  return out.data();
+                       T* out) {
+  for (std::int64_t r = 0; r < n; ++r) scaled_row(a + r * I, w_rows[r0 + r], out + r * I, I);
+  round_emulated_values(prec, out, n * I);
+  return out;
+}
+
+// The most rows any of the experts owns: the size of the per-expert work buffers.
+inline std::int64_t most_expert_rows(const std::int64_t* offsets, std::int64_t experts) {
+  std::int64_t most = 0;
+  for (std::int64_t e = 0; e < experts; ++e) most = std::max(most, offsets[e + 1] - offsets[e]);
+  return most;
 }
 
 // The MoE token flow in three steps, so that expert parallelism can put its all-to-alls between
@@ -140,7 +166,8 @@ void grouped_experts_forward(const T* x_rows, const T* w_rows, const std::int64_
   // Both forward products read bf16 values in precision bf16 (rounded inputs, bf16 weights).
   const GemmOperands operands = gemm_operands(prec);
   const bool round_out = prec == Precision::bf16;  // both outputs rounded by the GEMM (gemm.hpp)
-  std::vector<T> a_in;
+  // Fully written before each read: no zeroing (make_unique_for_overwrite).
+  const auto a_in = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(most_expert_rows(offsets, experts) * I));
   for (std::int64_t e = 0; e < experts; ++e) {
     const std::int64_t r0 = offsets[e] - offsets[0], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
@@ -149,7 +176,7 @@ void grouped_experts_forward(const T* x_rows, const T* w_rows, const std::int64_
             round_out);
     T* a = act_out + r0 * I;
     glu_forward(h, n, I, glu, prec, a);
-    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, w_rows, r0, n, I, prec, a_in);
+    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, w_rows, r0, n, I, prec, a_in.get());
     T* y = down_out + r0 * H;
     gemm<T>(false, false, n, H, I, down_in, I, down + e * I * H, H, false, y, H, operands, round_out);
   }
@@ -174,12 +201,11 @@ void combine_rows(const T* down_out, const T* weights, const DispatchView& plan,
       if (row < 0) continue;
       const T* y = down_out + row * H;
       if (cfg.weight_after_down) {
-        const T w = weights[t * K + j];
-        for (std::int64_t c = 0; c < H; ++c) weighted[c] = w * y[c];
+        scaled_row(y, weights[t * K + j], weighted.data(), H);
         round_emulated_values(prec, weighted.data(), H);
         y = weighted.data();
       }
-      for (std::int64_t c = 0; c < H; ++c) o[c] += y[c];
+      added_row(y, o, H);
     }
   }
   round_emulated_values(prec, out, d.tokens * H);
@@ -244,29 +270,27 @@ void grouped_experts_backward(const T* d_rows, const T* x_rows, const T* w_rows,
   const GluConfig glu = cfg.glu();
   const GemmOperands operands = gemm_operands(prec);
   std::fill(d_w_rows, d_w_rows + (offsets[experts] - offsets[0]), T(0));
-  std::vector<T> a_in, da, dh;
+  // Per-expert buffers, fully written before each read: no zeroing (make_unique_for_overwrite).
+  const auto most = static_cast<std::size_t>(most_expert_rows(offsets, experts) * I);
+  const auto a_in = std::make_unique_for_overwrite<T[]>(most), da = std::make_unique_for_overwrite<T[]>(most),
+             dh = std::make_unique_for_overwrite<T[]>(2 * most);
   for (std::int64_t e = 0; e < experts; ++e) {
     const std::int64_t r0 = offsets[e] - offsets[0], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
     const T* a = act_out + r0 * I;
     const T* dy = d_rows + r0 * H;
     // The down projection's input, as in forward.
-    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, w_rows, r0, n, I, prec, a_in);
+    const T* down_in = cfg.weight_after_down ? a : weighted_rows(a, w_rows, r0, n, I, prec, a_in.get());
     gemm<T>(true, false, I, H, n, down_in, I, dy, H, true, d_down + e * I * H, H, operands);
-    da.resize(static_cast<std::size_t>(n * I));
-    gemm<T>(false, true, n, I, H, dy, H, down + e * I * H, H, false, da.data(), I, operands);
+    gemm<T>(false, true, n, I, H, dy, H, down + e * I * H, H, false, da.get(), I, operands);
     if (!cfg.weight_after_down) {
-      row_dots(da.data(), a, n, I, d_w_rows + r0);
-      for (std::int64_t r = 0; r < n; ++r) {
-        const T w = w_rows[r0 + r];
-        for (std::int64_t i = 0; i < I; ++i) da[r * I + i] *= w;
-      }
+      row_dots(da.get(), a, n, I, d_w_rows + r0);
+      for (std::int64_t r = 0; r < n; ++r) scaled_row(da.get() + r * I, w_rows[r0 + r], da.get() + r * I, I);
     }
-    dh.resize(static_cast<std::size_t>(n * 2 * I));
-    glu_backward(da.data(), gate_up_out + r0 * 2 * I, n, I, glu, dh.data());
-    gemm<T>(true, false, H, 2 * I, n, x_rows + r0 * H, H, dh.data(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I,
+    glu_backward(da.get(), gate_up_out + r0 * 2 * I, n, I, glu, dh.get());
+    gemm<T>(true, false, H, 2 * I, n, x_rows + r0 * H, H, dh.get(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I,
             operands);
-    gemm<T>(false, true, n, H, 2 * I, dh.data(), 2 * I, gate_up + e * H * 2 * I, 2 * I, false, d_x_rows + r0 * H, H,
+    gemm<T>(false, true, n, H, 2 * I, dh.get(), 2 * I, gate_up + e * H * 2 * I, 2 * I, false, d_x_rows + r0 * H, H,
             operands);
   }
 }
@@ -282,7 +306,7 @@ void dispatch_backward(const T* d_x_rows, const T* d_w_rows, const DispatchView&
     const std::int64_t p = plan.row_pair[r];
     T* dst = dx + (p / d.top_k) * H;
     const T* src = d_x_rows + r * H;
-    for (std::int64_t c = 0; c < H; ++c) dst[c] += src[c];
+    added_row(src, dst, H);
     if (!cfg.weight_after_down) d_weights[p] = d_w_rows[r];
   }
 }
