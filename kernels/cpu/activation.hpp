@@ -52,7 +52,8 @@ inline void round_emulated_values(Precision p, T* x, std::int64_t n) {
 }
 
 // act(g, u) for a known activation A, given s = sigmoid(g) and, for situ, tg = tanh(g/βg) and
-// tu = tanh(u/βu) (computed a row at a time by GluRowTerms).
+// tu = tanh(u/βu) (computed per element by glu_rows.cpp's float loops, a row at a time by
+// GluRowTerms).
 template <GluActivation A, class T>
 [[gnu::always_inline]] inline T glu_value_of(T bg, T bu, T g, T u, T s, T tg, T tu) {
   if constexpr (A == GluActivation::swiglu) {
@@ -97,8 +98,9 @@ inline void glu_partials(const GluConfig& cfg, T g, T u, T s, T tg, T tu, T& d_d
 }
 
 // The transcendental terms of act over n elements (g[i * stride], u[i * stride]), each computed
-// over the whole run at once by the vectorized loops of vector_math.hpp: sig = sigmoid(g), and
-// for situ tg = tanh(g/βg), tu = tanh(u/βu). (The same bits as one element at a time.)
+// over the whole run at once by sigmoid_values and tanh_values (vector_math.hpp): sig =
+// sigmoid(g), and for situ tg = tanh(g/βg), tu = tanh(u/βu). The double kernels use it; float
+// rows compute the same terms inline (glu_rows.cpp), and tests use it as their reference.
 template <class T>
 struct GluRowTerms {
   std::vector<T> sig, tg, tu;

@@ -167,7 +167,8 @@ void grouped_experts_forward(const T* x_rows, const T* w_rows, const std::int64_
   const GemmOperands operands = gemm_operands(prec);
   const bool round_out = prec == Precision::bf16;  // both outputs rounded by the GEMM (gemm.hpp)
   // Fully written before each read: no zeroing (make_unique_for_overwrite).
-  const auto a_in = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(most_expert_rows(offsets, experts) * I));
+  const auto most = static_cast<std::size_t>(most_expert_rows(offsets, experts) * I);
+  const auto a_in = std::make_unique_for_overwrite<T[]>(most);
   for (std::int64_t e = 0; e < experts; ++e) {
     const std::int64_t r0 = offsets[e] - offsets[0], n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;

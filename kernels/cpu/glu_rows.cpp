@@ -1,8 +1,8 @@
 // The float GLU row loops of activation.hpp, one build per instruction set: with the activation
 // and the stride known at compile time the loops vectorize (a runtime stride and a branch per
 // element kept them scalar: glu_backward was 4% of a beam-small AMX step). The sigmoid and tanh
-// terms are computed in the same loop: before, a pass per term gathered g into a buffer and
-// mapped it, then the loop read the buffers back, and the forward rounded in another pass.
+// terms are computed in the same loop: before, a pass per term gathered g (or u) into a buffer
+// and mapped it, then the loop read the buffers back, and the forward rounded in another pass.
 #include <stdexcept>
 #include <string>
 

@@ -1,4 +1,4 @@
-// exp, sigmoid and tanh of one float lane: the functions behind vector_math.hpp's loops, also
+// exp, sigmoid and tanh of one float lane: the functions behind vector_math.cpp's loops, also
 // inlined into attention's softmax rows (attention_rows.cpp) and the GLU rows (glu_rows.cpp). For
 // translation units that build loops per instruction set (isa_dispatch.hpp): always inlined
 // there, so each build vectorizes them; every step is an IEEE operation, so every build gives the

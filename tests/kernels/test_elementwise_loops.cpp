@@ -44,6 +44,9 @@ TEST_CASE("elementwise loops give one IEEE operation's bits per element at every
       CHECK(same_bits(x, scale));
       cpu::scaled_values(a.data(), ca, y.data(), n);
       CHECK(same_bits(y, scaled));
+      x = a;  // in place (the experts scale their rows so)
+      cpu::scaled_values(x.data(), ca, x.data(), n);
+      CHECK(same_bits(x, scaled));
       cpu::scaled_sum_values(a.data(), ca, b.data(), cb, false, y.data(), n);
       CHECK(same_bits(y, sum));
       x = a;  // in place: the output is input a itself
