@@ -9,6 +9,7 @@
 #include "graph/plan/flat_shards.hpp"
 #include "kernels/cpu/optim.hpp"
 #include "kernels/ops/elementwise.hpp"
+#include "kernels/ops/optim.hpp"
 #include "kernels/tree_sum.hpp"
 
 namespace atl {
@@ -93,7 +94,7 @@ void start_gather(unit_pointer self, const CollectiveNode& node) {
 void finish_reduce(unit_pointer self, Tensor shard, double start) {
   auto& st = self->state;
   st.grad_shard = shard;
-  st.sum_squares = cpu::sum_of_squares(shard.data<float>(), shard.numel());
+  st.sum_squares = grad_sum_of_squares(shard);
   st.reduced = true;
   st.setup.tracer->add({st.setup.rank, st.actor_name, "reduce", "reduce", start, st.setup.tracer->now_us()});
   for (auto& rp : st.waiting_reduced) rp.deliver(st.sum_squares);

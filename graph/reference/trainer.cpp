@@ -15,7 +15,7 @@ namespace {
 // Each parameter's element count, in spec order (the order of every TensorMap the step builds).
 std::vector<std::int64_t> spec_sizes(const std::vector<ParamSpec>& specs) {
   std::vector<std::int64_t> sizes;
-  for (const auto& s : specs) sizes.push_back(shape_numel(s.shape));
+  for (const auto& s : specs) sizes.push_back(s.numel());
   return sizes;
 }
 

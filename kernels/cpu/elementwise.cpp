@@ -13,12 +13,6 @@ struct AddLoop {
   }
 };
 
-struct ScaleLoop {
-  [[gnu::always_inline]] void operator()(float* x, float c, std::int64_t n) const {
-    for (std::int64_t i = 0; i < n; ++i) x[i] *= c;
-  }
-};
-
 struct ScaledLoop {
   [[gnu::always_inline]] void operator()(const float* a, float c, float* y, std::int64_t n) const {
     for (std::int64_t i = 0; i < n; ++i) y[i] = c * a[i];
@@ -39,8 +33,6 @@ struct ScaledSumLoop {
 }  // namespace
 
 void add_values(float* dst, const float* src, std::int64_t n) { run_for_isa<AddLoop>(dst, src, n); }
-
-void scale_values(float* x, float c, std::int64_t n) { run_for_isa<ScaleLoop>(x, c, n); }
 
 void scaled_values(const float* a, float c, float* y, std::int64_t n) { run_for_isa<ScaledLoop>(a, c, y, n); }
 

@@ -97,32 +97,12 @@ inline void slots_by_expert(const std::int32_t* idx_row, std::int64_t k, std::ve
   });
 }
 
-// y[i] = c * x[i] over n values (vectorized for float; x may equal y).
-template <class T>
-void scaled_row(const T* x, T c, T* y, std::int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    scaled_values(x, c, y, n);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = c * x[i];
-  }
-}
-
-// y[i] += x[i] over n values (vectorized for float).
-template <class T>
-void added_row(const T* x, T* y, std::int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    add_values(y, x, n);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
-  }
-}
-
 // The down projection's input when the routing weight comes first: rows [r0, r0+n) of the
 // activation `a` (n x I) times their row's weight, rounded at the emulation point, into `out`.
 template <class T>
 const T* weighted_rows(const T* a, const T* w_rows, std::int64_t r0, std::int64_t n, std::int64_t I, Precision prec,
                        T* out) {
-  for (std::int64_t r = 0; r < n; ++r) scaled_row(a + r * I, w_rows[r0 + r], out + r * I, I);
+  for (std::int64_t r = 0; r < n; ++r) scaled_values(a + r * I, w_rows[r0 + r], out + r * I, I);
   round_emulated_values(prec, out, n * I);
   return out;
 }
@@ -202,11 +182,11 @@ void combine_rows(const T* down_out, const T* weights, const DispatchView& plan,
       if (row < 0) continue;
       const T* y = down_out + row * H;
       if (cfg.weight_after_down) {
-        scaled_row(y, weights[t * K + j], weighted.data(), H);
+        scaled_values(y, weights[t * K + j], weighted.data(), H);
         round_emulated_values(prec, weighted.data(), H);
         y = weighted.data();
       }
-      added_row(y, o, H);
+      add_values(o, y, H);
     }
   }
   round_emulated_values(prec, out, d.tokens * H);
@@ -286,7 +266,7 @@ void grouped_experts_backward(const T* d_rows, const T* x_rows, const T* w_rows,
     gemm<T>(false, true, n, I, H, dy, H, down + e * I * H, H, false, da.get(), I, operands);
     if (!cfg.weight_after_down) {
       row_dots(da.get(), a, n, I, d_w_rows + r0);
-      for (std::int64_t r = 0; r < n; ++r) scaled_row(da.get() + r * I, w_rows[r0 + r], da.get() + r * I, I);
+      for (std::int64_t r = 0; r < n; ++r) scaled_values(da.get() + r * I, w_rows[r0 + r], da.get() + r * I, I);
     }
     glu_backward(da.get(), gate_up_out + r0 * 2 * I, n, I, glu, dh.get());
     gemm<T>(true, false, H, 2 * I, n, x_rows + r0 * H, H, dh.get(), 2 * I, true, d_gate_up + e * H * 2 * I, 2 * I,
@@ -307,7 +287,7 @@ void dispatch_backward(const T* d_x_rows, const T* d_w_rows, const DispatchView&
     const std::int64_t p = plan.row_pair[r];
     T* dst = dx + (p / d.top_k) * H;
     const T* src = d_x_rows + r * H;
-    added_row(src, dst, H);
+    add_values(dst, src, H);
     if (!cfg.weight_after_down) d_weights[p] = d_w_rows[r];
   }
 }

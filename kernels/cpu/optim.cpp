@@ -24,20 +24,16 @@ struct AdamWScalars {
   return param;
 }
 
+// With Round, each new parameter is also written rounded to bf16 into `rounded` (else unused).
+template <bool Round>
 struct AdamWLoop {
-  [[gnu::always_inline]] void operator()(float* param, const float* grad, float* m, float* v, std::int64_t n,
-                                         const AdamWScalars* s) const {
-    const AdamWScalars c = *s;
-    for (std::int64_t i = 0; i < n; ++i) adamw_element(c, param[i], grad[i], m[i], v[i]);
-  }
-};
-
-// The same, writing each new parameter rounded to bf16 into `rounded` as well.
-struct AdamWRoundedLoop {
   [[gnu::always_inline]] void operator()(float* param, const float* grad, float* m, float* v, std::int64_t n,
                                          const AdamWScalars* s, float* __restrict rounded) const {
     const AdamWScalars c = *s;
-    for (std::int64_t i = 0; i < n; ++i) rounded[i] = round_to_bf16(adamw_element(c, param[i], grad[i], m[i], v[i]));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float p = adamw_element(c, param[i], grad[i], m[i], v[i]);
+      if constexpr (Round) rounded[i] = round_to_bf16(p);
+    }
   }
 };
 
@@ -62,9 +58,9 @@ void adamw_step(float* param, const float* grad, float* m, float* v, std::int64_
   const AdamWScalars s{1.0f - lr * weight_decay, beta1, 1.0f - beta1, beta2, 1.0f - beta2,
                        std::sqrt(bias2),         eps,   lr / bias1};
   if (bf16_copy) {
-    run_for_isa<AdamWRoundedLoop>(param, grad, m, v, n, &s, bf16_copy);
+    run_for_isa<AdamWLoop<true>>(param, grad, m, v, n, &s, bf16_copy);
   } else {
-    run_for_isa<AdamWLoop>(param, grad, m, v, n, &s);
+    run_for_isa<AdamWLoop<false>>(param, grad, m, v, n, &s, bf16_copy);
   }
 }
 

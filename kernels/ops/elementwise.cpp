@@ -31,7 +31,7 @@ Tensor scaled(const Tensor& a, float c) {
 void scale_inplace(const Tensor& t, float factor) {
   KernelScope scope(KernelKind::elementwise);
   detail::require_dtype("scale_inplace", "t", t, DType::f32);
-  cpu::scale_values(t.data<float>(), factor, t.numel());
+  cpu::scaled_values(t.data<float>(), factor, t.data<float>(), t.numel());
 }
 
 void add_inplace(const Tensor& dst, const Tensor& src) {

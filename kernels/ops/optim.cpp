@@ -25,9 +25,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   require(step >= 1, op, [&] { return "step must be >= 1, got " + std::to_string(step); });
   float* copy = nullptr;
   if (bf16_copy) {
-    detail::require_dtype(op, "bf16_copy", *bf16_copy, DType::f32);
-    require(bf16_copy->shape() == param.shape(), op,
-            [&] { return "bf16_copy " + bf16_copy->describe() + " must match param " + param.describe(); });
+    detail::require_tensor(op, "bf16_copy", *bf16_copy, DType::f32, param.shape());
     copy = bf16_copy->data<float>();
     const auto bytes = static_cast<std::uintptr_t>(param.numel()) * sizeof(float);
     const auto c = reinterpret_cast<std::uintptr_t>(copy);
