@@ -154,7 +154,9 @@ TEST_CASE("glu rejects bad shapes", "[activation]") {
 TEST_CASE("glu float rows give the scalar formulas' bits at every instruction-set level", "[activation][isa]") {
   // The vectorized row loops (glu_rows.cpp: terms, values, partials and the bf16 rounding in one
   // loop) against GluRowTerms and glu_value_given / glu_partials one element at a time, rounded
-  // afterwards; 37 per row leaves a remainder after every vector width.
+  // afterwards; 37 per row leaves a remainder after every vector width. Both sides share the
+  // formula templates, so this checks the loops, strides and rounding; the finite-difference
+  // tests check the formulas.
   const std::int64_t rows = 3, inter = 37;
   for (auto act : {GluActivation::swiglu, GluActivation::situ}) {
     for (auto layout : {GluLayout::concatenated, GluLayout::interleaved}) {

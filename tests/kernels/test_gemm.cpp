@@ -26,10 +26,12 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/gemm_kernels.hpp"
 #include "kernels/dtype.hpp"
+#include "tests/support/same_bits.hpp"
 #include "tests/support/worst_of.hpp"
 
 using namespace atl;
 using namespace atl::cpu;
+using atl::testing::same_bits;
 
 namespace {
 
@@ -80,10 +82,6 @@ std::vector<float> run(const Case& t, GemmOperands operands, std::int64_t row_be
   const GemmShape s{t.ta, t.tb, rows, t.n, t.k, t.ta ? rows : t.k, t.tb ? t.k : t.n, t.n, t.accumulate, round_bf16};
   gemm_f32(s, a.data(), t.b.data(), c.data(), operands);
   return c;
-}
-
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
 // vdpbf16ps's denormal rule: a value below FLT_MIN in magnitude counts as a zero of its sign.
@@ -558,9 +556,6 @@ TEST_CASE("gemm packing: panels are zero past the real lines and equal at every 
           swapped_from_columns.push_back(sr);
           swapped_from_rows.push_back(sl);
         }
-        const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
-          return std::equal(x.begin(), x.end(), y.begin(), y.end(), [](float u, float v) { return bits_of(u) == bits_of(v); });
-        };
         for (std::size_t i = 1; i < levels.size(); ++i) {
           INFO("level " << i);
           CHECK(pairs_from_columns[i] == pairs_from_columns[0]);
@@ -601,8 +596,24 @@ TEST_CASE("round_bf16 gives the product's bits rounded afterwards, on every rout
       CHECK(same_bits(run(t, op, 0, -1, true), expected));
     }
   };
+  // Drawn shapes, then fixed ones that surely reach each path: k = 0 accumulating (C itself
+  // rounded), several K blocks on the BLIS path (n <= 512) and on the whole-A path (n > 512).
   for_each_case(31, 10, {1, 200, 1, 700, 1, 1100}, check);
-  for_each_case(32, 2, {1, 8, 1, 40, 0, 0}, check);  // k = 0: C (zeros or as given) rounded
+  const auto fixed = [](unsigned seed, bool ta, bool accumulate, std::int64_t m, std::int64_t n, std::int64_t k) {
+    std::mt19937 rng(seed);
+    Case t = random_case(rng, {m, m, n, n, k, k});
+    t.ta = ta;  // set after the draw: the operands' sizes do not depend on the flags
+    t.tb = false;
+    t.accumulate = accumulate;
+    return t;
+  };
+  for (const Case& t : {fixed(32, false, true, 5, 40, 0), fixed(35, false, true, 40, 300, 1100),
+                        fixed(36, true, false, 40, 300, 1100), fixed(37, true, true, 40, 600, 1100)}) {
+    for (GemmOperands op : {GemmOperands::f32, GemmOperands::bf16}) {
+      INFO("m=" << t.m << " n=" << t.n << " k=" << t.k << " ta=" << t.ta << " acc=" << t.accumulate);
+      check(t, op);
+    }
+  }
   // The double kernel (finite-difference references) rounds through float.
   for_each_case(34, 3, {1, 20, 1, 20, 1, 40}, [](const Case& t, GemmOperands op) {
     if (op != GemmOperands::f32) return;
@@ -619,6 +630,8 @@ TEST_CASE("round_bf16 gives the product's bits rounded afterwards, on every rout
     for_each_case(33, 6, {1, 200, 1, 700, 1, 1100}, [&](const Case& t, GemmOperands op) {
       if (op == GemmOperands::bf16) check(t, op);
     });
+  } else {
+    WARN("no AMX here: round_bf16 on the AMX route is not checked");
   }
 }
 
@@ -631,6 +644,7 @@ TEST_CASE("the AMX route is refused where it cannot run: no AMX, or a kernel lev
     use_cpu_features({Isa::avx2, false, false, true});
     CHECK_FALSE(cpu_features().bf16_amx);
   } else {
+    WARN("no AMX here: only the refusal without AMX is checked, not the avx512-level rule");
     CHECK_THROWS_AS(use_bf16_amx(true), CpuIsaError);
   }
   CHECK_FALSE(cpu_features().bf16_amx);
