@@ -158,11 +158,14 @@ void print_run_header(std::ostream& out, const RunConfig& config, const Model& m
                      data.describe(), cpu_kernel, threads)
       << std::flush;
   out << "start: " << begin.description << "\n";
-  if (config.precision == Precision::bf16 && !config.compute.bf16_amx && !cpu::cpu_features().bf16_dot &&
-      cpu::amx_in_cpu()) {  // the portable chain on FMAs, where AMX would be much faster
+  // The portable chain on FMAs at the avx512 level (where compute.bf16_gemm: amx can run: its
+  // packers are AVX-512, so a capped ATOLL_CPU_ISA rules it out), on a CPU with AMX.
+  const cpu::CpuFeatures& kernels = cpu::cpu_features();
+  if (config.precision == Precision::bf16 && !config.compute.bf16_amx && kernels.isa == cpu::Isa::avx512 &&
+      !kernels.bf16_dot && cpu::amx_in_cpu()) {
     out << "note: bf16 GEMMs run the portable chain on fp32 FMAs here (about fp32's speed); compute.bf16_gemm: amx "
-           "runs them on this CPU's AMX tiles (a beam-small step ~1.5x fp32's speed), the same bits then only among "
-           "CPUs with AMX (docs/numerics.md)\n";
+           "runs them on this CPU's AMX tiles, much faster, the same bits then only among CPUs with AMX "
+           "(docs/numerics.md has the measured speeds)\n";
   }
   if (!begin.changed_settings.empty()) {
     out << "note: settings differ from the checkpoint's run: " << begin.changed_settings

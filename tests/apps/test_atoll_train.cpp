@@ -518,8 +518,14 @@ TEST_CASE("apps: compute.bf16_gemm: amx trains on a CPU with AMX (layouts and th
     if (!atl::cpu::amx_in_cpu()) CHECK_FALSE(hinted);  // no hint where the CPU has no AMX
     return;
   }
-  // A chain run on an AMX CPU whose chain runs on FMAs says how to go faster; an AMX run does not.
+  // A chain run on an AMX CPU whose chain runs on FMAs says how to go faster; an AMX run does not,
+  // nor a run capped below the avx512 level (where the AMX route is refused).
   CHECK(hinted == chain_slow);
+  ::setenv("ATOLL_CPU_ISA", "avx2", 1);
+  const auto [capped_run, capped] = run("chain-avx2", {"topology.engine=reference", "compute.threads=1"});
+  ::unsetenv("ATOLL_CPU_ISA");
+  REQUIRE(capped_run.exit_code == 0);
+  CHECK_THAT(capped_run.out, !Catch::Contains("note: bf16 GEMMs run the portable chain"));
   CHECK_THAT(r.out, !Catch::Contains("note: bf16 GEMMs run the portable chain"));
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(nlohmann::json::parse(read_file(amx / "run.json")).at("cpu_kernel").get<std::string>(),
