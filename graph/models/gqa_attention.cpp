@@ -41,7 +41,7 @@ Tensor gqa_attention_forward(const std::string& p, const TensorMap& w, const Ten
   k.attention = attention_forward(k.q_att.reshape({ctx.rows, ctx.seq, Hq, D}),
                                   k.k_att.reshape({ctx.rows, ctx.seq, Hkv, D}), k.v.reshape({ctx.rows, ctx.seq, Hkv, D}),
                                   ctx.positions, ctx.valid, sinks, options(s));
-  k.out = rounded(k.attention.out.reshape({T, Hq * D}).clone(), prec);
+  k.out = rounded_copy(k.attention.out.reshape({T, Hq * D}), prec);
   return k.out;
 }
 

@@ -27,6 +27,12 @@ inline Tensor rounded(Tensor t, Precision p) {
   return t;
 }
 
+// A copy of t rounded at an emulation point: in bf16 one pass (bf16_rounded), not a copy and
+// then a rounding pass; in fp32 a plain copy.
+inline Tensor rounded_copy(const Tensor& t, Precision p) {
+  return p == Precision::bf16 ? bf16_rounded(t) : t.clone();
+}
+
 // A bulk linear output: x @ w^T, rounded in bf16 (by the GEMM, as it finishes each block).
 // bf16: both operands are bf16 values (rounded input, bulk weight), so the bf16-operand GEMM.
 inline Tensor project(const Tensor& x, const Tensor& w, Precision p) {

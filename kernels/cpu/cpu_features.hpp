@@ -45,7 +45,8 @@ bool amx_in_cpu();
 // amx_in_cpu() and Linux's permission for the tile state, asked once per process.
 bool amx_available();
 // compute.bf16_gemm: amx (on) or chain (off), for every later kernel call in this process; on
-// throws CpuIsaError where amx_available() is false.
+// throws CpuIsaError where amx_available() is false or the kernel level is below avx512 (the AMX
+// route's packers are AVX-512 code).
 void use_bf16_amx(bool on);
 
 const char* isa_name(Isa isa);

@@ -344,7 +344,7 @@ Inkling2ResidualState Inkling2Model::attention_core_forward(std::int64_t layer, 
   a.attn =
       relative_attention_forward(a.q_att.reshape({B, S, Hq, D}), a.k_clip.y.reshape({B, S, Hkv, D}),
                                  a.v_att.reshape({B, S, Hkv, D}), ctx.positions, ctx.valid, a.profiles, a.sinks, opts);
-  a.o = rounded(a.attn.out.reshape({T, Hq * D}).clone(), prec);
+  a.o = rounded_copy(a.attn.out.reshape({T, Hq * D}), prec);
   Tensor o_proj_in = a.o;
   if (c.use_attention_gate) {
     a.gate_lin = project(a.xq, w.at(p + "self_attn.gate.weight"), prec);  // [T, Hq]
